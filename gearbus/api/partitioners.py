@@ -1,0 +1,111 @@
+"""Partitioners decide which downstream task receives each record (Gearpump's).
+
+A custom partitioner subclasses :class:`Partitioner` and implements
+:meth:`Partitioner.partition`; the runtime calls :meth:`Partitioner.route` once per
+batch, which built-in partitioners override for speed.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+
+from gearbus.api.task import Record
+
+
+def _crc_hash(key) -> int:
+    return zlib.crc32(repr(key).encode())
+
+
+def _fixed_seed_hash(key) -> int:
+    return 0 if key is None else hash(key)
+
+
+#: A hash that agrees across processes. Workers start executors with PYTHONHASHSEED=0,
+#: so the built-in hash is stable there (as PySpark requires); elsewhere fall back to CRC.
+stable_hash = _crc_hash if sys.flags.hash_randomization else _fixed_seed_hash
+
+
+class Partitioner:
+    """Base of all partitioners."""
+
+    #: True when the partitioner needs upstream and downstream parallelism to match.
+    requires_equal_parallelism = False
+
+    def partition(self, record: Record, num_partitions: int, current_index: int) -> int:
+        """Return the index of the downstream task that receives ``record``."""
+        raise NotImplementedError
+
+    def route(self, records: list[Record], num_partitions: int, current_index: int) -> list[list[Record]]:
+        """Split a batch into one list per downstream task."""
+        buckets: list[list[Record]] = [[] for _ in range(num_partitions)]
+        for record in records:
+            index = self.partition(record, num_partitions, current_index)
+            if not 0 <= index < num_partitions:
+                raise ValueError(
+                    f"{type(self).__name__}.partition returned {index}, outside 0..{num_partitions - 1}"
+                )
+            buckets[index].append(record)
+        return buckets
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+class HashPartitioner(Partitioner):
+    """Records with equal keys (the value when a record has no key) go to one task."""
+
+    def partition(self, record: Record, num_partitions: int, current_index: int) -> int:
+        key = record.value if record.key is None else record.key
+        return stable_hash(key) % num_partitions
+
+    def route(self, records, num_partitions, current_index):
+        if num_partitions == 1:
+            return [records]
+        buckets: list[list[Record]] = [[] for _ in range(num_partitions)]
+        appends = [b.append for b in buckets]
+        h = stable_hash
+        for record in records:
+            key = record[2]
+            appends[h(record[0] if key is None else key) % num_partitions](record)
+        return buckets
+
+
+class ShufflePartitioner(Partitioner):
+    """Round-robin: spreads records evenly whatever their keys."""
+
+    def __init__(self):
+        self._next = 0
+
+    def partition(self, record, num_partitions, current_index):
+        self._next = (self._next + 1) % num_partitions
+        return self._next
+
+    def route(self, records, num_partitions, current_index):
+        start = self._next
+        self._next = (start + len(records)) % num_partitions
+        return [records[(i - start) % num_partitions :: num_partitions] for i in range(num_partitions)]
+
+
+class BroadcastPartitioner(Partitioner):
+    """Every downstream task receives every record."""
+
+    def partition(self, record, num_partitions, current_index):
+        raise TypeError("BroadcastPartitioner sends to every task; use route()")
+
+    def route(self, records, num_partitions, current_index):
+        return [records] * num_partitions
+
+
+class CoLocationPartitioner(Partitioner):
+    """Task i sends to downstream task i: upstream and downstream parallelism must match."""
+
+    requires_equal_parallelism = True
+
+    def partition(self, record, num_partitions, current_index):
+        return current_index
+
+    def route(self, records, num_partitions, current_index):
+        buckets: list[list[Record]] = [[] for _ in range(num_partitions)]
+        buckets[current_index] = records
+        return buckets

@@ -1,0 +1,106 @@
+"""What user code implements: Tasks that receive records and emit downstream, and the
+DataSource / DataSink interfaces behind source and sink processors (Gearpump's)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+
+class Record(NamedTuple):
+    """One record: a value, its event time (epoch ms) and an optional key.
+
+    On the wire a record is the msgpack array ``[value, timestamp, key]``.
+    """
+
+    value: Any
+    timestamp: int
+    key: Any = None
+
+
+def now_ms() -> int:
+    """Ingestion time: the wall clock in epoch milliseconds."""
+    return int(time.time() * 1000)
+
+
+class TaskContext:
+    """What a task knows about where it runs."""
+
+    def __init__(self, app_id: int, app_name: str, processor, index: int, executor_id: int):
+        self.app_id = app_id
+        self.app_name = app_name
+        self.processor = processor
+        self.processor_id: int = processor.id
+        self.processor_name: str = processor.name
+        self.index = index
+        self.parallelism: int = processor.parallelism
+        self.config: dict = processor.config
+        self.executor_id = executor_id
+
+    @property
+    def task_name(self) -> str:
+        return f"{self.processor_name}[{self.index}]"
+
+
+class Task:
+    """A task of a processor. Override :meth:`on_next` (one record) or, for speed,
+    :meth:`on_batch` (every record of one input frame); emit with :meth:`emit`.
+
+    :meth:`on_end` runs once every input has ended: a bounded task emits its final
+    results there. An exception from any of these fails the application, and its type
+    and message reach ``gearbus status``.
+    """
+
+    def __init__(self, context: TaskContext):
+        self.context = context
+        self.output: list[Record] = []
+        self.current_time: int = 0
+
+    def on_start(self) -> None:
+        """Called once before the first record."""
+
+    def on_next(self, record: Record) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement on_next or on_batch")
+
+    def on_batch(self, records: list[Record]) -> None:
+        for record in records:
+            self.current_time = record.timestamp
+            self.on_next(record)
+
+    def on_end(self) -> None:
+        """Called once when every input has ended, before end-of-stream goes downstream."""
+
+    def on_stop(self) -> None:
+        """Called when the task stops, whether it ended, failed or was killed."""
+
+    def emit(self, value: Any, key: Any = None, timestamp: int | None = None) -> None:
+        """Send a record downstream; its time defaults to that of the latest input record."""
+        self.output.append(Record(value, self.current_time if timestamp is None else timestamp, key))
+
+
+class DataSource:
+    """A source of records for a source processor; one instance per task."""
+
+    def open(self, context: TaskContext) -> None:
+        """Prepare to read this task's share of the input."""
+
+    def read(self, max_records: int) -> list[Record] | None:
+        """Return the next records (up to about ``max_records``), ``[]`` when none are
+        ready yet, or ``None`` once the input has ended."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what :meth:`open` acquired."""
+
+
+class DataSink:
+    """A destination of records for a sink processor; one instance per task."""
+
+    def open(self, context: TaskContext) -> None:
+        """Prepare to write this task's records."""
+
+    def write(self, records: list[Record]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and release; called when the input has ended."""

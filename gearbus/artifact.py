@@ -1,0 +1,128 @@
+"""Application artifacts: packing a user's file or package for the object store, and
+loading it back into an Application in the AppMaster and executor processes.
+
+An application module defines ``application(args: list[str]) -> gearbus.Application``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import io
+import os
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+
+from gearbus.api.graph import Application
+
+ENTRY_FUNCTION = "application"
+
+
+class ArtifactError(ValueError):
+    """The application file or package cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    data: bytes
+    kind: str  # "module" or "zip"
+    entry: str  # module name to import
+
+    @property
+    def name(self) -> str:
+        """Object-store name: content-addressed, so re-submitting uploads nothing new."""
+        digest = hashlib.sha256(self.data).hexdigest()[:32]
+        return f"{self.entry}-{digest}.{'py' if self.kind == 'module' else 'zip'}"
+
+
+def pack(path: str | os.PathLike) -> Artifact:
+    """Pack a ``.py`` file, or a package directory (zipped), into an Artifact."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.exists(path):
+        raise ArtifactError(f"application file {path} does not exist")
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, "__init__.py")):
+            raise ArtifactError(f"{path} is a directory but not a Python package (no __init__.py)")
+        entry = os.path.basename(path)
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+            for root, dirs, files in os.walk(path):
+                dirs[:] = [d for d in dirs if d != "__pycache__"]
+                for f in files:
+                    full = os.path.join(root, f)
+                    zf.write(full, os.path.join(entry, os.path.relpath(full, path)))
+        return Artifact(buffer.getvalue(), "zip", entry)
+    if not path.endswith(".py"):
+        raise ArtifactError(f"{path} is not a Python file (.py) or package directory")
+    with open(path, "rb") as f:
+        return Artifact(f.read(), "module", os.path.splitext(os.path.basename(path))[0])
+
+
+def build_application(module, args: list[str], origin: str) -> Application:
+    """Call the module's ``application(args)`` and check that it returns an Application."""
+    factory = getattr(module, ENTRY_FUNCTION, None)
+    if not callable(factory):
+        raise ArtifactError(f"{origin} does not define {ENTRY_FUNCTION}(args) -> gearbus.Application")
+    try:
+        app = factory(list(args))
+    except SystemExit as exc:  # argparse and friends exit on bad arguments
+        raise ArtifactError(f"{origin}: application arguments rejected (exit code {exc.code})") from None
+    if not isinstance(app, Application):
+        raise ArtifactError(
+            f"{origin}: {ENTRY_FUNCTION}() returned {type(app).__name__}, expected gearbus.Application"
+        )
+    return app
+
+
+def import_file(path: str):
+    """Import a .py file as a module named after its stem (for the CLI's checks)."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ArtifactError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise ArtifactError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def load_local(path: str, args: list[str]) -> Application:
+    """Import a local file or package and build its Application (the CLI's pre-check)."""
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise ArtifactError(f"application file {path} does not exist")
+    if os.path.isdir(path):
+        sys.path.insert(0, os.path.dirname(path))
+        try:
+            module = importlib.import_module(os.path.basename(path))
+        except Exception as exc:
+            raise ArtifactError(f"importing package {path} failed: {type(exc).__name__}: {exc}") from exc
+    else:
+        module = import_file(path)
+    return build_application(module, args, path)
+
+
+def load_artifact(data: bytes, kind: str, entry: str, args: list[str]) -> Application:
+    """Materialise an artifact fetched from the object store and build its Application."""
+    workdir = tempfile.mkdtemp(prefix="gearbus-artifact-")
+    if kind == "zip":
+        zip_path = os.path.join(workdir, f"{entry}.zip")
+        with open(zip_path, "wb") as f:
+            f.write(data)
+        sys.path.insert(0, zip_path)
+        module = importlib.import_module(entry)
+    elif kind == "module":
+        file_path = os.path.join(workdir, f"{entry}.py")
+        with open(file_path, "wb") as f:
+            f.write(data)
+        module = import_file(file_path)
+    else:
+        raise ArtifactError(f"unknown artifact kind {kind!r}; expected 'module' or 'zip'")
+    return build_application(module, args, f"application {entry}")

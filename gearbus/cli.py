@@ -1,0 +1,224 @@
+"""The ``gearbus`` command line: run (embedded cluster), submit, status, wait, list, kill, info."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from gearbus.artifact import ArtifactError, load_local, pack
+from gearbus.client import Client
+from gearbus.cluster import LocalCluster
+from shared.bus import RequestError
+from shared.messages import AppState, AppSummary, ClusterInfo
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+
+def _as_json(obj) -> str:
+    if dataclasses.is_dataclass(obj):
+        obj = obj.to_wire()
+    elif isinstance(obj, list):
+        obj = [o.to_wire() for o in obj]
+    return json.dumps(obj, indent=2, default=str)
+
+
+def _format_time(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
+
+
+def format_status(app: AppSummary) -> str:
+    lines = [
+        f"app {app.app_id} ({app.name}): {app.state}",
+        f"  submitted {_format_time(app.submitted_ms)} by {app.user or '-'}; finished {_format_time(app.finished_ms)}",
+        f"  appmaster on {app.appmaster_worker or '-'}; executors {app.executors}",
+    ]
+    if app.error is not None:
+        where = f" in {app.error.where}" if app.error.where else ""
+        lines.append(f"  error{where}: {app.error.error_type}: {app.error.message}")
+    for c in sorted(app.tasks, key=lambda c: (c.task.processor, c.task.index)):
+        done = " finished" if c.finished else ""
+        lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{done}")
+    return "\n".join(lines)
+
+
+def format_info(info: ClusterInfo) -> str:
+    lines = [f"masters: {', '.join(info.masters)} (leader {info.leader})", "workers:"]
+    for w in info.workers:
+        state = "alive" if w.alive else "lost"
+        lines.append(f"  {w.worker_id} on {w.host} pid {w.pid}: {w.slots_used}/{w.slots} slots used, {state}")
+    return "\n".join(lines)
+
+
+def error_text(app: AppSummary) -> str:
+    if app.error is None:
+        return f"app {app.app_id} ended {app.state}"
+    where = f" in {app.error.where}" if app.error.where else ""
+    return f"app {app.app_id} {app.state}{where}: {app.error.error_type}: {app.error.message}"
+
+
+def _prepare(path: str, app_args: list[str]):
+    """Check the app locally before anything is submitted; return (artifact, name)."""
+    app = load_local(path, app_args)
+    return pack(path), app.name
+
+
+async def _run_embedded(args) -> int:
+    artifact, name = _prepare(args.app, args.app_args)
+    started = time.monotonic()
+    cluster = LocalCluster(workers=args.workers, slots=args.slots, log_dir=args.log_dir)
+    cluster.start()
+    try:
+        async with Client(cluster.url, timeout=30) as client:
+            app_id = await client.submit(artifact, args.app_args, name=name)
+            app = await client.wait(app_id, timeout=args.timeout)
+    except (RequestError, asyncio.TimeoutError) as exc:
+        print(f"gearbus run: {exc}\n{cluster.logs_tail()}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+    elapsed = time.monotonic() - started
+    if app.state == AppState.SUCCEEDED:
+        print(f"app {app.app_id} ({app.name}) SUCCEEDED in {elapsed:.2f} s", file=sys.stderr)
+        return 0
+    print(f"gearbus run: {error_text(app)}", file=sys.stderr)
+    if args.verbose and app.error is not None and app.error.traceback:
+        print(app.error.traceback, file=sys.stderr)
+    return 1
+
+
+async def _with_client(args, action) -> int:
+    async with Client(args.nats, timeout=args.request_timeout) as client:
+        return await action(client)
+
+
+async def _submit(args) -> int:
+    artifact, name = _prepare(args.app, args.app_args)
+
+    async def go(client: Client) -> int:
+        app_id = await client.submit(artifact, args.app_args, name=args.name or name)
+        print(json.dumps({"app_id": app_id}) if args.json else app_id)
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def _status(args) -> int:
+    async def go(client: Client) -> int:
+        app = await client.status(args.app_id)
+        print(_as_json(app) if args.json else format_status(app))
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def _wait(args) -> int:
+    async def go(client: Client) -> int:
+        app = await client.wait(args.app_id, timeout=args.timeout)
+        print(_as_json(app) if args.json else format_status(app))
+        return 0 if app.state == AppState.SUCCEEDED else 1
+
+    return await _with_client(args, go)
+
+
+async def _list(args) -> int:
+    async def go(client: Client) -> int:
+        apps = await client.list()
+        if args.json:
+            print(_as_json(apps))
+        else:
+            for app in apps:
+                print(f"{app.app_id}\t{app.state}\t{app.name}\t{_format_time(app.submitted_ms)}")
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def _kill(args) -> int:
+    async def go(client: Client) -> int:
+        await client.kill(args.app_id)
+        print(json.dumps({"app_id": args.app_id, "killed": True}) if args.json else f"app {args.app_id} killed")
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def _info(args) -> int:
+    async def go(client: Client) -> int:
+        info = await client.info()
+        print(_as_json(info) if args.json else format_info(info))
+        return 0
+
+    return await _with_client(args, go)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gearbus", description="gearbus: stream processing on NATS")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def cluster_args(p):
+        p.add_argument("--nats", default=os.environ.get("GEARBUS_NATS_URL", DEFAULT_URL),
+                       help="NATS URL of the cluster (default $GEARBUS_NATS_URL or %(default)s)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--request-timeout", type=float, default=10.0, help="seconds to wait for the master")
+
+    run = sub.add_parser("run", help="run an app on an embedded cluster and wait for it")
+    run.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
+    run.add_argument("--slots", type=int, default=4, help="slots per worker (default 4)")
+    run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    run.add_argument("--log-dir", default=None, help="where process logs go (default: a temp dir)")
+    run.add_argument("-v", "--verbose", action="store_true", help="print the traceback of a failure")
+    run.add_argument("app", help="the application .py file or package directory")
+    run.add_argument("app_args", nargs=argparse.REMAINDER, help="arguments for the application")
+    run.set_defaults(handler=_run_embedded)
+
+    submit = sub.add_parser("submit", help="submit an app to a cluster and print its id")
+    cluster_args(submit)
+    submit.add_argument("--name", default="", help="application name (default: the app's own)")
+    submit.add_argument("app")
+    submit.add_argument("app_args", nargs=argparse.REMAINDER)
+    submit.set_defaults(handler=_submit)
+
+    for name, handler, text in (("status", _status, "show an app's state, error and task counters"),
+                                ("kill", _kill, "end an app (TERMINATED)")):
+        p = sub.add_parser(name, help=text)
+        cluster_args(p)
+        p.add_argument("app_id", type=int)
+        p.set_defaults(handler=handler)
+
+    wait = sub.add_parser("wait", help="wait for an app to end; exit 0 only if it SUCCEEDED")
+    cluster_args(wait)
+    wait.add_argument("app_id", type=int)
+    wait.add_argument("--timeout", type=float, default=None)
+    wait.set_defaults(handler=_wait)
+
+    for name, handler, text in (("list", _list, "list applications"), ("info", _info, "masters, workers, slots")):
+        p = sub.add_parser(name, help=text)
+        cluster_args(p)
+        p.set_defaults(handler=handler)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(args.handler(args))
+    except ArtifactError as exc:
+        print(f"gearbus {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except RequestError as exc:
+        print(f"gearbus {args.command}: {exc.message}", file=sys.stderr)
+        return 1
+    except asyncio.TimeoutError:
+        print(f"gearbus {args.command}: timed out", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The Python client of a gearbus cluster: upload, submit, status, list, kill, info, wait."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+from collections.abc import Sequence
+
+import nats.js.errors
+
+from gearbus.artifact import Artifact
+from shared import subjects
+from shared.bus import Bus, NoResponders, RequestTimeout
+from shared.messages import (
+    ApplicationList,
+    ApplicationStateChanged,
+    ApplicationStatus,
+    AppState,
+    AppSummary,
+    ClusterInfo,
+    KillApplication,
+    ListApplications,
+    QueryApplication,
+    QueryCluster,
+    SubmitApplication,
+    SubmitApplicationResult,
+    decode,
+)
+
+SUBMIT_TIMEOUT_S = 90.0
+
+
+class Client:
+    def __init__(self, servers: str | Sequence[str], timeout: float = 10.0):
+        self.bus = Bus(servers, name="gearbus-client")
+        self.timeout = timeout
+
+    async def __aenter__(self) -> Client:
+        await self.bus.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.bus.close()
+
+    async def _request(self, subject, message, expect=(), timeout: float | None = None):
+        """A request to the master, retried with backoff while no master answers."""
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        delay = 0.02
+        while True:
+            try:
+                return await self.bus.request(subject, message, timeout or self.timeout, expect=expect)
+            except NoResponders:
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise RequestTimeout(f"no master answered on {subject} within {self.timeout:g} s") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def upload(self, artifact: Artifact) -> str:
+        """Put the artifact in the object store unless an identical one is there."""
+        js = self.bus.js
+        try:
+            store = await js.object_store(subjects.ARTIFACT_BUCKET)
+        except nats.js.errors.BucketNotFoundError:
+            store = await js.create_object_store(subjects.ARTIFACT_BUCKET)
+        try:
+            await store.get_info(artifact.name)
+        except nats.js.errors.NotFoundError:
+            await store.put(artifact.name, artifact.data)
+        return artifact.name
+
+    async def submit(self, artifact: Artifact, args: Sequence[str] = (), name: str = "", config: dict | None = None,
+                     priority: int = 0) -> int:
+        await self.upload(artifact)
+        message = SubmitApplication(
+            name=name or artifact.entry, artifact=artifact.name, entry=artifact.entry,
+            artifact_kind=artifact.kind, args=list(args), user=getpass.getuser(), priority=priority,
+            config=dict(config or {}),
+        )
+        result = await self._request(subjects.APP_SUBMIT, message, SubmitApplicationResult, SUBMIT_TIMEOUT_S)
+        return result.app_id
+
+    async def status(self, app_id: int) -> AppSummary:
+        reply = await self._request(subjects.APP_STATUS, QueryApplication(app_id), ApplicationStatus)
+        return reply.app
+
+    async def list(self, include_finished: bool = True) -> list[AppSummary]:
+        reply = await self._request(subjects.APP_LIST, ListApplications(include_finished), ApplicationList)
+        return reply.apps
+
+    async def kill(self, app_id: int) -> None:
+        await self._request(subjects.APP_KILL, KillApplication(app_id))
+
+    async def info(self) -> ClusterInfo:
+        return await self._request(subjects.MASTER_INFO, QueryCluster(), ClusterInfo)
+
+    async def wait(self, app_id: int, timeout: float | None = None) -> AppSummary:
+        """Wait until the app reaches a terminal state; return its final summary."""
+        ended = asyncio.Event()
+
+        async def on_event(msg):
+            try:
+                event = decode(msg.data, (ApplicationStateChanged,))
+            except ValueError:
+                return
+            if event.state in AppState.TERMINAL:
+                ended.set()
+
+        sub = await self.bus.nc.subscribe(subjects.app_state_events(app_id), cb=on_event)
+        try:
+            summary = await self.status(app_id)  # after subscribing, so no change is missed
+            if summary.state in AppState.TERMINAL:
+                return summary
+            await asyncio.wait_for(ended.wait(), timeout)
+            return await self.status(app_id)
+        finally:
+            await sub.unsubscribe()

@@ -1,0 +1,88 @@
+"""An embedded cluster on this machine: nats-server, a master and N workers as real
+processes. ``gearbus run`` uses it by default; the tests use it as a fixture."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from gearbus.natsserver import NatsServer
+
+
+class LocalCluster:
+    def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None, nats: NatsServer | None = None,
+                 heartbeat_interval: float = 1.0):
+        self.num_workers = workers
+        self.slots = slots
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="gearbus-logs-")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._own_nats = nats is None
+        self.nats = nats or NatsServer(log_path=os.path.join(self.log_dir, "nats-server.log"))
+        self.heartbeat_interval = heartbeat_interval
+        self.master: subprocess.Popen | None = None
+        self.workers: dict[str, subprocess.Popen] = {}
+
+    @property
+    def url(self) -> str:
+        return self.nats.url
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
+        env = dict(os.environ, GEARBUS_LOG_LEVEL=os.environ.get("GEARBUS_LOG_LEVEL", "info"))
+        return subprocess.Popen([sys.executable, "-m", *args, "--nats", self.url], stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, env=env)
+
+    def start_master(self, master_id: str = "master-0") -> subprocess.Popen:
+        self.master = self._spawn(master_id, "services.master", "--master-id", master_id,
+                                  "--heartbeat-interval", str(self.heartbeat_interval))
+        return self.master
+
+    def start_worker(self, worker_id: str) -> subprocess.Popen:
+        process = self._spawn(worker_id, "services.worker", "--worker-id", worker_id, "--slots", str(self.slots))
+        self.workers[worker_id] = process
+        return process
+
+    def start(self) -> LocalCluster:
+        """Start every process; registration happens in the background (the master
+        queues work until workers offer slots, and clients retry until it answers)."""
+        if self._own_nats:
+            self.nats.start()
+        self.start_master()
+        for i in range(self.num_workers):
+            self.start_worker(f"worker-{i}")
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM workers (they stop their children), then the master, then NATS."""
+        processes = list(self.workers.values()) + ([self.master] if self.master else [])
+        for p in processes:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in processes:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self._own_nats:
+            self.nats.stop()
+
+    def logs_tail(self, lines: int = 20) -> str:
+        """The last lines of every process log, for error reports."""
+        out = []
+        for name in sorted(os.listdir(self.log_dir)):
+            with open(os.path.join(self.log_dir, name), "rb") as f:
+                tail = f.read().decode(errors="replace").splitlines()[-lines:]
+            out.append(f"== {name}\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

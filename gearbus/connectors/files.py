@@ -1,0 +1,136 @@
+"""File and collection connectors: a text file read line by line, an in-memory
+collection, and a JSON Lines sink."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gearbus.api.task import DataSink, DataSource, Record, TaskContext, now_ms
+
+READ_CHUNK_BYTES = 1 << 20
+
+
+class TextFileSource(DataSource):
+    """Reads a UTF-8 text file as one record per line (without the ``\\n``).
+
+    With parallelism N the file is cut into N byte ranges; a task owns the lines that
+    start inside its range (as Hadoop's input splits do), so every line is read once.
+    """
+
+    def __init__(self, path: str | os.PathLike, timestamp_fn: Callable[[str], int] | None = None):
+        self.path = os.fspath(path)
+        self.timestamp_fn = timestamp_fn
+
+    def open(self, context: TaskContext) -> None:
+        size = os.path.getsize(self.path)
+        n, i = context.parallelism, context.index
+        start, self._end = size * i // n, size * (i + 1) // n
+        self._file = open(self.path, "rb")
+        if start > 0:
+            self._file.seek(start - 1)
+            start = start - 1 + len(self._file.readline())  # skip the line owned by task i-1
+        self._buffer_start = start
+        self._carry = b""
+        self._done = start >= self._end
+
+    def read(self, max_records: int) -> list[Record] | None:
+        while not self._done:
+            chunk = self._file.read(READ_CHUNK_BYTES)
+            owned_start = self._buffer_start
+            owned = self._take_owned(self._carry + chunk, eof=not chunk)
+            if owned:
+                return self._to_records(owned, owned_start)
+        return None
+
+    def _take_owned(self, buffer: bytes, eof: bool) -> bytes:
+        """Return the complete lines of ``buffer`` this task owns; keep the rest."""
+        limit = self._end - self._buffer_start
+        if limit <= len(buffer):
+            newline = buffer.find(b"\n", max(limit - 1, 0))
+            if newline == -1 and not eof:
+                self._carry = buffer
+                return b""
+            self._done = True
+            return buffer if newline == -1 else buffer[: newline + 1]
+        if eof:
+            self._done = True
+            return buffer
+        last = buffer.rfind(b"\n")
+        if last == -1:
+            self._carry = buffer
+            return b""
+        self._carry = buffer[last + 1 :]
+        self._buffer_start += last + 1
+        return buffer[: last + 1]
+
+    def _to_records(self, owned: bytes, owned_start: int) -> list[Record]:
+        try:
+            text = owned.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{self.path}: not valid UTF-8 near byte {owned_start + exc.start}") from None
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines.pop()
+        if self.timestamp_fn is not None:
+            fn = self.timestamp_fn
+            return [Record(line, fn(line)) for line in lines]
+        ts = now_ms()
+        return [Record(line, ts) for line in lines]
+
+    def close(self) -> None:
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
+            self._file = None
+
+
+class CollectionSource(DataSource):
+    """Emits the items of a collection; task i of N takes items i, i+N, i+2N, ..."""
+
+    def __init__(self, items: Iterable[Any], timestamp_fn: Callable[[Any], int] | None = None):
+        self.items = list(items)
+        self.timestamp_fn = timestamp_fn
+
+    def open(self, context: TaskContext) -> None:
+        self._mine = self.items[context.index :: context.parallelism]
+        self._pos = 0
+
+    def read(self, max_records: int) -> list[Record] | None:
+        if self._pos >= len(self._mine):
+            return None
+        batch = self._mine[self._pos : self._pos + max_records]
+        self._pos += len(batch)
+        if self.timestamp_fn is not None:
+            return [Record(v, self.timestamp_fn(v)) for v in batch]
+        ts = now_ms()
+        return [Record(v, ts) for v in batch]
+
+
+class JsonLinesSink(DataSink):
+    """Writes each record's value as one JSON line.
+
+    With parallelism 1 the file is ``path``; with more, task i writes
+    ``<stem>-<i>.<ext>`` beside it.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+
+    def open(self, context: TaskContext) -> None:
+        path = self.path
+        if context.parallelism > 1:
+            stem, ext = os.path.splitext(path)
+            path = f"{stem}-{context.index:05d}{ext}"
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._file = open(path, "w", encoding="utf-8")
+
+    def write(self, records: list[Record]) -> None:
+        dumps = json.dumps
+        self._file.write("".join(dumps(r.value, ensure_ascii=False) + "\n" for r in records))
+
+    def close(self) -> None:
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
+            self._file = None

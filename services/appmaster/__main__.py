@@ -1,0 +1,5 @@
+import sys
+
+from services.appmaster.appmaster import main
+
+sys.exit(main())

@@ -1,0 +1,274 @@
+"""The AppMaster role: one per application. Plans tasks, obtains executors, launches
+and starts tasks, collects heartbeats, and ends the app when its tasks end or fail."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import traceback
+
+import structlog
+
+from gearbus.api.graph import Application
+from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
+from shared import subjects
+from shared.bus import RequestError
+from shared.logging import configure
+from shared.messages import (
+    AppError,
+    AppMasterHeartbeat,
+    AppMasterRegistered,
+    ApplicationStateChanged,
+    AppState,
+    ErrorCode,
+    ExecutorHeartbeat,
+    ExecutorKind,
+    ExecutorLaunched,
+    ExecutorRegistered,
+    ExecutorStopped,
+    LaunchExecutor,
+    LaunchTasks,
+    Placement,
+    RegisterAppMaster,
+    RegisterExecutor,
+    RequestResource,
+    ResourceAllocated,
+    ShutdownExecutor,
+    StartAllTasks,
+    TaskCounters,
+    TaskFailed,
+    TaskFinished,
+    TaskId,
+    TaskRegistered,
+)
+from shared.service import Service, run_service
+
+log = structlog.get_logger()
+
+DEFAULT_EXECUTORS = 2
+STARTUP_TIMEOUT_S = 60.0
+
+
+class AppFailure(Exception):
+    """Ends the app as FAILED with the AppError it carries."""
+
+    def __init__(self, error: AppError):
+        super().__init__(error.message)
+        self.error = error
+
+
+class ExecutorSlot:
+    """What the AppMaster tracks per executor."""
+
+    def __init__(self, executor_id: int, worker_id: str):
+        self.executor_id = executor_id
+        self.worker_id = worker_id
+        self.registered = asyncio.get_running_loop().create_future()
+        self.tasks: list[TaskId] = []
+        self.counters: dict[tuple[int, int], TaskCounters] = {}
+        self.last_heartbeat = 0.0
+        self.missed_logged = False
+        self.stopped = False
+
+
+class AppMaster(Service):
+    role = "appmaster"
+
+    def __init__(self, servers, launch: LaunchExecutor, worker_id: str):
+        super().__init__(servers, node_id=f"app{launch.app_id}-appmaster")
+        self.launch = launch
+        self.app_id = launch.app_id
+        self.worker_id = worker_id
+        self.app: Application | None = None
+        self.executors: dict[int, ExecutorSlot] = {}
+        self.unfinished: set[tuple[int, int]] = set()
+        self.outcome: asyncio.Future | None = None
+        self.heartbeat_interval = 1.0
+        self._ending = False
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def setup(self) -> None:
+        self.outcome = asyncio.get_running_loop().create_future()
+        await self.bus.serve(subjects.appmaster_executor_register(self.app_id), {RegisterExecutor: self.on_register})
+        await self.bus.listen(subjects.appmaster_executor_heartbeat(self.app_id), {ExecutorHeartbeat: self.on_heartbeat})
+        await self.bus.listen(subjects.appmaster_executor_stopped(self.app_id), {ExecutorStopped: self.on_stopped})
+        await self.bus.listen(subjects.appmaster_task_finished(self.app_id), {TaskFinished: self.on_task_finished})
+        await self.bus.listen(subjects.appmaster_task_failed(self.app_id), {TaskFailed: self.on_task_failed})
+        registered = await self.bus.request(
+            subjects.APPMASTER_REGISTER,
+            RegisterAppMaster(self.app_id, self.worker_id, os.getpid()),
+            expect=AppMasterRegistered,
+        )
+        self.heartbeat_interval = registered.heartbeat_interval_s
+        self.spawn(self.heartbeat_loop(), "heartbeat")
+        self.spawn(self.drive(), "drive")
+
+    # --- the application's life ------------------------------------------------
+
+    async def drive(self) -> None:
+        """Run the app from planning to its end, then report and stop everything."""
+        state, error = AppState.SUCCEEDED, None
+        try:
+            await self.start_app()
+            await self._report(AppState.ACTIVE, None)
+            log.info("app_active", executors=len(self.executors), tasks=len(self.unfinished))
+            await self.outcome
+        except AppFailure as failure:
+            state, error = AppState.FAILED, failure.error
+        except Exception as exc:
+            state = AppState.FAILED
+            error = AppError(type(exc).__name__, str(exc), "appmaster", traceback.format_exc())
+            log.error("app_failed", error=f"{type(exc).__name__}: {exc}")
+        self._ending = True
+        await self._report(state, error)
+        await self.stop_executors("app ended" if state == AppState.SUCCEEDED else "app failed")
+        self.stop()
+
+    async def start_app(self) -> None:
+        try:
+            self.app = await fetch_application(self.bus, self.launch)
+        except Exception as exc:
+            raise AppFailure(AppError(type(exc).__name__, str(exc), "loading the application",
+                                     traceback.format_exc())) from None
+        config = {**self.app.config, **self.launch.config}
+        graph = self.app.graph
+        tasks = [TaskId(p.id, i) for p in graph.processors for i in range(p.parallelism)]
+        wanted = max(1, min(int(config.get("executors", DEFAULT_EXECUTORS)), len(tasks)))
+        allocated = await self.bus.request(
+            subjects.RESOURCE_REQUEST,
+            RequestResource(self.app_id, wanted, min_slots=1, placement=config.get("placement", Placement.ANY),
+                            worker_id=config.get("worker_id", "")),
+            timeout=STARTUP_TIMEOUT_S + 5,
+            expect=ResourceAllocated,
+        )
+        for allocation in allocated.allocations:
+            for _ in range(allocation.slots):
+                executor_id = len(self.executors)
+                self.executors[executor_id] = ExecutorSlot(executor_id, allocation.worker_id)
+        await asyncio.gather(*(self._launch_executor(slot) for slot in self.executors.values()))
+        await asyncio.wait_for(
+            asyncio.gather(*(slot.registered for slot in self.executors.values())), STARTUP_TIMEOUT_S
+        )
+        slots = list(self.executors.values())
+        for task in tasks:
+            slots[task.index % len(slots)].tasks.append(task)
+        digest = graph.digest()
+        for slot in slots:
+            if slot.tasks:
+                await self.bus.request(
+                    subjects.executor_control(self.app_id, slot.executor_id),
+                    LaunchTasks(slot.tasks, digest),
+                    expect=TaskRegistered,
+                )
+        self.unfinished = {(t.processor, t.index) for t in tasks}
+        for slot in slots:
+            if slot.tasks:
+                await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
+
+    async def _launch_executor(self, slot: ExecutorSlot) -> None:
+        launch = LaunchExecutor(
+            app_id=self.app_id, executor_id=slot.executor_id, kind=ExecutorKind.EXECUTOR,
+            artifact=self.launch.artifact, entry=self.launch.entry, artifact_kind=self.launch.artifact_kind,
+            args=self.launch.args, config=self.launch.config, app_name=self.launch.app_name,
+        )
+        await self.bus.request(subjects.worker_launch(slot.worker_id), launch, expect=ExecutorLaunched)
+
+    async def stop_executors(self, reason: str) -> None:
+        for slot in self.executors.values():
+            if slot.stopped:
+                continue
+            try:
+                await self.bus.request(
+                    subjects.worker_shutdown(slot.worker_id),
+                    ShutdownExecutor(self.app_id, slot.executor_id, reason),
+                    timeout=5,
+                )
+            except RequestError as exc:
+                log.warning("executor_shutdown_failed", executor_id=slot.executor_id, error=exc.message)
+
+    async def _report(self, state: str, error: AppError | None) -> None:
+        try:
+            await self.bus.request(subjects.APPMASTER_STATE, ApplicationStateChanged(self.app_id, state, error))
+        except RequestError as exc:
+            log.error("state_report_failed", state=state, error=exc.message)
+
+    def _fail(self, error: AppError) -> None:
+        if not self.outcome.done():
+            self.outcome.set_exception(AppFailure(error))
+
+    # --- handlers --------------------------------------------------------------
+
+    async def on_register(self, msg: RegisterExecutor) -> ExecutorRegistered:
+        slot = self.executors.get(msg.executor_id)
+        if slot is None:
+            raise RequestError(ErrorCode.NOT_FOUND, f"app {self.app_id} launched no executor {msg.executor_id}")
+        if slot.registered.done():
+            raise RequestError(
+                ErrorCode.CONFLICT,
+                f"executor id {msg.executor_id} is already registered (from worker {slot.worker_id}); "
+                f"duplicate from pid {msg.pid} on worker {msg.worker_id} refused",
+            )
+        slot.last_heartbeat = time.time()
+        slot.registered.set_result(None)
+        log.info("executor_registered", executor_id=msg.executor_id, worker_id=msg.worker_id)
+        return ExecutorRegistered(self.app_id, msg.executor_id, self.heartbeat_interval)
+
+    async def on_heartbeat(self, msg: ExecutorHeartbeat) -> None:
+        slot = self.executors.get(msg.executor_id)
+        if slot is None:
+            return
+        slot.last_heartbeat = time.time()
+        slot.missed_logged = False
+        for c in msg.tasks:
+            slot.counters[(c.task.processor, c.task.index)] = c
+
+    async def on_stopped(self, msg: ExecutorStopped) -> None:
+        slot = self.executors.get(msg.executor_id)
+        if slot is None or msg.kind != ExecutorKind.EXECUTOR:
+            return
+        slot.stopped = True
+        if self._ending:
+            return
+        reason = f"executor {msg.executor_id} on worker {msg.worker_id} exited with code {msg.exit_code}"
+        log.error("executor_lost", executor_id=msg.executor_id, exit_code=msg.exit_code)
+        if not slot.registered.done():
+            slot.registered.set_exception(AppFailure(AppError("ExecutorLost", reason, "starting executors")))
+        self._fail(AppError("ExecutorLost", reason, f"executor {msg.executor_id}"))
+
+    async def on_task_finished(self, msg: TaskFinished) -> None:
+        key = (msg.counters.task.processor, msg.counters.task.index)
+        slot = self.executors.get(msg.executor_id)
+        if slot is not None:
+            slot.counters[key] = msg.counters
+        self.unfinished.discard(key)
+        if not self.unfinished and not self.outcome.done():
+            log.info("all_tasks_finished")
+            self.outcome.set_result(None)
+
+    async def on_task_failed(self, msg: TaskFailed) -> None:
+        log.error("task_failed", task=f"{msg.task.processor}.{msg.task.index}", error=msg.error.message)
+        self._fail(msg.error)
+
+    async def heartbeat_loop(self) -> None:
+        while True:
+            counters = [c for slot in self.executors.values() for c in slot.counters.values()]
+            await self.bus.publish(
+                subjects.APPMASTER_HEARTBEAT, AppMasterHeartbeat(self.app_id, len(self.executors), counters)
+            )
+            now, deadline = time.time(), 3 * self.heartbeat_interval
+            for slot in self.executors.values():
+                registered = slot.registered.done() and slot.registered.exception() is None
+                if registered and not slot.stopped and not slot.missed_logged and now - slot.last_heartbeat > deadline:
+                    slot.missed_logged = True
+                    log.warning("executor_heartbeat_missed", executor_id=slot.executor_id,
+                                silent_s=round(now - slot.last_heartbeat, 1))
+            await asyncio.sleep(self.heartbeat_interval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_launched_args("appmaster", argv)
+    launch = launch_from_env()
+    configure("appmaster", f"app{launch.app_id}-appmaster", app_id=launch.app_id)
+    return run_service(AppMaster(args.nats, launch, os.environ.get(WORKER_ENV, "")))

@@ -1,0 +1,5 @@
+import sys
+
+from services.executor.executor import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""The sending side of a task: partition records per out edge, batch them into frames
+per destination, and publish each frame only when the receiver has granted credit."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from gearbus.api.partitioners import Partitioner
+from gearbus.api.task import Record
+from services.executor.frames import encode_frame, split_message
+from shared import subjects
+
+
+@dataclass(frozen=True)
+class DataPlaneConfig:
+    """Knobs of the data plane, read from the application config."""
+
+    batch_records: int = 4096  # records per frame at most
+    batch_bytes: int = 512 * 1024  # encoded bytes per frame at most (a lone larger record still goes)
+    linger_ms: float = 2.0  # how long an idle task holds a small batch before sending it
+    credit_frames: int = 16  # frames a sender may have in flight to one receiver
+
+    @classmethod
+    def from_config(cls, config: dict) -> DataPlaneConfig:
+        values = {k: config[k] for k in cls.__dataclass_fields__ if k in config}
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"application config {key} must be a non-negative number, got {value!r}")
+        made = cls(**values)
+        if made.batch_records < 1 or made.credit_frames < 2:
+            raise ValueError("application config needs batch_records >= 1 and credit_frames >= 2")
+        return made
+
+
+class Channel:
+    """One sender -> receiver pair: FIFO subject, sequence numbers and credit."""
+
+    __slots__ = ("subject", "credit", "available", "seq")
+
+    def __init__(self, subject: str, credit: int):
+        self.subject = subject
+        self.credit = credit
+        self.available = asyncio.Event()
+        self.seq = 0
+
+    def grant(self, frames: int) -> None:
+        self.credit += frames
+        self.available.set()
+
+    async def acquire(self) -> None:
+        while self.credit <= 0:
+            self.available.clear()
+            await self.available.wait()
+        self.credit -= 1
+
+
+class Outputs:
+    """All out edges of one task."""
+
+    def __init__(self, nc, app_id: int, processor: int, index: int, session: int, edges, config: DataPlaneConfig):
+        """``edges`` is a list of (partitioner, downstream processor id, downstream parallelism)."""
+        self.nc = nc
+        self.processor = processor
+        self.index = index
+        self.session = session
+        self.config = config
+        self.max_message = max(nc.max_payload - 256, 1024)
+        self.ports: list[tuple[Partitioner, list[Channel]]] = []
+        self._by_receiver: dict[tuple[int, int], Channel] = {}
+        for partitioner, downstream, parallelism in edges:
+            channels = []
+            for i in range(parallelism):
+                channel = Channel(subjects.task_inbox(app_id, downstream, i), config.credit_frames)
+                channels.append(channel)
+                self._by_receiver[(downstream, i)] = channel
+            self.ports.append((partitioner, channels))
+        self.records_out = 0
+        self.frames_out = 0
+
+    def grant(self, processor: int, index: int, frames: int) -> None:
+        channel = self._by_receiver.get((processor, index))
+        if channel is not None:
+            channel.grant(frames)
+
+    async def send(self, records: list[Record], watermark: int) -> None:
+        """Partition ``records`` over every out edge and send them (waiting for credit)."""
+        for partitioner, channels in self.ports:
+            buckets = partitioner.route(records, len(channels), self.index)
+            for channel, bucket in zip(channels, buckets):
+                if bucket:
+                    await self._send_records(channel, bucket, watermark)
+
+    async def finish(self, watermark: int) -> None:
+        """Send end-of-stream, with the final watermark, to every receiver."""
+        for _, channels in self.ports:
+            for channel in channels:
+                await self._publish(channel, watermark, True, [])
+
+    async def _send_records(self, channel: Channel, records: list[Record], watermark: int) -> None:
+        step = self.config.batch_records
+        for start in range(0, len(records), step):
+            await self._publish(channel, watermark, False, records[start : start + step])
+
+    async def _publish(self, channel: Channel, watermark: int, eos: bool, records: list[Record]) -> None:
+        seq = channel.seq + 1
+        data = encode_frame(self.processor, self.index, self.session, seq, watermark, eos, records)
+        if len(data) > self.config.batch_bytes and len(records) > 1:
+            half = len(records) // 2
+            await self._publish(channel, watermark, False, records[:half])
+            await self._publish(channel, watermark, eos, records[half:])
+            return
+        channel.seq = seq
+        for message in split_message(data, self.processor, self.index, self.max_message):
+            await channel.acquire()
+            await self.nc.publish(channel.subject, message)
+        self.frames_out += 1
+        self.records_out += len(records)

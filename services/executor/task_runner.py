@@ -1,0 +1,238 @@
+"""Runs one task inside an executor: its inbox, the input bookkeeping (sequence checks,
+watermarks, end-of-stream, credit grants), the user's code, and its outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import traceback
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from gearbus.api.graph import Application
+from gearbus.api.task import TaskContext
+from gearbus.runtime_tasks import DataSourceTask
+from services.executor.frames import WATERMARK_MAX, DataPlaneError, FrameReader, decode_credit, encode_credit
+from services.executor.outputs import DataPlaneConfig, Outputs
+from shared import subjects
+from shared.messages import AppError, TaskCounters, TaskId
+
+log = structlog.get_logger()
+
+IDLE_SOURCE_POLL_S = 0.01
+
+
+class _Input:
+    """What a task knows about one upstream sender."""
+
+    __slots__ = ("session", "next_seq", "watermark", "ended", "unacked")
+
+    def __init__(self):
+        self.session = None
+        self.next_seq = 1
+        self.watermark = 0
+        self.ended = False
+        self.unacked = 0
+
+
+class TaskRunner:
+    def __init__(
+        self,
+        nc,
+        app: Application,
+        app_id: int,
+        task_id: TaskId,
+        executor_id: int,
+        config: DataPlaneConfig,
+        on_done: Callable[[TaskRunner, AppError | None], Awaitable[None]],
+    ):
+        graph = app.graph
+        self.nc = nc
+        self.app_id = app_id
+        self.task_id = task_id
+        self.processor = graph.processors[task_id.processor]
+        self.config = config
+        self.on_done = on_done
+        self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id)
+        self.name = self.context.task_name
+        self.task = self.processor.task_class(self.context)
+        self.inputs = {
+            (edge.upstream.id, i): _Input()
+            for edge in graph.inputs_of(self.processor)
+            for i in range(edge.upstream.parallelism)
+        }
+        session = random.getrandbits(31)
+        edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(self.processor)]
+        self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, session, edges, config)
+        self.inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self.reader = FrameReader()
+        self.watermark = 0
+        self.records_in = 0
+        self.frames_in = 0
+        self.finished = False
+        self._subs = []
+
+    def counters(self) -> TaskCounters:
+        return TaskCounters(
+            task=self.task_id,
+            records_in=self.records_in,
+            records_out=self.outputs.records_out,
+            frames_in=self.frames_in,
+            frames_out=self.outputs.frames_out,
+            watermark=self.watermark,
+            finished=self.finished,
+        )
+
+    async def subscribe(self) -> None:
+        """Open the inbox and the credit subject; called before any task starts."""
+        index, processor = self.task_id.index, self.processor.id
+
+        async def on_data(msg):
+            self.inbox.put_nowait(msg.data)
+
+        async def on_credit(msg):
+            try:
+                receiver_processor, receiver_index, frames = decode_credit(msg.data)
+            except DataPlaneError as exc:
+                log.warning("credit_dropped", task=self.name, error=str(exc))
+                return
+            self.outputs.grant(receiver_processor, receiver_index, frames)
+
+        limit = dict(pending_msgs_limit=-1, pending_bytes_limit=-1)
+        self._subs.append(await self.nc.subscribe(subjects.task_inbox(self.app_id, processor, index), cb=on_data, **limit))
+        self._subs.append(await self.nc.subscribe(subjects.task_credit(self.app_id, processor, index), cb=on_credit, **limit))
+
+    async def run(self) -> None:
+        """Run the task to its end; report success or the user's error through on_done."""
+        error = None
+        started = False
+        try:
+            self.task.on_start()
+            started = True
+            if isinstance(self.task, DataSourceTask):
+                await self._run_source()
+            else:
+                await self._run_stream()
+            self.task.on_end()
+            await self._flush()
+            self.watermark = WATERMARK_MAX
+            await self.outputs.finish(WATERMARK_MAX)
+            self.finished = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = AppError(
+                error_type=type(exc).__name__,
+                message=str(exc),
+                where=f"task {self.name} of processor {self.processor.name!r}",
+                traceback=traceback.format_exc(),
+            )
+            log.error("task_failed", task=self.name, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            if started:
+                try:
+                    self.task.on_stop()
+                except Exception as exc:
+                    log.warning("task_on_stop_failed", task=self.name, error=repr(exc))
+        await self.on_done(self, error)
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+        self._subs.clear()
+
+    # --- sources ---------------------------------------------------------------
+
+    async def _run_source(self) -> None:
+        task, batch = self.task, self.config.batch_records
+        while True:
+            records = task.read(batch)
+            if records is None:
+                return
+            if not records:
+                await asyncio.sleep(IDLE_SOURCE_POLL_S)
+                continue
+            self.records_in += len(records)
+            last = records[-1].timestamp
+            if last > self.watermark:
+                self.watermark = last
+            await self.outputs.send(records, self.watermark)
+            await asyncio.sleep(0)  # let the executor's other tasks run between batches
+
+    # --- everything else -------------------------------------------------------
+
+    async def _run_stream(self) -> None:
+        open_inputs = len(self.inputs)
+        inbox, task = self.inbox, self.task
+        linger = self.config.linger_ms / 1000
+        batch = self.config.batch_records
+        while open_inputs:
+            if inbox.empty():
+                if task.output:
+                    if linger:
+                        try:
+                            data = await asyncio.wait_for(inbox.get(), linger)
+                        except asyncio.TimeoutError:
+                            await self._flush()
+                            data = await inbox.get()
+                    else:
+                        await self._flush()
+                        data = await inbox.get()
+                else:
+                    data = await inbox.get()
+            else:
+                data = inbox.get_nowait()
+            if await self._accept(data):
+                open_inputs -= 1
+            if len(task.output) >= batch:
+                await self._flush()
+
+    async def _accept(self, data: bytes) -> bool:
+        """Process one inbox message; return True when it ended an input."""
+        sender, frame = self.reader.feed(data)
+        state = self.inputs.get(sender)
+        if state is None:
+            raise DataPlaneError(f"data from unknown sender {sender} reached {self.name}")
+        await self._consumed(sender, state)
+        if frame is None:
+            return False
+        if frame.session != state.session:
+            if state.session is not None:
+                log.warning("sender_new_session", task=self.name, sender=sender)
+            state.session, state.next_seq = frame.session, 1
+        if frame.seq != state.next_seq:
+            raise DataPlaneError(
+                f"{self.name}: frame {frame.seq} from {sender} arrived, expected {state.next_seq}: data lost"
+            )
+        state.next_seq += 1
+        self.frames_in += 1
+        records = frame.records
+        if records:
+            self.records_in += len(records)
+            self.task.current_time = records[-1].timestamp
+            self.task.on_batch(records)
+        if frame.watermark != state.watermark:
+            state.watermark = frame.watermark
+            self.watermark = min(s.watermark for s in self.inputs.values())
+        if frame.eos:
+            state.ended = True
+            return True
+        return False
+
+    async def _consumed(self, sender: tuple[int, int], state: _Input) -> None:
+        """Grant credit back in batches of half the window."""
+        state.unacked += 1
+        if state.unacked * 2 >= self.config.credit_frames:
+            grant = encode_credit(self.processor.id, self.task_id.index, state.unacked)
+            state.unacked = 0
+            await self.nc.publish(subjects.task_credit(self.app_id, sender[0], sender[1]), grant)
+
+    async def _flush(self) -> None:
+        output = self.task.output
+        if output:
+            self.task.output = []
+            await self.outputs.send(output, self.watermark)

@@ -1,0 +1,44 @@
+"""How a process launched by a worker learns what to run, and loads the user's code.
+
+The worker passes the LaunchExecutor message it received, msgpack-encoded and base64'd,
+in the GEARBUS_LAUNCH environment variable, together with its worker id and the NATS
+servers on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+
+from gearbus.api.graph import Application
+from gearbus.artifact import load_artifact
+from shared import subjects
+from shared.messages import LaunchExecutor, decode
+
+LAUNCH_ENV = "GEARBUS_LAUNCH"
+WORKER_ENV = "GEARBUS_WORKER_ID"
+
+
+def encode_launch(message: LaunchExecutor) -> str:
+    return base64.b64encode(message.encode()).decode()
+
+
+def launch_from_env() -> LaunchExecutor:
+    data = os.environ.get(LAUNCH_ENV)
+    if not data:
+        raise SystemExit(f"{LAUNCH_ENV} is not set: this process is started by a gearbus worker")
+    return decode(base64.b64decode(data), (LaunchExecutor,))
+
+
+def parse_launched_args(role: str, argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m services.{role}", description=f"gearbus {role} (started by a worker)")
+    parser.add_argument("--nats", action="append", required=True, help="NATS server URL (repeatable)")
+    return parser.parse_args(argv)
+
+
+async def fetch_application(bus, launch: LaunchExecutor) -> Application:
+    """Download the artifact from the object store and build the user's Application."""
+    store = await bus.js.object_store(subjects.ARTIFACT_BUCKET)
+    result = await store.get(launch.artifact)
+    return load_artifact(result.data, launch.artifact_kind, launch.entry, launch.args)

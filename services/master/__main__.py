@@ -1,0 +1,5 @@
+import sys
+
+from services.master.master import main
+
+sys.exit(main())

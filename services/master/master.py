@@ -1,0 +1,407 @@
+"""The master role: AppManager (application registry and lifecycle), the worker
+registry and the resource Scheduler. It handles metadata only and never imports user code."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+import nats.js.errors
+import structlog
+
+from services.master.scheduler import Scheduler, SchedulingError
+from services.master.store import ApplicationRecord, StateStore
+from shared import subjects
+from shared.bus import RequestError, bad_request, not_found
+from shared.logging import configure
+from shared.messages import (
+    PROTOCOL_VERSION,
+    Allocation,
+    AppError,
+    AppMasterHeartbeat,
+    AppMasterRegistered,
+    ApplicationList,
+    ApplicationStateChanged,
+    ApplicationStatus,
+    AppState,
+    ClusterInfo,
+    ErrorCode,
+    ExecutorKind,
+    ExecutorLaunched,
+    ExecutorStopped,
+    KillApplication,
+    LaunchExecutor,
+    ListApplications,
+    Placement,
+    QueryApplication,
+    QueryCluster,
+    RegisterAppMaster,
+    RegisterWorker,
+    RequestResource,
+    ResourceAllocated,
+    ShutdownExecutor,
+    SubmitApplication,
+    SubmitApplicationResult,
+    TaskCounters,
+    WorkerHeartbeat,
+    WorkerRegistered,
+    WorkerSummary,
+)
+from shared.service import Service, run_service
+
+log = structlog.get_logger()
+
+APPMASTER_EXECUTOR_ID = -1
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class WorkerEntry:
+    worker_id: str
+    host: str
+    pid: int
+    slots: int
+    slots_used: int = 0
+    last_heartbeat: float = 0.0
+    alive: bool = True
+    missed_logged: bool = False
+
+
+@dataclass
+class AppLive:
+    """What the master knows of a running app beyond its durable record."""
+
+    tasks: list[TaskCounters]
+    executors: int = 0
+    last_heartbeat: float = 0.0
+    missed_logged: bool = False
+
+
+class Master(Service):
+    role = "master"
+
+    def __init__(self, servers, node_id: str, heartbeat_interval: float = 1.0, worker_timeout: float = 10.0,
+                 appmaster_register_timeout: float = 60.0, resource_timeout: float = 60.0):
+        super().__init__(servers, node_id)
+        self.heartbeat_interval = heartbeat_interval
+        self.worker_timeout = worker_timeout
+        self.appmaster_register_timeout = appmaster_register_timeout
+        self.resource_timeout = resource_timeout
+        self.store: StateStore | None = None
+        self.apps: dict[int, ApplicationRecord] = {}
+        self.live: dict[int, AppLive] = {}
+        self.workers: dict[str, WorkerEntry] = {}
+        self.scheduler = Scheduler()
+        self._waiting_resources: dict[int, asyncio.Future] = {}  # by request arrival number
+        self._appmaster_registered: dict[int, asyncio.Future] = {}
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def setup(self) -> None:
+        js = self.bus.js
+        try:
+            await js.account_info()
+        except nats.js.errors.Error as exc:
+            raise RuntimeError(f"the NATS server at {self.bus.servers} has no JetStream enabled: {exc}") from exc
+        self.store = await StateStore.open(js)
+        try:
+            await js.object_store(subjects.ARTIFACT_BUCKET)
+        except nats.js.errors.BucketNotFoundError:
+            await js.create_object_store(subjects.ARTIFACT_BUCKET)
+        self.apps = await self.store.load_all()
+        serve = self.bus.serve
+        await serve(subjects.APP_SUBMIT, {SubmitApplication: self.on_submit}, concurrent=True)
+        await serve(subjects.APP_KILL, {KillApplication: self.on_kill})
+        await serve(subjects.APP_STATUS, {QueryApplication: self.on_status})
+        await serve(subjects.APP_LIST, {ListApplications: self.on_list})
+        await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info})
+        await serve(subjects.WORKER_REGISTER, {RegisterWorker: self.on_register_worker})
+        await serve(subjects.APPMASTER_REGISTER, {RegisterAppMaster: self.on_register_appmaster})
+        await serve(subjects.APPMASTER_STATE, {ApplicationStateChanged: self.on_appmaster_state})
+        await serve(subjects.RESOURCE_REQUEST, {RequestResource: self.on_request_resource}, concurrent=True)
+        await self.bus.listen(subjects.WORKER_HEARTBEAT, {WorkerHeartbeat: self.on_worker_heartbeat})
+        await self.bus.listen(subjects.APPMASTER_HEARTBEAT, {AppMasterHeartbeat: self.on_appmaster_heartbeat})
+        await self.bus.listen(subjects.EXECUTOR_STOPPED, {ExecutorStopped: self.on_executor_stopped})
+        await self.bus.nc.flush()
+        self.spawn(self.watch_heartbeats(), "watch-heartbeats")
+
+    # --- application handlers --------------------------------------------------
+
+    async def on_submit(self, msg: SubmitApplication) -> SubmitApplicationResult:
+        if not msg.name.strip():
+            raise bad_request("SubmitApplication.name must not be empty")
+        if msg.artifact_kind not in ("module", "zip"):
+            raise bad_request(f"SubmitApplication.artifact_kind must be 'module' or 'zip', got {msg.artifact_kind!r}")
+        if not msg.entry.isidentifier():
+            raise bad_request(f"SubmitApplication.entry must be a Python module name, got {msg.entry!r}")
+        store = await self.bus.js.object_store(subjects.ARTIFACT_BUCKET)
+        try:
+            await store.get_info(msg.artifact)
+        except (nats.js.errors.NotFoundError, nats.js.errors.ObjectNotFoundError, nats.js.errors.InvalidObjectNameError):
+            raise not_found(
+                f"artifact {msg.artifact!r} is not in the {subjects.ARTIFACT_BUCKET} object store: upload it first"
+            ) from None
+        app_id = await self.store.next_app_id()
+        record = ApplicationRecord(
+            app_id=app_id, name=msg.name, state=AppState.PENDING, submitted_ms=now_ms(), artifact=msg.artifact,
+            entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args), config=dict(msg.config),
+            user=msg.user, priority=msg.priority,
+        )
+        await self._save(record)
+        log.info("app_submitted", app_id=app_id, name=msg.name)
+        registered = asyncio.get_running_loop().create_future()
+        self._appmaster_registered[app_id] = registered
+        try:
+            allocation = (await self._allocate(app_id, 1, Placement.ANY, "", msg.priority, 1))[0]
+            launch = LaunchExecutor(
+                app_id=app_id, executor_id=APPMASTER_EXECUTOR_ID, kind=ExecutorKind.APPMASTER,
+                artifact=msg.artifact, entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args),
+                config=dict(msg.config), app_name=msg.name,
+            )
+            await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
+            await asyncio.wait_for(registered, self.appmaster_register_timeout)
+        except Exception as exc:
+            reason = exc.message if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, asyncio.TimeoutError):
+                reason = f"the AppMaster did not register within {self.appmaster_register_timeout:g} s"
+            await self._set_state(app_id, AppState.FAILED, AppError("AppMasterLaunchFailed", reason, "master"))
+            self.scheduler.release_app(app_id)
+            self._reschedule()
+            raise RequestError(ErrorCode.UNAVAILABLE, f"app {app_id} could not start: {reason}", True) from None
+        finally:
+            self._appmaster_registered.pop(app_id, None)
+        return SubmitApplicationResult(app_id)
+
+    async def on_kill(self, msg: KillApplication) -> None:
+        record = self._app(msg.app_id)
+        if record.state in AppState.TERMINAL:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
+        await self._set_state(msg.app_id, AppState.TERMINATED, None)
+        await self._stop_app_processes(msg.app_id, "killed by request")
+        future = self._appmaster_registered.get(msg.app_id)
+        if future is not None and not future.done():
+            future.set_exception(RequestError(ErrorCode.CONFLICT, "the app was killed while starting"))
+
+    async def on_status(self, msg: QueryApplication) -> ApplicationStatus:
+        return ApplicationStatus(self._summary(self._app(msg.app_id)))
+
+    async def on_list(self, msg: ListApplications) -> ApplicationList:
+        records = sorted(self.apps.values(), key=lambda r: r.app_id)
+        if not msg.include_finished:
+            records = [r for r in records if r.state not in AppState.TERMINAL]
+        return ApplicationList([self._summary(r) for r in records])
+
+    async def on_info(self, msg: QueryCluster) -> ClusterInfo:
+        workers = []
+        for w in sorted(self.workers.values(), key=lambda w: w.worker_id):
+            slots, used = self.scheduler.usage(w.worker_id) if w.alive else (w.slots, 0)
+            workers.append(WorkerSummary(w.worker_id, w.host, w.pid, slots, used, w.alive,
+                                         int(w.last_heartbeat * 1000)))
+        return ClusterInfo(masters=[self.node_id], leader=self.node_id, workers=workers)
+
+    # --- workers ---------------------------------------------------------------
+
+    async def on_register_worker(self, msg: RegisterWorker) -> WorkerRegistered:
+        self._check_version("RegisterWorker", msg.protocol_version)
+        if msg.slots < 1:
+            raise bad_request(f"worker {msg.worker_id} must offer at least 1 slot, got {msg.slots}")
+        known = self.workers.get(msg.worker_id)
+        if known is not None and known.alive and (known.host, known.pid) != (msg.host, msg.pid):
+            raise RequestError(
+                ErrorCode.CONFLICT,
+                f"worker id {msg.worker_id} is already registered by pid {known.pid} on {known.host}",
+            )
+        self.workers[msg.worker_id] = WorkerEntry(msg.worker_id, msg.host, msg.pid, msg.slots,
+                                                  last_heartbeat=time.time())
+        self.scheduler.add_worker(msg.worker_id, msg.slots)
+        log.info("worker_registered", worker_id=msg.worker_id, slots=msg.slots, host=msg.host)
+        self._reschedule()
+        return WorkerRegistered(msg.worker_id, self.heartbeat_interval)
+
+    async def on_worker_heartbeat(self, msg: WorkerHeartbeat) -> None:
+        worker = self.workers.get(msg.worker_id)
+        if worker is None or not worker.alive:
+            log.warning("heartbeat_from_unknown_worker", worker_id=msg.worker_id)
+            return
+        worker.last_heartbeat = time.time()
+        worker.slots_used = msg.slots_used
+        if worker.missed_logged:
+            log.info("worker_heartbeat_resumed", worker_id=msg.worker_id)
+            worker.missed_logged = False
+
+    async def on_executor_stopped(self, msg: ExecutorStopped) -> None:
+        self.scheduler.release(msg.app_id, msg.worker_id, 1)
+        self._reschedule()
+        if msg.kind != ExecutorKind.APPMASTER:
+            return
+        record = self.apps.get(msg.app_id)
+        if record is None or record.state in AppState.TERMINAL:
+            return
+        reason = f"the AppMaster on worker {msg.worker_id} exited with code {msg.exit_code} before the app ended"
+        future = self._appmaster_registered.get(msg.app_id)
+        if future is not None and not future.done():
+            future.set_exception(RequestError(ErrorCode.INTERNAL, reason))
+            return
+        await self._set_state(msg.app_id, AppState.FAILED, AppError("AppMasterExited", reason, "master"))
+        await self._stop_app_processes(msg.app_id, "AppMaster exited")
+
+    # --- appmasters --------------------------------------------------------------
+
+    async def on_register_appmaster(self, msg: RegisterAppMaster) -> AppMasterRegistered:
+        self._check_version("RegisterAppMaster", msg.protocol_version)
+        record = self._app(msg.app_id)
+        if record.state in AppState.TERMINAL:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
+        record = replace(record, appmaster_worker=msg.worker_id)
+        await self._save(record)
+        self.live[msg.app_id] = AppLive(tasks=[], last_heartbeat=time.time())
+        future = self._appmaster_registered.get(msg.app_id)
+        if future is not None and not future.done():
+            future.set_result(None)
+        log.info("appmaster_registered", app_id=msg.app_id, worker_id=msg.worker_id)
+        return AppMasterRegistered(msg.app_id, self.heartbeat_interval)
+
+    async def on_appmaster_heartbeat(self, msg: AppMasterHeartbeat) -> None:
+        live = self.live.get(msg.app_id)
+        if live is None:
+            log.warning("heartbeat_from_unknown_appmaster", app_id=msg.app_id)
+            return
+        live.tasks, live.executors, live.last_heartbeat = list(msg.tasks), msg.executors, time.time()
+        live.missed_logged = False
+
+    async def on_appmaster_state(self, msg: ApplicationStateChanged) -> None:
+        record = self._app(msg.app_id)
+        if msg.state not in AppState.ALL:
+            raise bad_request(f"unknown application state {msg.state!r}")
+        if record.state in AppState.TERMINAL:
+            log.info("late_state_report_ignored", app_id=msg.app_id, state=msg.state, current=record.state)
+            return
+        if not record.can_become(msg.state):
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} cannot go from {record.state} to {msg.state}")
+        await self._set_state(msg.app_id, msg.state, msg.error)
+
+    async def on_request_resource(self, msg: RequestResource) -> ResourceAllocated:
+        record = self._app(msg.app_id)
+        if record.state in AppState.TERMINAL:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
+        if msg.placement == Placement.WORKER and msg.worker_id not in self.workers:
+            raise not_found(f"unknown worker id {msg.worker_id!r}")
+        allocations = await self._allocate(msg.app_id, msg.slots, msg.placement, msg.worker_id, msg.priority,
+                                           msg.min_slots)
+        return ResourceAllocated(msg.app_id, allocations)
+
+    # --- internals -----------------------------------------------------------
+
+    def _app(self, app_id: int) -> ApplicationRecord:
+        record = self.apps.get(app_id)
+        if record is None:
+            raise not_found(f"unknown app id {app_id}")
+        return record
+
+    def _summary(self, record: ApplicationRecord):
+        live = self.live.get(record.app_id)
+        if live is None:
+            return record.summary()
+        return record.summary(executors=live.executors, tasks=live.tasks)
+
+    @staticmethod
+    def _check_version(what: str, version: int) -> None:
+        if version != PROTOCOL_VERSION:
+            raise bad_request(f"{what}: peer speaks protocol version {version}, this master speaks {PROTOCOL_VERSION}")
+
+    async def _save(self, record: ApplicationRecord) -> None:
+        self.apps[record.app_id] = record
+        await self.store.save(record)
+
+    async def _set_state(self, app_id: int, state: str, error: AppError | None) -> None:
+        record = self.apps[app_id]
+        if not record.can_become(state):
+            log.info("state_change_ignored", app_id=app_id, current=record.state, requested=state)
+            return
+        finished = now_ms() if state in AppState.TERMINAL else 0
+        await self._save(replace(record, state=state, error=error or record.error, finished_ms=finished))
+        log.info("app_state_changed", app_id=app_id, state=state, error=error.message if error else None)
+        await self.bus.publish(subjects.app_state_events(app_id), ApplicationStateChanged(app_id, state, error))
+
+    async def _stop_app_processes(self, app_id: int, reason: str) -> None:
+        for worker_id in self.scheduler.workers_of(app_id):
+            try:
+                await self.bus.request(subjects.worker_shutdown(worker_id), ShutdownExecutor(app_id, None, reason),
+                                       timeout=5)
+            except RequestError as exc:
+                log.warning("shutdown_request_failed", app_id=app_id, worker_id=worker_id, error=exc.message)
+
+    async def _allocate(self, app_id, slots, placement, worker_id, priority, min_slots) -> list[Allocation]:
+        try:
+            request = self.scheduler.request(app_id, slots, placement, worker_id, priority, min_slots)
+        except SchedulingError as exc:
+            raise RequestError(ErrorCode.UNAVAILABLE, str(exc)) from None
+        future = asyncio.get_running_loop().create_future()
+        self._waiting_resources[request.arrival] = future
+        self._reschedule()
+        try:
+            return await asyncio.wait_for(future, self.resource_timeout)
+        except asyncio.TimeoutError:
+            self.scheduler.cancel(request)
+            raise RequestError(
+                ErrorCode.UNAVAILABLE,
+                f"no {min_slots or slots} free slot(s) within {self.resource_timeout:g} s "
+                f"({self.scheduler.free_slots} free of {self.scheduler.total_slots})",
+                retryable=True,
+            ) from None
+        finally:
+            self._waiting_resources.pop(request.arrival, None)
+
+    def _reschedule(self) -> None:
+        for request, allocations in self.scheduler.schedule():
+            future = self._waiting_resources.get(request.arrival)
+            if future is not None and not future.done():
+                future.set_result(allocations)
+            else:
+                for a in allocations:
+                    self.scheduler.release(request.app_id, a.worker_id, a.slots)
+
+    async def watch_heartbeats(self) -> None:
+        """Log missed heartbeats; forget workers silent past the worker timeout."""
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            now = time.time()
+            deadline = 3 * self.heartbeat_interval
+            for worker in list(self.workers.values()):
+                if not worker.alive:
+                    continue
+                silent = now - worker.last_heartbeat
+                if silent > self.worker_timeout:
+                    worker.alive = False
+                    self.scheduler.remove_worker(worker.worker_id)
+                    log.error("worker_lost", worker_id=worker.worker_id, silent_s=round(silent, 1))
+                elif silent > deadline and not worker.missed_logged:
+                    worker.missed_logged = True
+                    log.warning("worker_heartbeat_missed", worker_id=worker.worker_id, silent_s=round(silent, 1))
+            for app_id, live in self.live.items():
+                record = self.apps.get(app_id)
+                if record is None or record.state in AppState.TERMINAL or live.missed_logged:
+                    continue
+                if now - live.last_heartbeat > deadline:
+                    live.missed_logged = True
+                    log.warning("appmaster_heartbeat_missed", app_id=app_id,
+                                silent_s=round(now - live.last_heartbeat, 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.master", description="gearbus master")
+    parser.add_argument("--nats", action="append", help="NATS server URL (repeatable; default nats://127.0.0.1:4222)")
+    parser.add_argument("--master-id", default="", help="this master's id (default: generated)")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between node heartbeats")
+    parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds of silence before a worker is lost")
+    args = parser.parse_args(argv)
+    node_id = args.master_id or f"master-{uuid.uuid4().hex[:8]}"
+    configure("master", node_id)
+    return run_service(Master(args.nats or ["nats://127.0.0.1:4222"], node_id, args.heartbeat_interval,
+                              args.worker_timeout))

@@ -1,0 +1,107 @@
+"""The master's durable state in a JetStream KV bucket: application records and the
+next application id. Master HA builds on this: a new leader reloads everything here."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+import nats.js.errors
+
+from shared import subjects
+from shared.messages import AppError, AppState, AppSummary, Struct
+
+#: Allowed application state transitions; anything else is a bug or a late report.
+TRANSITIONS = {
+    AppState.PENDING: {AppState.ACTIVE, AppState.SUCCEEDED, AppState.FAILED, AppState.TERMINATED},
+    AppState.ACTIVE: {AppState.SUCCEEDED, AppState.FAILED, AppState.TERMINATED},
+    AppState.SUCCEEDED: set(),
+    AppState.FAILED: set(),
+    AppState.TERMINATED: set(),
+}
+
+
+class ApplicationRecord(Struct):
+    """Everything the master keeps about one application."""
+
+    app_id: int
+    name: str
+    state: str
+    submitted_ms: int
+    artifact: str
+    entry: str
+    artifact_kind: str = "module"
+    args: list[str] = dataclasses.field(default_factory=list)
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    user: str = ""
+    priority: int = 0
+    finished_ms: int = 0
+    error: AppError | None = None
+    appmaster_worker: str = ""
+
+    def can_become(self, state: str) -> bool:
+        return state in TRANSITIONS[self.state]
+
+    def summary(self, **live) -> AppSummary:
+        return AppSummary(
+            app_id=self.app_id,
+            name=self.name,
+            state=self.state,
+            submitted_ms=self.submitted_ms,
+            finished_ms=self.finished_ms,
+            user=self.user,
+            error=self.error,
+            appmaster_worker=self.appmaster_worker,
+            **live,
+        )
+
+
+class StateStore:
+    """Reads and writes the master's KV bucket."""
+
+    def __init__(self, kv):
+        self.kv = kv
+
+    @classmethod
+    async def open(cls, js) -> StateStore:
+        try:
+            kv = await js.key_value(subjects.STATE_BUCKET)
+        except nats.js.errors.BucketNotFoundError:
+            kv = await js.create_key_value(bucket=subjects.STATE_BUCKET, history=1)
+        return cls(kv)
+
+    async def next_app_id(self) -> int:
+        """Take the next application id with compare-and-set, so no two apps share one."""
+        while True:
+            try:
+                entry = await self.kv.get(subjects.NEXT_APP_ID_KEY)
+            except nats.js.errors.KeyNotFoundError:
+                try:
+                    await self.kv.create(subjects.NEXT_APP_ID_KEY, b"2")
+                    return 1
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    continue
+            current = int(entry.value)
+            try:
+                await self.kv.update(subjects.NEXT_APP_ID_KEY, str(current + 1).encode(), last=entry.revision)
+                return current
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+
+    async def save(self, record: ApplicationRecord) -> None:
+        await self.kv.put(subjects.app_state_key(record.app_id), msgpack.packb(record.to_wire()))
+
+    async def load_all(self) -> dict[int, ApplicationRecord]:
+        records = {}
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            return records
+        for key in keys:
+            if not key.startswith("apps."):
+                continue
+            entry = await self.kv.get(key)
+            record = ApplicationRecord._from_fields(msgpack.unpackb(entry.value), key)
+            records[record.app_id] = record
+        return records

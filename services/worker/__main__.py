@@ -1,0 +1,5 @@
+import sys
+
+from services.worker.worker import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""The worker role: offers slots to the master and runs AppMaster and executor
+processes as its children, reporting each one's exit."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import sys
+import uuid
+from dataclasses import dataclass
+
+import structlog
+
+from services.launch import LAUNCH_ENV, WORKER_ENV, encode_launch
+from shared import subjects
+from shared.bus import RequestError, RequestTimeout, bad_request
+from shared.logging import configure
+from shared.messages import (
+    ExecutorKind,
+    ExecutorLaunched,
+    ExecutorStopped,
+    LaunchExecutor,
+    RegisterWorker,
+    ShutdownExecutor,
+    WorkerHeartbeat,
+    WorkerRegistered,
+)
+from shared.service import Service, run_service
+
+log = structlog.get_logger()
+
+PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 5.0
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the worker dies, even by SIGKILL (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class Child:
+    app_id: int
+    executor_id: int
+    kind: str
+    process: asyncio.subprocess.Process
+
+    @property
+    def label(self) -> str:
+        return f"{self.app_id}/{self.executor_id}"
+
+
+class Worker(Service):
+    role = "worker"
+
+    def __init__(self, servers, worker_id: str, slots: int):
+        super().__init__(servers, worker_id)
+        self.worker_id = worker_id
+        self.slots = slots
+        self.children: dict[tuple[int, int], Child] = {}
+        self.heartbeat_interval = 1.0
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def setup(self) -> None:
+        await self.bus.serve(subjects.worker_launch(self.worker_id), {LaunchExecutor: self.on_launch})
+        await self.bus.serve(subjects.worker_shutdown(self.worker_id), {ShutdownExecutor: self.on_shutdown})
+        await self.register()
+        self.spawn(self.heartbeat_loop(), "heartbeat")
+
+    async def register(self) -> None:
+        """Register with the master, retrying with backoff until one answers."""
+        message = RegisterWorker(self.worker_id, socket.gethostname(), os.getpid(), self.slots)
+        delay = 0.1
+        while True:
+            try:
+                reply = await self.bus.request(subjects.WORKER_REGISTER, message, timeout=5, expect=WorkerRegistered)
+                self.heartbeat_interval = reply.heartbeat_interval_s
+                log.info("worker_registered", slots=self.slots)
+                return
+            except RequestTimeout as exc:
+                log.info("master_not_answering", error=exc.message, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(self._stop_child(c) for c in list(self.children.values())))
+
+    # --- handlers --------------------------------------------------------------
+
+    async def on_launch(self, msg: LaunchExecutor) -> ExecutorLaunched:
+        if msg.kind not in (ExecutorKind.APPMASTER, ExecutorKind.EXECUTOR):
+            raise bad_request(f"unknown process kind {msg.kind!r}")
+        key = (msg.app_id, msg.executor_id)
+        if key in self.children:
+            raise RequestError("conflict", f"executor {msg.executor_id} of app {msg.app_id} already runs here")
+        if len(self.children) >= self.slots:
+            raise RequestError("unavailable", f"worker {self.worker_id} has no free slot", retryable=True)
+        module = "services.appmaster" if msg.kind == ExecutorKind.APPMASTER else "services.executor"
+        argv = [sys.executable, "-m", module]
+        for url in self.bus.servers:
+            argv += ["--nats", url]
+        env = dict(os.environ)
+        env[LAUNCH_ENV] = encode_launch(msg)
+        env[WORKER_ENV] = self.worker_id
+        env["PYTHONHASHSEED"] = "0"  # one string hash on every executor: hash partitioning agrees
+        process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=_die_with_parent)
+        child = Child(msg.app_id, msg.executor_id, msg.kind, process)
+        self.children[key] = child
+        self.spawn(self._watch(child), f"watch-{child.label}")
+        log.info("process_launched", app_id=msg.app_id, executor_id=msg.executor_id, kind=msg.kind, pid=process.pid)
+        return ExecutorLaunched(self.worker_id, process.pid)
+
+    async def on_shutdown(self, msg: ShutdownExecutor) -> None:
+        targets = [
+            c for c in self.children.values()
+            if c.app_id == msg.app_id and (msg.executor_id is None or c.executor_id == msg.executor_id)
+        ]
+        log.info("shutdown_requested", app_id=msg.app_id, executor_id=msg.executor_id, reason=msg.reason,
+                 processes=len(targets))
+        for child in targets:
+            self.spawn(self._stop_child(child), f"stop-{child.label}")
+
+    # --- children ----------------------------------------------------------------
+
+    async def _watch(self, child: Child) -> None:
+        code = await child.process.wait()
+        self.children.pop((child.app_id, child.executor_id), None)
+        log.info("process_exited", app_id=child.app_id, executor_id=child.executor_id, kind=child.kind,
+                 exit_code=code)
+        stopped = ExecutorStopped(self.worker_id, child.app_id, child.executor_id, child.kind, code)
+        if self.bus.nc.is_connected:
+            await self.bus.publish(subjects.EXECUTOR_STOPPED, stopped)
+            await self.bus.publish(subjects.appmaster_executor_stopped(child.app_id), stopped)
+
+    async def _stop_child(self, child: Child) -> None:
+        """SIGTERM, then SIGKILL after a grace period."""
+        process = child.process
+        if process.returncode is not None:
+            return
+        try:
+            process.terminate()
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        except ProcessLookupError:
+            return
+        except asyncio.TimeoutError:
+            log.warning("process_killed", app_id=child.app_id, executor_id=child.executor_id, pid=process.pid)
+            process.kill()
+            await process.wait()
+
+    async def heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            running = [c.label for c in self.children.values()]
+            await self.bus.publish(
+                subjects.WORKER_HEARTBEAT, WorkerHeartbeat(self.worker_id, self.slots, len(running), running)
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.worker", description="gearbus worker")
+    parser.add_argument("--nats", action="append", help="NATS server URL (repeatable; default nats://127.0.0.1:4222)")
+    parser.add_argument("--slots", type=int, default=4, help="processes this worker may run (default 4)")
+    parser.add_argument("--worker-id", default="", help="this worker's id (default: generated)")
+    args = parser.parse_args(argv)
+    if args.slots < 1:
+        parser.error("--slots must be at least 1")
+    worker_id = args.worker_id or f"worker-{uuid.uuid4().hex[:8]}"
+    configure("worker", worker_id)
+    return run_service(Worker(args.nats or ["nats://127.0.0.1:4222"], worker_id, args.slots))

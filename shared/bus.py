@@ -1,0 +1,215 @@
+"""The NATS connection every role uses: request/reply with deadlines and typed errors,
+and handler dispatch by message type that never lets a bad message kill a service."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import nats
+import nats.errors
+import structlog
+from nats.aio.msg import Msg
+
+from shared.messages import Ack, ErrorCode, ErrorReply, Message, ProtocolError, decode
+
+log = structlog.get_logger()
+
+M = TypeVar("M", bound=Message)
+Handler = Callable[[Message], Awaitable[Message | None]]
+
+
+class RequestError(Exception):
+    """Raised by a handler to answer with a specific ErrorReply code."""
+
+    def __init__(self, code: str, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+class RemoteError(RequestError):
+    """The peer answered a request with an ErrorReply."""
+
+
+class RequestTimeout(RequestError):
+    """No reply arrived before the deadline."""
+
+    def __init__(self, message: str):
+        super().__init__(ErrorCode.UNAVAILABLE, message, retryable=True)
+
+
+class NoResponders(RequestTimeout):
+    """Nobody subscribes to the subject right now (e.g. no master is up yet)."""
+
+
+def not_found(what: str) -> RequestError:
+    return RequestError(ErrorCode.NOT_FOUND, what)
+
+
+def bad_request(what: str) -> RequestError:
+    return RequestError(ErrorCode.BAD_REQUEST, what)
+
+
+class Bus:
+    """One NATS connection with gearbus's request, serve and listen conventions."""
+
+    def __init__(self, servers: str | Sequence[str], name: str):
+        self.servers = [servers] if isinstance(servers, str) else list(servers)
+        self.name = name
+        self.nc: nats.NATS | None = None
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._inflight: set[asyncio.Task] = set()
+        self._subs = []
+        self._closing = False
+
+    async def connect(self, timeout: float = 10.0) -> None:
+        async def on_error(exc):
+            self.counters["connection_errors"] += 1
+            log.warning("nats_error", error=repr(exc))
+
+        async def on_disconnect():
+            if not self._closing:
+                log.warning("nats_disconnected")
+
+        async def on_reconnect():
+            log.info("nats_reconnected", url=str(self.nc.connected_url.netloc) if self.nc.connected_url else "")
+
+        self.nc = await nats.connect(
+            servers=self.servers,
+            name=self.name,
+            connect_timeout=timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            pending_size=64 * 1024 * 1024,
+        )
+
+    @property
+    def js(self):
+        return self.nc.jetstream()
+
+    async def publish(self, subject: str, message: Message) -> None:
+        await self.nc.publish(subject, message.encode())
+
+    async def request(
+        self,
+        subject: str,
+        message: Message,
+        timeout: float = 10.0,
+        expect: type[M] | tuple[type[Message], ...] = (),
+    ) -> M:
+        """Send a request and return the decoded reply; ErrorReply raises RemoteError."""
+        try:
+            reply = await self.nc.request(subject, message.encode(), timeout=timeout)
+        except nats.errors.NoRespondersError:
+            raise NoResponders(f"nobody serves {subject} (no responders)") from None
+        except nats.errors.TimeoutError:
+            raise RequestTimeout(f"no reply on {subject} within {timeout:g} s") from None
+        answer = decode(reply.data)
+        if isinstance(answer, ErrorReply):
+            raise RemoteError(answer.code, answer.message, answer.retryable)
+        wanted = expect if isinstance(expect, tuple) else (expect,)
+        if wanted and not isinstance(answer, wanted):
+            raise RequestError(
+                ErrorCode.BAD_REQUEST,
+                f"{subject} answered {type(answer).__name__}, expected {', '.join(w.__name__ for w in wanted)}",
+            )
+        return answer
+
+    async def serve(
+        self,
+        subject: str,
+        handlers: dict[type[Message], Handler],
+        queue: str = "",
+        concurrent: bool = False,
+    ) -> None:
+        """Answer requests on ``subject``, dispatching by message type.
+
+        A handler returns the reply message (None means Ack). Malformed input and
+        handler exceptions are answered with an ErrorReply and logged; the
+        subscription keeps serving. ``concurrent`` runs each request in its own task,
+        for handlers that wait on other parties.
+        """
+        expected = tuple(handlers)
+
+        async def answer(msg: Msg) -> None:
+            reply = await self._dispatch(subject, msg.data, handlers, expected)
+            if msg.reply:
+                await self.nc.publish(msg.reply, reply.encode())
+
+        async def on_msg(msg: Msg) -> None:
+            if concurrent:
+                self._track(answer(msg))
+            else:
+                await answer(msg)
+
+        self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=on_msg))
+
+    async def _dispatch(self, subject, data, handlers, expected) -> Message:
+        try:
+            message = decode(data, expected)
+        except ProtocolError as exc:
+            self.counters["bad_requests"] += 1
+            log.warning("bad_request", subject=subject, error=str(exc))
+            return ErrorReply(ErrorCode.BAD_REQUEST, f"{subject}: {exc}")
+        try:
+            result = await handlers[type(message)](message)
+        except RequestError as exc:
+            self.counters["request_errors"] += 1
+            log.info("request_refused", subject=subject, code=exc.code, error=exc.message)
+            return ErrorReply(exc.code, exc.message, exc.retryable)
+        except Exception as exc:
+            self.counters["handler_errors"] += 1
+            log.exception("handler_failed", subject=subject, message_type=type(message).__name__)
+            return ErrorReply(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        return Ack() if result is None else result
+
+    async def listen(self, subject: str, handlers: dict[type[Message], Handler], queue: str = "") -> None:
+        """Handle one-way messages: a malformed one is logged, counted and dropped."""
+        expected = tuple(handlers)
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                message = decode(msg.data, expected)
+            except ProtocolError as exc:
+                self.counters["dropped_messages"] += 1
+                log.warning("message_dropped", subject=msg.subject, error=str(exc))
+                return
+            try:
+                await handlers[type(message)](message)
+            except Exception:
+                self.counters["handler_errors"] += 1
+                log.exception("handler_failed", subject=msg.subject, message_type=type(message).__name__)
+
+        self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=on_msg))
+
+    def _track(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def close(self) -> None:
+        """Unsubscribe, let in-flight handlers finish, then drain the connection."""
+        self._closing = True
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+        self._subs.clear()
+        if self._inflight:
+            await asyncio.wait(list(self._inflight), timeout=5)
+        if self.nc is not None and not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.drain(), timeout=5)
+            except Exception:
+                await self.nc.close()
+
+
+__all__ = ["Ack", "Bus", "NoResponders", "RemoteError", "RequestError", "RequestTimeout", "bad_request", "not_found"]

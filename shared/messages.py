@@ -1,0 +1,517 @@
+"""Every protocol message of gearbus: typed, versioned, msgpack-encoded.
+
+On the wire a message is a msgpack map ``{"type": <class name>, "v": <version>,
+<fields in snake_case>...}``. Decoding checks the tag, the version and every field's
+type and raises :class:`ProtocolError` naming what is wrong, so a peer written in any
+language gets a precise answer. Fields added later carry defaults, so older peers
+that omit them keep working; unknown fields are ignored for the same reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, ClassVar, Union
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+
+#: The largest control-plane message a service accepts (data frames are separate).
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+class ProtocolError(ValueError):
+    """A message could not be decoded; the text says exactly why."""
+
+
+class _FieldCheck:
+    """Validates one decoded field value against its annotated type."""
+
+    def __init__(self, hint: Any):
+        self.hint = hint
+        self.check = _compile(hint)
+
+    def __call__(self, value: Any, where: str) -> Any:
+        return self.check(value, where)
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _compile(hint: Any):
+    """Turn a type hint into a function (value, where) -> converted value."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return lambda value, where: value
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        allows_none = type(None) in options
+        inner = [o for o in options if o is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"unsupported union {hint}")
+        check_inner = _compile(inner[0])
+
+        def check_optional(value, where):
+            if value is None:
+                if allows_none:
+                    return None
+            return check_inner(value, where)
+
+        return check_optional
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        check_item = _compile(args[0]) if args else (lambda v, w: v)
+
+        def check_list(value, where):
+            if not isinstance(value, (list, tuple)):
+                raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+            return [check_item(item, f"{where}[{i}]") for i, item in enumerate(value)]
+
+        return check_list
+    if origin is dict:
+        key_hint, value_hint = typing.get_args(hint) or (Any, Any)
+        check_key, check_value = _compile(key_hint), _compile(value_hint)
+
+        def check_dict(value, where):
+            if not isinstance(value, dict):
+                raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
+            return {
+                check_key(k, f"{where} key"): check_value(v, f"{where}[{k!r}]")
+                for k, v in value.items()
+            }
+
+        return check_dict
+    if isinstance(hint, type) and issubclass(hint, Struct):
+        def check_struct(value, where):
+            if not isinstance(value, dict):
+                raise ProtocolError(f"{where}: expected a {hint.__name__} map, got {type(value).__name__}")
+            return hint._from_fields(value, where)
+
+        return check_struct
+    if hint is float:
+        def check_float(value, where):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
+            return float(value)
+
+        return check_float
+    if hint is int:
+        def check_int(value, where):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ProtocolError(f"{where}: expected an integer, got {type(value).__name__}")
+            return value
+
+        return check_int
+    if hint in (str, bool, bytes):
+        def check_exact(value, where):
+            if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
+                raise ProtocolError(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
+            return value
+
+        return check_exact
+    raise TypeError(f"unsupported field type {_type_name(hint)}")
+
+
+class Struct:
+    """A frozen dataclass carried inside messages as a plain msgpack map."""
+
+    _checks: ClassVar[dict[str, _FieldCheck]]
+    _required: ClassVar[frozenset[str]]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True)(cls)
+        cls._checks = None  # resolved lazily: hints may name classes defined later
+
+    @classmethod
+    def _resolve(cls) -> None:
+        hints = typing.get_type_hints(cls)
+        fields = dataclasses.fields(cls)
+        cls._checks = {f.name: _FieldCheck(hints[f.name]) for f in fields}
+        cls._required = frozenset(
+            f.name
+            for f in fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+
+    @classmethod
+    def _from_fields(cls, data: dict, where: str):
+        if cls._checks is None:
+            cls._resolve()
+        missing = cls._required - data.keys()
+        if missing:
+            raise ProtocolError(f"{where}: missing field(s) {', '.join(sorted(missing))}")
+        values = {}
+        for name, check in cls._checks.items():
+            if name in data:
+                values[name] = check(data[name], f"{where}.{name}")
+        return cls(**values)
+
+    def to_wire(self) -> dict:
+        return {f.name: _to_wire(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _to_wire(value: Any) -> Any:
+    if isinstance(value, Struct):
+        return value.to_wire()
+    if isinstance(value, (list, tuple)):
+        return [_to_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_wire(v) for k, v in value.items()}
+    return value
+
+
+class Message(Struct):
+    """A protocol message: a Struct with a type tag, registered by subclassing."""
+
+    registry: ClassVar[dict[str, type[Message]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        Message.registry[cls.__name__] = cls
+
+    def encode(self) -> bytes:
+        body = self.to_wire()
+        body["type"] = type(self).__name__
+        body["v"] = PROTOCOL_VERSION
+        return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(data: bytes, expected: tuple[type[Message], ...] = ()) -> Message:
+    """Decode and validate a message; optionally insist on one of ``expected`` types."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ProtocolError(f"not valid msgpack: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"expected a msgpack map, got {type(body).__name__}")
+    tag = body.get("type")
+    if tag is None:
+        raise ProtocolError('message has no "type" field')
+    cls = Message.registry.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {tag!r}")
+    version = body.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"{tag}: protocol version {version!r} is not supported; this peer speaks version {PROTOCOL_VERSION}"
+        )
+    if expected and cls not in expected:
+        names = ", ".join(e.__name__ for e in expected)
+        raise ProtocolError(f"unexpected message type {tag}; expected {names}")
+    return cls._from_fields(body, tag)
+
+
+# --- shared payload structs ------------------------------------------------------
+
+
+class AppState:
+    """Application states (Gearpump's): a plain namespace of string constants."""
+
+    PENDING = "PENDING"
+    ACTIVE = "ACTIVE"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    TERMINATED = "TERMINATED"
+    TERMINAL = frozenset({SUCCEEDED, FAILED, TERMINATED})
+    ALL = frozenset({PENDING, ACTIVE, SUCCEEDED, FAILED, TERMINATED})
+
+
+class Placement:
+    """Where the Scheduler may put the slots of one resource request."""
+
+    ANY = "any"  # spread over the workers with the most free slots
+    ONE_WORKER = "one_worker"  # all slots on a single worker
+    WORKER = "worker"  # all slots on the worker named in the request
+    ALL = frozenset({ANY, ONE_WORKER, WORKER})
+
+
+class ExecutorKind:
+    APPMASTER = "appmaster"
+    EXECUTOR = "executor"
+
+
+class TaskId(Struct):
+    processor: int
+    index: int
+
+
+class TaskCounters(Struct):
+    task: TaskId
+    records_in: int = 0
+    records_out: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+    watermark: int = 0
+    finished: bool = False
+
+
+class AppError(Struct):
+    """A failure as the user sees it: what raised, where, and the Python traceback."""
+
+    error_type: str
+    message: str
+    where: str = ""
+    traceback: str = ""
+
+
+class WorkerSummary(Struct):
+    worker_id: str
+    host: str
+    pid: int
+    slots: int
+    slots_used: int
+    alive: bool = True
+    last_heartbeat_ms: int = 0
+
+
+class AppSummary(Struct):
+    app_id: int
+    name: str
+    state: str
+    submitted_ms: int
+    finished_ms: int = 0
+    user: str = ""
+    error: AppError | None = None
+    appmaster_worker: str = ""
+    executors: int = 0
+    tasks: list[TaskCounters] = dataclasses.field(default_factory=list)
+
+
+class Allocation(Struct):
+    worker_id: str
+    slots: int
+
+
+# --- errors and acknowledgements -------------------------------------------------
+
+
+class ErrorReply(Message):
+    """The reply to any request that failed. ``code`` is one of the ErrorCode names."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+
+class ErrorCode:
+    BAD_REQUEST = "bad_request"  # malformed, unknown type, wrong field or version
+    NOT_FOUND = "not_found"  # unknown app id, worker id, executor id, artifact
+    CONFLICT = "conflict"  # duplicate id, app already finished
+    UNAVAILABLE = "unavailable"  # no resources now, not ready; retry later
+    INTERNAL = "internal"  # a handler raised; the message says what
+
+
+class Ack(Message):
+    """A bare positive reply to a request that returns nothing else."""
+
+    detail: str = ""
+
+
+# --- client <-> master (app.*) ----------------------------------------------------
+
+
+class SubmitApplication(Message):
+    """Submit an application whose artifact is already in the artifact object store."""
+
+    name: str
+    artifact: str  # object name in the gearbus_artifacts object store
+    entry: str  # module to import: the file's stem, or the package name
+    artifact_kind: str = "module"  # "module" (one .py file) or "zip" (a zipped package)
+    args: list[str] = dataclasses.field(default_factory=list)
+    user: str = ""
+    priority: int = 0
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class SubmitApplicationResult(Message):
+    app_id: int
+
+
+class KillApplication(Message):
+    app_id: int
+
+
+class QueryApplication(Message):
+    app_id: int
+
+
+class ApplicationStatus(Message):
+    app: AppSummary
+
+
+class ListApplications(Message):
+    include_finished: bool = True
+
+
+class ApplicationList(Message):
+    apps: list[AppSummary]
+
+
+class QueryCluster(Message):
+    pass
+
+
+class ClusterInfo(Message):
+    masters: list[str]
+    leader: str
+    workers: list[WorkerSummary]
+
+
+class ApplicationStateChanged(Message):
+    """Published by the master on ``app.<id>.state`` whenever an app changes state;
+    also sent by an AppMaster to the master to report a terminal state."""
+
+    app_id: int
+    state: str
+    error: AppError | None = None
+
+
+# --- worker <-> master ----------------------------------------------------------
+
+
+class RegisterWorker(Message):
+    worker_id: str
+    host: str
+    pid: int
+    slots: int
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class WorkerRegistered(Message):
+    worker_id: str
+    heartbeat_interval_s: float
+
+
+class WorkerHeartbeat(Message):
+    worker_id: str
+    slots: int
+    slots_used: int
+    running: list[str] = dataclasses.field(default_factory=list)  # "<app>/<executor>"
+
+
+class LaunchExecutor(Message):
+    """Start an AppMaster (kind=appmaster, executor_id=-1) or an executor process."""
+
+    app_id: int
+    executor_id: int
+    kind: str
+    artifact: str
+    entry: str
+    artifact_kind: str = "module"
+    args: list[str] = dataclasses.field(default_factory=list)
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    app_name: str = ""
+
+
+class ExecutorLaunched(Message):
+    worker_id: str
+    pid: int
+
+
+class ShutdownExecutor(Message):
+    """Stop one executor of an app, or every process of the app when executor_id is None."""
+
+    app_id: int
+    executor_id: int | None = None
+    reason: str = ""
+
+
+class ExecutorStopped(Message):
+    """A worker's report that a process it launched has exited."""
+
+    worker_id: str
+    app_id: int
+    executor_id: int
+    kind: str
+    exit_code: int
+
+
+# --- appmaster <-> master -------------------------------------------------------
+
+
+class RegisterAppMaster(Message):
+    app_id: int
+    worker_id: str
+    pid: int
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class AppMasterRegistered(Message):
+    app_id: int
+    heartbeat_interval_s: float
+
+
+class AppMasterHeartbeat(Message):
+    app_id: int
+    executors: int
+    tasks: list[TaskCounters] = dataclasses.field(default_factory=list)
+
+
+class RequestResource(Message):
+    """Ask for ``slots`` slots; with ``min_slots`` > 0 the master may grant fewer, not below it."""
+
+    app_id: int
+    slots: int
+    min_slots: int = 0
+    placement: str = Placement.ANY
+    worker_id: str = ""  # with placement "worker"
+    priority: int = 0
+
+
+class ResourceAllocated(Message):
+    app_id: int
+    allocations: list[Allocation]
+
+
+# --- executor <-> appmaster -----------------------------------------------------
+
+
+class RegisterExecutor(Message):
+    app_id: int
+    executor_id: int
+    worker_id: str
+    pid: int
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class ExecutorRegistered(Message):
+    app_id: int
+    executor_id: int
+    heartbeat_interval_s: float
+
+
+class LaunchTasks(Message):
+    tasks: list[TaskId]
+    dag_digest: str
+
+
+class TaskRegistered(Message):
+    executor_id: int
+    tasks: list[TaskId]
+
+
+class StartAllTasks(Message):
+    pass
+
+
+class ExecutorHeartbeat(Message):
+    app_id: int
+    executor_id: int
+    tasks: list[TaskCounters]
+
+
+class TaskFinished(Message):
+    executor_id: int
+    counters: TaskCounters
+
+
+class TaskFailed(Message):
+    executor_id: int
+    task: TaskId
+    error: AppError

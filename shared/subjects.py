@@ -1,0 +1,91 @@
+"""Every NATS subject gearbus uses, built in one place (no subject literals elsewhere)."""
+
+from __future__ import annotations
+
+# client -> leader master (request/reply)
+APP_SUBMIT = "app.submit"
+APP_KILL = "app.kill"
+APP_STATUS = "app.status"
+APP_LIST = "app.list"
+MASTER_INFO = "master.info"
+
+# workers and AppMasters -> leader master
+WORKER_REGISTER = "master.worker.register"
+WORKER_HEARTBEAT = "master.worker.heartbeat"
+EXECUTOR_STOPPED = "master.executor.stopped"
+APPMASTER_REGISTER = "master.appmaster.register"
+APPMASTER_HEARTBEAT = "master.appmaster.heartbeat"
+APPMASTER_STATE = "master.appmaster.state"
+RESOURCE_REQUEST = "master.resource.request"
+
+#: Every request subject the leader master serves, with a queue group per subject.
+MASTER_REQUEST_SUBJECTS = (
+    APP_SUBMIT,
+    APP_KILL,
+    APP_STATUS,
+    APP_LIST,
+    MASTER_INFO,
+    WORKER_REGISTER,
+    APPMASTER_REGISTER,
+    APPMASTER_STATE,
+    RESOURCE_REQUEST,
+)
+
+# JetStream buckets
+STATE_BUCKET = "gearbus_state"
+ARTIFACT_BUCKET = "gearbus_artifacts"
+
+
+def app_state_events(app_id: int) -> str:
+    """The master publishes ApplicationStateChanged here on every state change."""
+    return f"app.{app_id}.state"
+
+
+def worker_launch(worker_id: str) -> str:
+    return f"worker.{worker_id}.launch"
+
+
+def worker_shutdown(worker_id: str) -> str:
+    return f"worker.{worker_id}.shutdown"
+
+
+def appmaster_executor_register(app_id: int) -> str:
+    return f"appmaster.{app_id}.executor.register"
+
+
+def appmaster_executor_heartbeat(app_id: int) -> str:
+    return f"appmaster.{app_id}.executor.heartbeat"
+
+
+def appmaster_executor_stopped(app_id: int) -> str:
+    return f"appmaster.{app_id}.executor.stopped"
+
+
+def appmaster_task_finished(app_id: int) -> str:
+    return f"appmaster.{app_id}.task.finished"
+
+
+def appmaster_task_failed(app_id: int) -> str:
+    return f"appmaster.{app_id}.task.failed"
+
+
+def executor_control(app_id: int, executor_id: int) -> str:
+    """LaunchTasks and StartAllTasks from the AppMaster to one executor."""
+    return f"executor.{app_id}.{executor_id}.control"
+
+
+def task_inbox(app_id: int, processor: int, index: int) -> str:
+    """The data inbox of one task: its global address."""
+    return f"data.{app_id}.{processor}.{index}"
+
+
+def task_credit(app_id: int, processor: int, index: int) -> str:
+    """Where receivers grant flow-control credit back to one sending task."""
+    return f"credit.{app_id}.{processor}.{index}"
+
+
+def app_state_key(app_id: int) -> str:
+    return f"apps.{app_id}"
+
+
+NEXT_APP_ID_KEY = "next_app_id"
