@@ -69,21 +69,32 @@ def _prepare(path: str, app_args: list[str]):
 
 async def _run_embedded(args) -> int:
     artifact, name = _prepare(args.app, args.app_args)
-    started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    seen: dict[str, float] = {}
     cluster = LocalCluster(workers=args.workers, slots=args.slots, log_dir=args.log_dir)
     cluster.start()
     try:
         async with Client(cluster.url, timeout=30) as client:
             app_id = await client.submit(artifact, args.app_args, name=name)
-            app = await client.wait(app_id, timeout=args.timeout)
+            app = await client.wait(app_id, timeout=args.timeout, seen=seen)
     except (RequestError, asyncio.TimeoutError) as exc:
         print(f"gearbus run: {exc}\n{cluster.logs_tail()}", file=sys.stderr)
         return 1
     finally:
         cluster.stop()
-    elapsed = time.monotonic() - started
+    ended = loop.time()
+    phases = {
+        "startup_s": round(seen.get(AppState.ACTIVE, ended) - started, 3),
+        "running_s": round(seen.get(app.state, ended) - seen.get(AppState.ACTIVE, started), 3),
+        "total_s": round(ended - started, 3),
+    }
+    if args.json:
+        print(json.dumps({"app_id": app.app_id, "state": app.state, **phases,
+                          "error": app.error.to_wire() if app.error else None}))
     if app.state == AppState.SUCCEEDED:
-        print(f"app {app.app_id} ({app.name}) SUCCEEDED in {elapsed:.2f} s", file=sys.stderr)
+        print(f"app {app.app_id} ({app.name}) SUCCEEDED in {phases['total_s']:.2f} s "
+              f"(start-up {phases['startup_s']:.2f} s, running {phases['running_s']:.2f} s)", file=sys.stderr)
         return 0
     print(f"gearbus run: {error_text(app)}", file=sys.stderr)
     if args.verbose and app.error is not None and app.error.traceback:
@@ -171,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--slots", type=int, default=4, help="slots per worker (default 4)")
     run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     run.add_argument("--log-dir", default=None, help="where process logs go (default: a temp dir)")
+    run.add_argument("--json", action="store_true", help="print a JSON summary with phase timings")
     run.add_argument("-v", "--verbose", action="store_true", help="print the traceback of a failure")
     run.add_argument("app", help="the application .py file or package directory")
     run.add_argument("app_args", nargs=argparse.REMAINDER, help="arguments for the application")

@@ -93,15 +93,22 @@ class Client:
     async def info(self) -> ClusterInfo:
         return await self._request(subjects.MASTER_INFO, QueryCluster(), ClusterInfo)
 
-    async def wait(self, app_id: int, timeout: float | None = None) -> AppSummary:
-        """Wait until the app reaches a terminal state; return its final summary."""
+    async def wait(self, app_id: int, timeout: float | None = None,
+                   seen: dict[str, float] | None = None) -> AppSummary:
+        """Wait until the app reaches a terminal state; return its final summary.
+
+        ``seen``, when given, gets the monotonic time at which each state was observed.
+        """
         ended = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        seen = {} if seen is None else seen
 
         async def on_event(msg):
             try:
                 event = decode(msg.data, (ApplicationStateChanged,))
             except ValueError:
                 return
+            seen.setdefault(event.state, loop.time())
             if event.state in AppState.TERMINAL:
                 ended.set()
 

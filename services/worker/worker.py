@@ -155,11 +155,11 @@ class Worker(Service):
 
     async def heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
             running = [c.label for c in self.children.values()]
             await self.bus.publish(
                 subjects.WORKER_HEARTBEAT, WorkerHeartbeat(self.worker_id, self.slots, len(running), running)
             )
+            await asyncio.sleep(self.heartbeat_interval)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,83 @@
+"""Fixtures: a real nats-server on a free port with a temporary JetStream directory,
+and an embedded cluster of real master and worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+import pytest_asyncio
+
+from gearbus.client import Client
+from gearbus.cluster import LocalCluster
+from gearbus.natsserver import NatsServer
+from shared import subjects
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(REPO, "examples")
+sys.path.insert(0, REPO)
+
+
+@pytest.fixture
+def nats_server(tmp_path):
+    server = NatsServer(store_dir=str(tmp_path / "jetstream"), log_path=str(tmp_path / "nats-server.log"))
+    os.makedirs(server.store_dir, exist_ok=True)
+    with server:
+        yield server
+
+
+async def wait_for_workers(client: Client, count: int, timeout: float = 30.0) -> None:
+    """Return once the master lists ``count`` live workers.
+
+    Woken by each worker heartbeat (sent only after a worker has registered), so it
+    asks the master again exactly when something may have changed.
+    """
+    beat = asyncio.Event()
+
+    async def on_heartbeat(msg):
+        beat.set()
+
+    sub = await client.bus.nc.subscribe(subjects.WORKER_HEARTBEAT, cb=on_heartbeat)
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                beat.clear()
+                info = await client.info()
+                if sum(w.alive for w in info.workers) >= count:
+                    return
+                await beat.wait()
+    finally:
+        await sub.unsubscribe()
+
+
+@pytest.fixture
+def cluster_factory(nats_server, tmp_path):
+    """Start embedded clusters on the test's nats-server; all are stopped at the end."""
+    started: list[LocalCluster] = []
+
+    def make(workers: int = 2, slots: int = 4) -> LocalCluster:
+        cluster = LocalCluster(workers=workers, slots=slots, log_dir=str(tmp_path / f"logs{len(started)}"),
+                               nats=nats_server)
+        started.append(cluster.start())
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()
+
+
+@pytest_asyncio.fixture
+async def cluster(cluster_factory):
+    """Two workers with four slots each, registered and ready."""
+    made = cluster_factory(workers=2, slots=4)
+    async with Client(made.url, timeout=30) as client:
+        await wait_for_workers(client, 2)
+    return made
+
+
+@pytest_asyncio.fixture
+async def client(cluster):
+    async with Client(cluster.url, timeout=30) as c:
+        yield c
