@@ -1,0 +1,3 @@
+"""A Python file that defines no application() function."""
+
+VALUE = 1

@@ -1,0 +1,77 @@
+"""The gearbus command line, run as a user runs it: a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+from shared.messages import AppState
+from tests.conftest import EXAMPLES, REPO
+from tests.integration.test_cluster import APPS, expected_counts, read_counts, sample_lines, wait_state, write_text
+
+GEARBUS = [sys.executable, "-m", "gearbus.cli"]
+WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
+
+
+async def gearbus(*args: str, timeout: float = 90) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(*GEARBUS, *args, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_run_wordcount_on_the_embedded_default(tmp_path):
+    source, output = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    write_text(source, sample_lines(2000))
+    code, out, err = await gearbus("run", "--json", WORDCOUNT, "--input", str(source), "--output", str(output))
+    assert code == 0, err
+    assert json.loads(out)["state"] == AppState.SUCCEEDED
+    assert "SUCCEEDED" in err
+    assert read_counts(output) == expected_counts(source)
+
+
+async def test_run_reports_a_failing_task_and_exits_non_zero():
+    code, _, err = await gearbus("run", os.path.join(APPS, "failing.py"))
+    assert code == 1
+    assert "FAILED" in err and "ValueError: cannot handle record 42" in err
+
+
+async def test_bad_app_files_are_reported_before_anything_is_submitted(tmp_path):
+    code, _, err = await gearbus("submit", "--nats", "nats://127.0.0.1:1", str(tmp_path / "missing.py"))
+    assert code == 2 and "does not exist" in err
+    code, _, err = await gearbus("run", os.path.join(APPS, "not_an_app.py"))
+    assert code == 2 and "does not define application(args)" in err
+    code, _, err = await gearbus("run", WORDCOUNT, "--input", str(tmp_path / "nope.txt"), "--output", "x")
+    assert code == 2 and "nope.txt does not exist" in err
+
+
+async def test_submit_status_list_kill_info_against_a_cluster(cluster, client):
+    url = ["--nats", cluster.url]
+    code, out, err = await gearbus("submit", *url, "--json", os.path.join(APPS, "endless.py"))
+    assert code == 0, err
+    app_id = json.loads(out)["app_id"]
+    await wait_state(client, app_id, AppState.ACTIVE)
+
+    code, out, _ = await gearbus("status", *url, "--json", str(app_id))
+    assert code == 0 and json.loads(out)["state"] == AppState.ACTIVE
+    code, out, _ = await gearbus("status", *url, str(app_id))
+    assert f"app {app_id} (endless): ACTIVE" in out
+    code, out, _ = await gearbus("list", *url, "--json")
+    assert [a["app_id"] for a in json.loads(out)] == [app_id]
+    code, out, _ = await gearbus("info", *url, "--json")
+    assert sorted(w["worker_id"] for w in json.loads(out)["workers"]) == ["worker-0", "worker-1"]
+
+    code, out, _ = await gearbus("kill", *url, str(app_id))
+    assert code == 0 and "killed" in out
+    code, out, _ = await gearbus("wait", *url, "--json", str(app_id))
+    assert code == 1 and json.loads(out)["state"] == AppState.TERMINATED
+
+    code, _, err = await gearbus("status", *url, "999")
+    assert code == 1 and "unknown app id 999" in err
+
+
+async def test_no_master_is_a_clear_error_within_the_deadline(nats_server):
+    code, _, err = await gearbus("list", "--nats", nats_server.url, "--request-timeout", "1")
+    assert code == 1 and "no master answered" in err

@@ -1,0 +1,221 @@
+"""The submission flow end to end on real processes and a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import random
+import signal
+
+import pytest
+
+from gearbus.artifact import pack
+from gearbus.client import Client
+from gearbus.cluster import LocalCluster
+from gearbus.natsserver import NatsServer
+from shared import subjects
+from shared.bus import RemoteError
+from shared.messages import AppState, ErrorCode, RegisterExecutor, RequestResource
+from tests.conftest import EXAMPLES, REPO, wait_for_workers
+
+APPS = os.path.join(REPO, "tests", "apps")
+WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
+
+
+def write_text(path, lines) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+def read_counts(path) -> dict[str, int]:
+    counts = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            assert row["word"] not in counts, f"word {row['word']!r} written twice"
+            counts[row["word"]] = row["count"]
+    return counts
+
+
+def expected_counts(path) -> dict[str, int]:
+    with open(path, encoding="utf-8") as f:
+        return dict(collections.Counter(f.read().split()))
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+async def wait_exited(pid: int, timeout: float) -> None:
+    """Wait for any process (not only a child) to exit, via a pidfd: no polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    exited = asyncio.Event()
+    loop.add_reader(fd, exited.set)
+    try:
+        await asyncio.wait_for(exited.wait(), timeout)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+async def wait_state(client: Client, app_id: int, state: str, timeout: float = 30.0) -> None:
+    """Wait for an app to reach ``state`` (a non-terminal one), woken by state events."""
+    changed = asyncio.Event()
+
+    async def on_event(msg):
+        changed.set()
+
+    sub = await client.bus.nc.subscribe(subjects.app_state_events(app_id), cb=on_event)
+    try:
+        async with asyncio.timeout(timeout):
+            while (await client.status(app_id)).state != state:
+                changed.clear()
+                await changed.wait()
+    finally:
+        await sub.unsubscribe()
+
+
+async def run_wordcount(client: Client, tmp_path, lines: list[str], parallelism: int = 2) -> None:
+    source, output = tmp_path / "input.txt", tmp_path / "counts.jsonl"
+    write_text(source, lines)
+    app_id = await client.submit(pack(WORDCOUNT), ["--input", str(source), "--output", str(output),
+                                                   "--parallelism", str(parallelism)])
+    app = await client.wait(app_id, timeout=60)
+    assert app.state == AppState.SUCCEEDED, app.error
+    assert read_counts(output) == expected_counts(source)
+
+
+def sample_lines(count: int, seed: int = 3) -> list[str]:
+    rng = random.Random(seed)
+    vocabulary = [f"w{i}" for i in range(500)] + ["naïve", "日本語", "😀", "ünïcödé", "a-b", "x"]
+    return [" ".join(rng.choices(vocabulary, k=rng.randint(0, 12))) for _ in range(count)]
+
+
+async def test_wordcount_counts_exactly_on_two_workers(client, tmp_path):
+    lines = sample_lines(5000) + ["", "   ", "\ttabs\tand  spaces ", ""]
+    await run_wordcount(client, tmp_path, lines, parallelism=3)
+    status = await client.list()
+    assert [a.state for a in status] == [AppState.SUCCEEDED]
+
+
+async def test_wordcount_with_lines_larger_than_a_nats_message(tmp_path):
+    """Lines longer than the server's max_payload travel as fragmented frames."""
+    small = NatsServer(store_dir=str(tmp_path / "js"), max_payload=64 * 1024)
+    os.makedirs(small.store_dir)
+    with small, LocalCluster(workers=2, log_dir=str(tmp_path / "logs"), nats=small) as cluster:
+        async with Client(cluster.url, timeout=30) as client:
+            await wait_for_workers(client, 2)
+            huge = " ".join(f"long{i % 977}" for i in range(60_000))  # ~500 KB on one line
+            await run_wordcount(client, tmp_path, [huge, "", *sample_lines(200), huge[:70_000]], parallelism=2)
+
+
+async def test_wordcount_on_an_empty_file(client, tmp_path):
+    await run_wordcount(client, tmp_path, [], parallelism=2)
+
+
+async def test_status_list_and_kill_of_a_running_app(client):
+    app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
+    await wait_state(client, app_id, AppState.ACTIVE)
+    status = await client.status(app_id)
+    assert status.name == "endless" and status.appmaster_worker.startswith("worker-")
+    assert [a.app_id for a in await client.list()] == [app_id]
+    await client.kill(app_id)
+    final = await client.wait(app_id, timeout=10)
+    assert final.state == AppState.TERMINATED
+    with pytest.raises(RemoteError) as refused:
+        await client.kill(app_id)
+    assert refused.value.code == ErrorCode.CONFLICT and "already ended" in refused.value.message
+
+
+async def test_killed_app_releases_its_processes_and_slots(cluster, client):
+    app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
+    await wait_state(client, app_id, AppState.ACTIVE)
+    workers = [p.pid for p in cluster.workers.values()]
+    app_processes = [pid for w in workers for pid in children_of(w)]
+    assert len(app_processes) == 3  # the AppMaster and two executors
+    await client.kill(app_id)
+    for pid in app_processes:
+        await wait_exited(pid, timeout=15)
+    assert all(not children_of(w) for w in workers)
+
+
+async def test_a_raising_task_fails_the_app_with_its_error_visible(client):
+    app_id = await client.submit(pack(os.path.join(APPS, "failing.py")))
+    app = await client.wait(app_id, timeout=30)
+    assert app.state == AppState.FAILED
+    assert app.error.error_type == "ValueError"
+    assert app.error.message == "cannot handle record 42"
+    assert "picky" in app.error.where
+    assert "raise ValueError" in app.error.traceback
+
+
+async def test_duplicate_executor_id_is_refused_with_a_reason(client):
+    app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
+    await wait_state(client, app_id, AppState.ACTIVE)
+    with pytest.raises(RemoteError) as refused:
+        await client.bus.request(subjects.appmaster_executor_register(app_id),
+                                 RegisterExecutor(app_id, 0, "worker-x", 12345))
+    assert refused.value.code == ErrorCode.CONFLICT
+    assert "already registered" in refused.value.message and "12345" in refused.value.message
+    await client.kill(app_id)
+
+
+async def test_unknown_app_and_worker_ids_get_clear_errors(client):
+    with pytest.raises(RemoteError) as unknown_app:
+        await client.status(999)
+    assert unknown_app.value.code == ErrorCode.NOT_FOUND and "999" in unknown_app.value.message
+    with pytest.raises(RemoteError) as unknown_kill:
+        await client.kill(999)
+    assert unknown_kill.value.code == ErrorCode.NOT_FOUND
+    app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
+    with pytest.raises(RemoteError) as unknown_worker:
+        await client.bus.request(subjects.RESOURCE_REQUEST,
+                                 RequestResource(app_id, 1, placement="worker", worker_id="no-such-worker"))
+    assert unknown_worker.value.code == ErrorCode.NOT_FOUND and "no-such-worker" in unknown_worker.value.message
+    await client.kill(app_id)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGTERM])
+async def test_stopping_a_worker_leaves_no_child_processes(cluster, client, stop_signal):
+    app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
+    await wait_state(client, app_id, AppState.ACTIVE)
+    workers = [p for p in cluster.workers.values() if children_of(p.pid)]
+    assert workers, "the app's processes run under some worker"
+    victim = workers[0]
+    children = children_of(victim.pid)
+    victim.send_signal(stop_signal)
+    await wait_exited(victim.pid, timeout=15)
+    for pid in children:
+        await wait_exited(pid, timeout=15)
+    assert all(not os.path.exists(f"/proc/{pid}") or _is_zombie(pid) for pid in children)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+async def test_master_info_lists_workers_and_slots(client):
+    info = await client.info()
+    assert info.leader == "master-0" and info.masters == ["master-0"]
+    assert sorted(w.worker_id for w in info.workers) == ["worker-0", "worker-1"]
+    assert all(w.slots == 4 and w.slots_used == 0 and w.alive for w in info.workers)
