@@ -109,9 +109,10 @@ def load_local(path: str, args: list[str]) -> Application:
     return build_application(module, args, path)
 
 
-def load_artifact(data: bytes, kind: str, entry: str, args: list[str]) -> Application:
-    """Materialise an artifact fetched from the object store and build its Application."""
-    workdir = tempfile.mkdtemp(prefix="gearbus-artifact-")
+def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: str | None = None) -> Application:
+    """Materialise an artifact fetched from the object store in ``workdir`` (its owner
+    removes it) and build its Application."""
+    workdir = workdir or tempfile.mkdtemp(prefix="gearbus-artifact-")
     if kind == "zip":
         zip_path = os.path.join(workdir, f"{entry}.zip")
         with open(zip_path, "wb") as f:

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -79,10 +80,14 @@ async def _run_embedded(args) -> int:
             app_id = await client.submit(artifact, args.app_args, name=name)
             app = await client.wait(app_id, timeout=args.timeout, seen=seen)
     except (RequestError, asyncio.TimeoutError) as exc:
-        print(f"gearbus run: {exc}\n{cluster.logs_tail()}", file=sys.stderr)
-        return 1
-    finally:
         cluster.stop()
+        print(f"gearbus run: {exc}\n{cluster.logs_tail()}\nlogs kept in {cluster.log_dir}", file=sys.stderr)
+        return 1
+    cluster.stop()
+    if args.log_dir is None and app.state == AppState.SUCCEEDED:
+        shutil.rmtree(cluster.log_dir, ignore_errors=True)
+    elif app.state != AppState.SUCCEEDED:
+        print(f"logs kept in {cluster.log_dir}", file=sys.stderr)
     ended = loop.time()
     phases = {
         "startup_s": round(seen.get(AppState.ACTIVE, ended) - started, 3),

@@ -1,8 +1,8 @@
 """How a process launched by a worker learns what to run, and loads the user's code.
 
 The worker passes the LaunchExecutor message it received, msgpack-encoded and base64'd,
-in the GEARBUS_LAUNCH environment variable, together with its worker id and the NATS
-servers on the command line.
+in the GEARBUS_LAUNCH environment variable, its worker id in GEARBUS_WORKER_ID, a
+scratch directory in GEARBUS_WORKDIR, and the NATS servers on the command line.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from shared.messages import LaunchExecutor, decode
 
 LAUNCH_ENV = "GEARBUS_LAUNCH"
 WORKER_ENV = "GEARBUS_WORKER_ID"
+WORKDIR_ENV = "GEARBUS_WORKDIR"  # a scratch directory the worker removes when the process exits
 
 
 def encode_launch(message: LaunchExecutor) -> str:
@@ -41,4 +42,4 @@ async def fetch_application(bus, launch: LaunchExecutor) -> Application:
     """Download the artifact from the object store and build the user's Application."""
     store = await bus.js.object_store(subjects.ARTIFACT_BUCKET)
     result = await store.get(launch.artifact)
-    return load_artifact(result.data, launch.artifact_kind, launch.entry, launch.args)
+    return load_artifact(result.data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV))

@@ -85,6 +85,9 @@ class Executor(Service):
             )
             await runner.subscribe()
             self.runners.append(runner)
+        hosted = {(r.task_id.processor, r.task_id.index): r for r in self.runners}
+        for runner in self.runners:
+            runner.link_local(hosted)
         await self.bus.nc.flush()
         return TaskRegistered(self.executor_id, list(msg.tasks))
 

@@ -13,7 +13,14 @@ import structlog
 from gearbus.api.graph import Application
 from gearbus.api.task import TaskContext
 from gearbus.runtime_tasks import DataSourceTask
-from services.executor.frames import WATERMARK_MAX, DataPlaneError, FrameReader, decode_credit, encode_credit
+from services.executor.frames import (
+    WATERMARK_MAX,
+    DataPlaneError,
+    Frame,
+    FrameReader,
+    decode_credit,
+    encode_credit,
+)
 from services.executor.outputs import DataPlaneConfig, Outputs
 from shared import subjects
 from shared.messages import AppError, TaskCounters, TaskId
@@ -65,7 +72,8 @@ class TaskRunner:
         session = random.getrandbits(31)
         edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(self.processor)]
         self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, session, edges, config)
-        self.inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self.inbox: asyncio.Queue[bytes | Frame] = asyncio.Queue()
+        self.local_senders: dict[tuple[int, int], TaskRunner] = {}
         self.reader = FrameReader()
         self.watermark = 0
         self.records_in = 0
@@ -83,6 +91,11 @@ class TaskRunner:
             watermark=self.watermark,
             finished=self.finished,
         )
+
+    def link_local(self, runners: dict[tuple[int, int], TaskRunner]) -> None:
+        """Know the tasks in this executor: frames to them and credit from them skip NATS."""
+        self.outputs.link_local({key: runner.inbox for key, runner in runners.items()})
+        self.local_senders = {key: runner for key, runner in runners.items() if key in self.inputs}
 
     async def subscribe(self) -> None:
         """Open the inbox and the credit subject; called before any task starts."""
@@ -191,9 +204,12 @@ class TaskRunner:
             if len(task.output) >= batch:
                 await self._flush()
 
-    async def _accept(self, data: bytes) -> bool:
+    async def _accept(self, data: bytes | Frame) -> bool:
         """Process one inbox message; return True when it ended an input."""
-        sender, frame = self.reader.feed(data)
+        if type(data) is Frame:
+            sender, frame = (data.src_processor, data.src_index), data
+        else:
+            sender, frame = self.reader.feed(data)
         state = self.inputs.get(sender)
         if state is None:
             raise DataPlaneError(f"data from unknown sender {sender} reached {self.name}")
@@ -227,8 +243,12 @@ class TaskRunner:
         """Grant credit back in batches of half the window."""
         state.unacked += 1
         if state.unacked * 2 >= self.config.credit_frames:
-            grant = encode_credit(self.processor.id, self.task_id.index, state.unacked)
-            state.unacked = 0
+            frames, state.unacked = state.unacked, 0
+            local = self.local_senders.get(sender)
+            if local is not None:
+                local.outputs.grant(self.processor.id, self.task_id.index, frames)
+                return
+            grant = encode_credit(self.processor.id, self.task_id.index, frames)
             await self.nc.publish(subjects.task_credit(self.app_id, sender[0], sender[1]), grant)
 
     async def _flush(self) -> None:

@@ -97,7 +97,7 @@ class Scheduler:
             raise SchedulingError(f"unknown worker {worker_id!r}")
         min_slots = min(max(min_slots, 1), slots) if min_slots else slots
         capacity = self._capacity(placement, worker_id)
-        if min_slots > capacity:
+        if self._workers and min_slots > capacity:  # with no workers yet, wait for them
             raise SchedulingError(
                 f"app {app_id} asks for {min_slots} slot(s) with placement {placement}, "
                 f"but the cluster has only {capacity} there in all"

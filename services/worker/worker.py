@@ -7,15 +7,17 @@ import argparse
 import asyncio
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 
 import structlog
 
-from services.launch import LAUNCH_ENV, WORKER_ENV, encode_launch
+from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, encode_launch
 from shared import subjects
 from shared.bus import RequestError, RequestTimeout, bad_request
 from shared.logging import configure
@@ -49,6 +51,7 @@ class Child:
     executor_id: int
     kind: str
     process: asyncio.subprocess.Process
+    workdir: str
 
     @property
     def label(self) -> str:
@@ -109,8 +112,14 @@ class Worker(Service):
         env[LAUNCH_ENV] = encode_launch(msg)
         env[WORKER_ENV] = self.worker_id
         env["PYTHONHASHSEED"] = "0"  # one string hash on every executor: hash partitioning agrees
-        process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=_die_with_parent)
-        child = Child(msg.app_id, msg.executor_id, msg.kind, process)
+        workdir = tempfile.mkdtemp(prefix=f"gearbus-app{msg.app_id}-{msg.kind}{max(msg.executor_id, 0)}-")
+        env[WORKDIR_ENV] = workdir
+        try:
+            process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=_die_with_parent)
+        except OSError:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        child = Child(msg.app_id, msg.executor_id, msg.kind, process, workdir)
         self.children[key] = child
         self.spawn(self._watch(child), f"watch-{child.label}")
         log.info("process_launched", app_id=msg.app_id, executor_id=msg.executor_id, kind=msg.kind, pid=process.pid)
@@ -131,6 +140,7 @@ class Worker(Service):
     async def _watch(self, child: Child) -> None:
         code = await child.process.wait()
         self.children.pop((child.app_id, child.executor_id), None)
+        shutil.rmtree(child.workdir, ignore_errors=True)
         log.info("process_exited", app_id=child.app_id, executor_id=child.executor_id, kind=child.kind,
                  exit_code=code)
         stopped = ExecutorStopped(self.worker_id, child.app_id, child.executor_id, child.kind, code)

@@ -32,10 +32,11 @@ async def test_run_wordcount_on_the_embedded_default(tmp_path):
     assert read_counts(output) == expected_counts(source)
 
 
-async def test_run_reports_a_failing_task_and_exits_non_zero():
-    code, _, err = await gearbus("run", os.path.join(APPS, "failing.py"))
+async def test_run_reports_a_failing_task_and_exits_non_zero(tmp_path):
+    code, _, err = await gearbus("run", "--log-dir", str(tmp_path / "logs"), os.path.join(APPS, "failing.py"))
     assert code == 1
     assert "FAILED" in err and "ValueError: cannot handle record 42" in err
+    assert f"logs kept in {tmp_path / 'logs'}" in err
 
 
 async def test_bad_app_files_are_reported_before_anything_is_submitted(tmp_path):

@@ -75,3 +75,12 @@ def test_removing_a_worker_reports_the_apps_that_held_slots_there():
     serve(scheduler, 7, 2)
     assert scheduler.remove_worker("a") == [7]
     assert scheduler.total_slots == 2
+
+
+def test_a_cluster_without_workers_yet_queues_requests_until_one_registers():
+    scheduler = Scheduler()
+    scheduler.request(1, 1)
+    assert scheduler.schedule() == []
+    scheduler.add_worker("late", 2)
+    [(_, allocations)] = scheduler.schedule()
+    assert allocations == [Allocation("late", 1)]

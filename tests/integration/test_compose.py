@@ -1,0 +1,199 @@
+"""compose.yaml, checked without a Docker engine: the file is parsed, and each gearbus
+service's command is run locally, exactly as written (only the NATS URL and the
+interpreter are swapped), against a test nats-server. The cluster it makes must
+register both workers, run WordCount correctly and stop cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import random
+import shlex
+import signal
+import sys
+
+import yaml
+
+from gearbus.artifact import pack
+from gearbus.client import Client
+from shared import subjects
+from shared.messages import AppState
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMPOSE = os.path.join(REPO, "compose.yaml")
+WORDCOUNT = os.path.join(REPO, "examples", "wordcount.py")
+COMPOSE_NATS_URL = "nats://nats:4222"
+
+REGISTER_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 20.0
+
+
+def load_compose() -> dict:
+    with open(COMPOSE) as f:
+        return yaml.safe_load(f)
+
+
+def command_of(service: dict) -> list[str]:
+    command = service["command"]
+    return shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+
+
+def local_command(service: dict, nats_url: str) -> list[str]:
+    """The service's compose command, run here: the test server's URL, this Python."""
+    argv = [part.replace(COMPOSE_NATS_URL, nats_url) for part in command_of(service)]
+    if argv and argv[0] == "python":
+        argv[0] = sys.executable
+    return argv
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_compose_file_declares_the_cluster():
+    compose = load_compose()
+    services = compose["services"]
+    assert set(services) == {"nats", "master", "worker-1", "worker-2"}
+
+    nats = services["nats"]
+    assert str(nats["image"]).startswith("nats:2.10")
+    nats_args = command_of(nats)
+    assert "-js" in nats_args or "--jetstream" in nats_args
+    assert nats.get("volumes"), "the JetStream store needs a volume"
+
+    assert services["master"]["build"] == "."
+    for name in ("master", "worker-1", "worker-2"):
+        service = services[name]
+        depends = service["depends_on"]
+        assert "nats" in (depends if isinstance(depends, (list, dict)) else [depends])
+        argv = command_of(service)
+        assert argv[:3] == ["python", "-m", "services.master" if name == "master" else "services.worker"]
+        assert flag(argv, "--nats") == COMPOSE_NATS_URL
+    assert flag(command_of(services["master"]), "--master-id") == "master-0"
+    for name in ("worker-1", "worker-2"):
+        argv = command_of(services[name])
+        assert flag(argv, "--worker-id") == name
+        assert flag(argv, "--slots") == "4"
+
+
+async def wait_for_compose_workers(client: Client, expected: dict[str, int], processes: dict) -> None:
+    """Return once every expected worker is registered and alive with its slots.
+
+    Asks the master again on each worker heartbeat; fails early if a service exits.
+    """
+    beat = asyncio.Event()
+
+    async def on_heartbeat(msg):
+        beat.set()
+
+    sub = await client.bus.nc.subscribe(subjects.WORKER_HEARTBEAT, cb=on_heartbeat)
+    try:
+        async with asyncio.timeout(REGISTER_TIMEOUT_S):
+            while True:
+                beat.clear()
+                info = await client.info()
+                seen = {w.worker_id: w.slots for w in info.workers if w.alive}
+                if all(seen.get(worker_id) == slots for worker_id, slots in expected.items()):
+                    return
+                exited = {name: p.returncode for name, p in processes.items() if p.returncode is not None}
+                assert not exited, f"services exited before the workers registered: {exited}"
+                await beat.wait()
+    finally:
+        await sub.unsubscribe()
+
+
+def write_input(path: str, lines: int = 2000) -> collections.Counter:
+    rng = random.Random(20240611)
+    vocabulary = [f"w{i}" for i in range(300)] + ["gear", "pump", "nats", "stream", "ÄÖü", "x"]
+    expected: collections.Counter = collections.Counter()
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(lines):
+            words = [rng.choice(vocabulary) for _ in range(rng.randint(0, 12))]
+            expected.update(words)
+            f.write("  ".join(words) + "\n")
+    return expected
+
+
+def read_counts(path: str) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                assert record["word"] not in counts, f"{record['word']!r} written twice"
+                counts[record["word"]] = record["count"]
+    return counts
+
+
+def logs(log_dir, names) -> str:
+    out = []
+    for name in names:
+        path = os.path.join(log_dir, f"{name}.log")
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                out.append(f"--- {name} ---\n{f.read()[-4000:]}")
+    return "\n".join(out)
+
+
+async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_path):
+    services = load_compose()["services"]
+    names = [name for name in services if name != "nats"]
+    assert sorted(names) == ["master", "worker-1", "worker-2"]
+    expected_workers = {
+        flag(command_of(services[name]), "--worker-id"): int(flag(command_of(services[name]), "--slots"))
+        for name in names if name.startswith("worker")
+    }
+    assert expected_workers == {"worker-1": 4, "worker-2": 4}
+
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    processes: dict[str, asyncio.subprocess.Process] = {}
+    try:
+        for name in names:
+            argv = local_command(services[name], nats_server.url)
+            assert COMPOSE_NATS_URL not in argv and nats_server.url in argv
+            with open(log_dir / f"{name}.log", "wb") as log:
+                # Its own process group, so the finally below also reaches any
+                # AppMaster or executor a worker left behind.
+                processes[name] = await asyncio.create_subprocess_exec(
+                    *argv, cwd=REPO, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                    start_new_session=True)
+
+        async with Client(nats_server.url, timeout=30) as client:
+            try:
+                await wait_for_compose_workers(client, expected_workers, processes)
+            except TimeoutError:
+                raise AssertionError(f"workers did not register within {REGISTER_TIMEOUT_S:g} s\n"
+                                     + logs(log_dir, names)) from None
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{logs(log_dir, names)}") from None
+
+            input_path = str(tmp_path / "text.txt")
+            output_path = str(tmp_path / "counts.jsonl")
+            expected = write_input(input_path)
+            app_id = await client.submit(pack(WORDCOUNT),
+                                         ["--input", input_path, "--output", output_path, "--parallelism", "2"])
+            summary = await client.wait(app_id, timeout=60)
+            assert summary.state == AppState.SUCCEEDED, (summary, logs(log_dir, names))
+            assert read_counts(output_path) == expected
+
+        for process in processes.values():
+            process.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                codes = {name: await process.wait() for name, process in processes.items()}
+        except TimeoutError:
+            running = [name for name, p in processes.items() if p.returncode is None]
+            raise AssertionError(f"{running} still running {STOP_TIMEOUT_S:g} s after SIGTERM\n"
+                                 + logs(log_dir, names)) from None
+        assert codes == {name: 0 for name in names}, logs(log_dir, names)
+    finally:
+        for process in processes.values():
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for process in processes.values():
+            await process.wait()
