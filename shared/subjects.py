@@ -18,18 +18,6 @@ APPMASTER_HEARTBEAT = "master.appmaster.heartbeat"
 APPMASTER_STATE = "master.appmaster.state"
 RESOURCE_REQUEST = "master.resource.request"
 
-#: Every request subject the leader master serves, with a queue group per subject.
-MASTER_REQUEST_SUBJECTS = (
-    APP_SUBMIT,
-    APP_KILL,
-    APP_STATUS,
-    APP_LIST,
-    MASTER_INFO,
-    WORKER_REGISTER,
-    APPMASTER_REGISTER,
-    APPMASTER_STATE,
-    RESOURCE_REQUEST,
-)
 
 # JetStream buckets
 STATE_BUCKET = "gearbus_state"

@@ -48,6 +48,7 @@ log = structlog.get_logger()
 
 DEFAULT_EXECUTORS = 2
 STARTUP_TIMEOUT_S = 60.0
+EXECUTOR_TIMEOUT_S = 10.0  # an executor silent this long is lost (hung process or lost host)
 
 
 class AppFailure(Exception):
@@ -259,11 +260,17 @@ class AppMaster(Service):
             )
             now, deadline = time.time(), 3 * self.heartbeat_interval
             for slot in self.executors.values():
-                registered = slot.registered.done() and slot.registered.exception() is None
-                if registered and not slot.stopped and not slot.missed_logged and now - slot.last_heartbeat > deadline:
+                registered = slot.registered.done() and not slot.registered.cancelled() \
+                    and slot.registered.exception() is None
+                if not registered or slot.stopped:
+                    continue
+                silent = now - slot.last_heartbeat
+                if silent > EXECUTOR_TIMEOUT_S and not self._ending:
+                    reason = f"executor {slot.executor_id} on worker {slot.worker_id} sent no heartbeat for {silent:.0f} s"
+                    self._fail(AppError("ExecutorLost", reason, f"executor {slot.executor_id}"))
+                elif silent > deadline and not slot.missed_logged:
                     slot.missed_logged = True
-                    log.warning("executor_heartbeat_missed", executor_id=slot.executor_id,
-                                silent_s=round(now - slot.last_heartbeat, 1))
+                    log.warning("executor_heartbeat_missed", executor_id=slot.executor_id, silent_s=round(silent, 1))
             await asyncio.sleep(self.heartbeat_interval)
 
 

@@ -33,13 +33,12 @@ IDLE_SOURCE_POLL_S = 0.01
 class _Input:
     """What a task knows about one upstream sender."""
 
-    __slots__ = ("session", "next_seq", "watermark", "ended", "unacked")
+    __slots__ = ("session", "next_seq", "watermark", "unacked")
 
     def __init__(self):
         self.session = None
         self.next_seq = 1
         self.watermark = 0
-        self.ended = False
         self.unacked = 0
 
 
@@ -118,6 +117,7 @@ class TaskRunner:
 
     async def run(self) -> None:
         """Run the task to its end; report success or the user's error through on_done."""
+        structlog.contextvars.bind_contextvars(task_id=self.name)  # this asyncio task's context only
         error = None
         started = False
         try:
@@ -234,10 +234,7 @@ class TaskRunner:
         if frame.watermark != state.watermark:
             state.watermark = frame.watermark
             self.watermark = min(s.watermark for s in self.inputs.values())
-        if frame.eos:
-            state.ended = True
-            return True
-        return False
+        return frame.eos
 
     async def _consumed(self, sender: tuple[int, int], state: _Input) -> None:
         """Grant credit back in batches of half the window."""

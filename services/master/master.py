@@ -67,7 +67,6 @@ class WorkerEntry:
     host: str
     pid: int
     slots: int
-    slots_used: int = 0
     last_heartbeat: float = 0.0
     alive: bool = True
     missed_logged: bool = False
@@ -230,7 +229,6 @@ class Master(Service):
             log.warning("heartbeat_from_unknown_worker", worker_id=msg.worker_id)
             return
         worker.last_heartbeat = time.time()
-        worker.slots_used = msg.slots_used
         if worker.missed_logged:
             log.info("worker_heartbeat_resumed", worker_id=msg.worker_id)
             worker.missed_logged = False
@@ -367,6 +365,17 @@ class Master(Service):
                 for a in allocations:
                     self.scheduler.release(request.app_id, a.worker_id, a.slots)
 
+    async def _worker_lost(self, worker: WorkerEntry, silent: float) -> None:
+        """Forget a silent worker's slots; apps whose AppMaster ran there have FAILED."""
+        worker.alive = False
+        self.scheduler.remove_worker(worker.worker_id)
+        log.error("worker_lost", worker_id=worker.worker_id, silent_s=round(silent, 1))
+        for record in list(self.apps.values()):
+            if record.appmaster_worker == worker.worker_id and record.state not in AppState.TERMINAL:
+                reason = f"worker {worker.worker_id}, which ran the AppMaster, sent no heartbeat for {silent:.0f} s"
+                await self._set_state(record.app_id, AppState.FAILED, AppError("WorkerLost", reason, "master"))
+                await self._stop_app_processes(record.app_id, "AppMaster's worker lost")
+
     async def watch_heartbeats(self) -> None:
         """Log missed heartbeats; forget workers silent past the worker timeout."""
         while True:
@@ -378,9 +387,7 @@ class Master(Service):
                     continue
                 silent = now - worker.last_heartbeat
                 if silent > self.worker_timeout:
-                    worker.alive = False
-                    self.scheduler.remove_worker(worker.worker_id)
-                    log.error("worker_lost", worker_id=worker.worker_id, silent_s=round(silent, 1))
+                    await self._worker_lost(worker, silent)
                 elif silent > deadline and not worker.missed_logged:
                     worker.missed_logged = True
                     log.warning("worker_heartbeat_missed", worker_id=worker.worker_id, silent_s=round(silent, 1))

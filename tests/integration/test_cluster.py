@@ -129,6 +129,14 @@ async def test_wordcount_on_an_empty_file(client, tmp_path):
     await run_wordcount(client, tmp_path, [], parallelism=2)
 
 
+async def test_an_app_shipped_as_a_package(client, tmp_path):
+    output = tmp_path / "squares.jsonl"
+    app_id = await client.submit(pack(os.path.join(APPS, "squares")), [str(output), "1000"])
+    app = await client.wait(app_id, timeout=30)
+    assert app.state == AppState.SUCCEEDED, app.error
+    assert sorted(json.loads(line) for line in output.read_text().splitlines()) == [i * i for i in range(1000)]
+
+
 async def test_status_list_and_kill_of_a_running_app(client):
     app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
     await wait_state(client, app_id, AppState.ACTIVE)
