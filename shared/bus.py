@@ -54,6 +54,16 @@ def bad_request(what: str) -> RequestError:
     return RequestError(ErrorCode.BAD_REQUEST, what)
 
 
+async def unsubscribe_all(subscriptions: list) -> None:
+    """Unsubscribe each subscription, ignoring ones the connection already dropped."""
+    for sub in subscriptions:
+        try:
+            await sub.unsubscribe()
+        except Exception as exc:
+            log.debug("unsubscribe_failed", error=repr(exc))
+    subscriptions.clear()
+
+
 class Bus:
     """One NATS connection with gearbus's request, serve and listen conventions."""
 
@@ -197,12 +207,7 @@ class Bus:
     async def close(self) -> None:
         """Unsubscribe, let in-flight handlers finish, then drain the connection."""
         self._closing = True
-        for sub in self._subs:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
-        self._subs.clear()
+        await unsubscribe_all(self._subs)
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=5)
         if self.nc is not None and not self.nc.is_closed:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 
 import pytest
 import pytest_asyncio
@@ -14,6 +15,7 @@ from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.natsserver import NatsServer
 from shared import subjects
+from shared.messages import ClusterInfo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
@@ -28,8 +30,8 @@ def nats_server(tmp_path):
         yield server
 
 
-async def wait_for_workers(client: Client, count: int, timeout: float = 30.0) -> None:
-    """Return once the master lists ``count`` live workers.
+async def wait_for_cluster(client: Client, ready: Callable[[ClusterInfo], bool], timeout: float = 30.0) -> None:
+    """Return once ``ready(info)`` holds for the master's ClusterInfo.
 
     Woken by each worker heartbeat (sent only after a worker has registered), so it
     asks the master again exactly when something may have changed.
@@ -44,12 +46,16 @@ async def wait_for_workers(client: Client, count: int, timeout: float = 30.0) ->
         async with asyncio.timeout(timeout):
             while True:
                 beat.clear()
-                info = await client.info()
-                if sum(w.alive for w in info.workers) >= count:
+                if ready(await client.info()):
                     return
                 await beat.wait()
     finally:
         await sub.unsubscribe()
+
+
+async def wait_for_workers(client: Client, count: int, timeout: float = 30.0) -> None:
+    """Return once the master lists ``count`` live workers."""
+    await wait_for_cluster(client, lambda info: sum(w.alive for w in info.workers) >= count, timeout)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from services.executor.frames import (
 )
 from services.executor.outputs import DataPlaneConfig, Outputs
 from shared import subjects
+from shared.bus import unsubscribe_all
 from shared.messages import AppError, TaskCounters, TaskId
 
 log = structlog.get_logger()
@@ -151,12 +152,7 @@ class TaskRunner:
         await self.on_done(self, error)
 
     async def close(self) -> None:
-        for sub in self._subs:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
-        self._subs.clear()
+        await unsubscribe_all(self._subs)
 
     # --- sources ---------------------------------------------------------------
 

@@ -18,8 +18,8 @@ import yaml
 
 from gearbus.artifact import pack
 from gearbus.client import Client
-from shared import subjects
 from shared.messages import AppState
+from tests.conftest import wait_for_cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPOSE = os.path.join(REPO, "compose.yaml")
@@ -79,29 +79,18 @@ def test_compose_file_declares_the_cluster():
 
 
 async def wait_for_compose_workers(client: Client, expected: dict[str, int], processes: dict) -> None:
-    """Return once every expected worker is registered and alive with its slots.
+    """Return once every expected worker is registered and alive with its slots;
+    fail early if a service exits."""
 
-    Asks the master again on each worker heartbeat; fails early if a service exits.
-    """
-    beat = asyncio.Event()
+    def ready(info) -> bool:
+        seen = {w.worker_id: w.slots for w in info.workers if w.alive}
+        if all(seen.get(worker_id) == slots for worker_id, slots in expected.items()):
+            return True
+        exited = {name: p.returncode for name, p in processes.items() if p.returncode is not None}
+        assert not exited, f"services exited before the workers registered: {exited}"
+        return False
 
-    async def on_heartbeat(msg):
-        beat.set()
-
-    sub = await client.bus.nc.subscribe(subjects.WORKER_HEARTBEAT, cb=on_heartbeat)
-    try:
-        async with asyncio.timeout(REGISTER_TIMEOUT_S):
-            while True:
-                beat.clear()
-                info = await client.info()
-                seen = {w.worker_id: w.slots for w in info.workers if w.alive}
-                if all(seen.get(worker_id) == slots for worker_id, slots in expected.items()):
-                    return
-                exited = {name: p.returncode for name, p in processes.items() if p.returncode is not None}
-                assert not exited, f"services exited before the workers registered: {exited}"
-                await beat.wait()
-    finally:
-        await sub.unsubscribe()
+    await wait_for_cluster(client, ready, REGISTER_TIMEOUT_S)
 
 
 def write_input(path: str, lines: int = 2000) -> collections.Counter:
