@@ -2,7 +2,7 @@
 
     python bench/wordcount.py [--lines 200000] [--words-per-line 10] [--vocabulary 10000]
                               [--seed 42] [--repeat 1] [--parallelism 2] [--no-marginal]
-                              [--retries 2] [--timeout 600] [--keep]
+                              [--no-shuffle] [--timeout 600] [--keep]
 
 Generates a seeded text file of N lines of K words drawn uniformly from a vocabulary of V
 words ("w0" .. "w{V-1}"), then, in the same run:
@@ -15,7 +15,13 @@ words ("w0" .. "w{V-1}"), then, in the same run:
 * checks the output equals the baseline Counter exactly (exits non-zero if not);
 * with ``--marginal`` (the default) also runs gearbus on 3N lines and reports
   2N / (wall(3N) - wall(N)): a steady-state rate that does not depend on the client seeing
-  state events, since fixed costs (start-up, shutdown) cancel out.
+  state events, since fixed costs (start-up, shutdown) cancel out;
+* with ``--shuffle`` (the default) also runs gearbus on the same N lines with
+  ``--combine-keys 1``: the split tasks then send their counts after every input batch, so
+  about 2-3 (word, count) records per line cross the hash shuffle to the sum tasks. With
+  the example's default (``--combine-keys 100000``) and a 10,000-word vocabulary each split
+  task sends each word about once, so the main figures mostly measure reading and
+  splitting; this one measures the data plane under a heavy shuffle.
 
 With ``--repeat R`` every measurement is taken R times; the table shows median and best.
 This is a benchmark, not a test: it only fails on wrong output or a failed gearbus run.
@@ -43,9 +49,13 @@ TARGET_STEADY = 300_000  # lines/s, data plane steady state
 FLOOR_STEADY = 150_000  # lines/s
 TARGET_WALL = 3.0  # s, whole `gearbus run`
 
+# The second configuration: split tasks send their counts after every input batch.
+SHUFFLE_ARGS = ("--combine-keys", "1")
+SHUFFLE = "combine per batch (--combine-keys 1)"
+
 
 class BenchError(Exception):
-    not_started = False
+    pass
 
 
 # --------------------------------------------------------------------------- data
@@ -91,37 +101,18 @@ def gearbus_command() -> list[str]:
 
 
 def run_gearbus(inp: str, out: str, parallelism: int, timeout: float, scratch: str,
-                retries: int = 0, retried: list | None = None) -> dict:
+                app_args: tuple[str, ...] = ()) -> dict:
     """Run wordcount once; return the JSON summary plus ``wall_s`` (start to exit).
 
-    The run's TMPDIR is ``scratch`` (inside the benchmark's temp directory), so whatever
-    gearbus puts in temp directories (process logs, the JetStream store, unpacked
-    artifacts) is removed with it.
-
-    A run the master refused before it started ("could not start", e.g. submitted before
-    any worker had registered) is tried again up to ``retries`` times, loudly, and noted
-    in ``retried``; any other failure ends the benchmark."""
-    for attempt in range(retries + 1):
-        try:
-            return _run_gearbus_once(inp, out, parallelism, timeout, os.path.join(scratch, f"attempt-{attempt}"))
-        except BenchError as exc:
-            if not exc.not_started or attempt == retries:
-                raise
-            first = str(exc).split("\n")
-            reason = next((line for line in first if "could not start" in line), first[0])
-            print(f"WARNING: gearbus run refused before start, retrying ({attempt + 1}/{retries}): {reason}",
-                  file=sys.stderr, flush=True)
-            if retried is not None:
-                retried.append(reason)
-    raise AssertionError("unreachable")
-
-
-def _run_gearbus_once(inp: str, out: str, parallelism: int, timeout: float, scratch: str) -> dict:
+    ``app_args`` are passed on to the application after the standard ones. The run's
+    TMPDIR is ``scratch`` (inside the benchmark's temp directory), so whatever gearbus puts
+    in temp directories (process logs, the JetStream store, unpacked artifacts) is removed
+    with it. Any failure ends the benchmark."""
     if os.path.exists(out):
         os.remove(out)
     os.makedirs(scratch, exist_ok=True)
     cmd = gearbus_command() + ["run", "--json", APP, "--input", inp, "--output", out,
-                               "--parallelism", str(parallelism)]
+                               "--parallelism", str(parallelism), *app_args]
     env = dict(os.environ, TMPDIR=scratch)
     started = time.perf_counter()
     try:
@@ -139,10 +130,8 @@ def _run_gearbus_once(inp: str, out: str, parallelism: int, timeout: float, scra
             except ValueError:
                 continue
     if proc.returncode != 0 or summary is None or summary.get("state") != "SUCCEEDED":
-        error = BenchError(f"gearbus run failed (exit {proc.returncode})\n"
-                           f"command: {' '.join(cmd)}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-        error.not_started = summary is None and "could not start" in proc.stderr
-        raise error
+        raise BenchError(f"gearbus run failed (exit {proc.returncode})\n"
+                         f"command: {' '.join(cmd)}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     summary["wall_s"] = wall
     summary["stderr"] = proc.stderr.strip()
     return summary
@@ -241,16 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, default=2, help="wordcount --parallelism (default %(default)s)")
     parser.add_argument("--marginal", action=argparse.BooleanOptionalAction, default=True,
                         help="also run on 3N lines and report 2N / (wall(3N) - wall(N)) (default on)")
+    parser.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run on N lines with --combine-keys 1 (a heavy shuffle) (default on)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per gearbus run")
-    parser.add_argument("--retries", type=int, default=2,
-                        help="retry a gearbus run the master refused before it started (default %(default)s)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (printed) for inspection")
     opts = parser.parse_args(argv)
     for name in ("lines", "words_per_line", "vocabulary", "repeat", "parallelism"):
         if getattr(opts, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if opts.retries < 0:
-        parser.error("--retries must be at least 0")
 
     n = opts.lines
     tmp = tempfile.mkdtemp(prefix="gearbus-bench-")
@@ -287,11 +274,10 @@ def _bench(opts, n: int, tmp: str) -> int:
         base_rates.append(_rate(n, secs))
         log(f"baseline run {i + 1}/{opts.repeat}: {secs:.3f} s, {base_rates[-1]:,.0f} lines/s")
 
-    retried: list[str] = []
     steady, whole, walls, startups, runnings, totals = [], [], [], [], [], []
+    shuffle_steady, shuffle_walls = [], []
     for i in range(opts.repeat):
-        s = run_gearbus(inp, out, opts.parallelism, opts.timeout, os.path.join(tmp, f"run-{i}"),
-                        opts.retries, retried)
+        s = run_gearbus(inp, out, opts.parallelism, opts.timeout, os.path.join(tmp, f"run-{i}"))
         verify(out, expected)
         walls.append(s["wall_s"])
         startups.append(s["startup_s"])
@@ -301,6 +287,15 @@ def _bench(opts, n: int, tmp: str) -> int:
         steady.append(_rate(n, s["running_s"]))
         log(f"gearbus run {i + 1}/{opts.repeat}: wall {s['wall_s']:.3f} s, start-up {s['startup_s']:.3f} s, "
             f"running {s['running_s']:.3f} s, in-process total {s['total_s']:.3f} s; output verified")
+        if opts.shuffle:
+            # Right after the default run, so both see much the same machine load.
+            s = run_gearbus(inp, out, opts.parallelism, opts.timeout, os.path.join(tmp, f"shuffle-{i}"),
+                            SHUFFLE_ARGS)
+            verify(out, expected)
+            shuffle_walls.append(s["wall_s"])
+            shuffle_steady.append(_rate(n, s["running_s"]))
+            log(f"gearbus run {i + 1}/{opts.repeat} {' '.join(SHUFFLE_ARGS)}: wall {s['wall_s']:.3f} s, "
+                f"running {s['running_s']:.3f} s; output verified")
 
     walls3: list[float] = []
     if opts.marginal:
@@ -308,8 +303,7 @@ def _bench(opts, n: int, tmp: str) -> int:
         generate(inp3, 3 * n, opts.words_per_line, opts.vocabulary, opts.seed + 1)
         expected3, _ = baseline(inp3)
         for i in range(opts.repeat):
-            s = run_gearbus(inp3, out, opts.parallelism, opts.timeout, os.path.join(tmp, f"run3-{i}"),
-                            opts.retries, retried)
+            s = run_gearbus(inp3, out, opts.parallelism, opts.timeout, os.path.join(tmp, f"run3-{i}"))
             verify(out, expected3)
             walls3.append(s["wall_s"])
             log(f"gearbus run on 3N {i + 1}/{opts.repeat}: wall {s['wall_s']:.3f} s, "
@@ -325,8 +319,11 @@ def _bench(opts, n: int, tmp: str) -> int:
         rows.append((label, med, best, unit, target))
 
     add("baseline (Counter)", base_rates, True, "lines/s")
-    add("gearbus steady state (N / running_s)", steady, True, "lines/s",
+    add("gearbus steady state, default combine (N / running_s)", steady, True, "lines/s",
         f">= {TARGET_STEADY:,} (floor {FLOOR_STEADY:,})")
+    if opts.shuffle:
+        add(f"gearbus steady state, {SHUFFLE}", shuffle_steady, True, "lines/s",
+            f">= {TARGET_STEADY:,} (floor {FLOOR_STEADY:,})")
     if opts.marginal:
         # Differences of medians and of bests (fastest runs), not of paired runs: with
         # noisy walls a pair can come out negative.
@@ -341,8 +338,13 @@ def _bench(opts, n: int, tmp: str) -> int:
     add("gearbus in-process total_s", totals, False, "s")
     if opts.marginal:
         add("gearbus wall on 3N lines", walls3, False, "s")
+    if opts.shuffle:
+        add(f"gearbus wall, {SHUFFLE}", shuffle_walls, False, "s")
     b_med, b_best = summarize(base_rates, True)
-    for label, samples in (("ratio steady / baseline", steady), ("ratio whole / baseline", whole)):
+    ratios = [("ratio steady / baseline", steady), ("ratio whole / baseline", whole)]
+    if opts.shuffle:
+        ratios.insert(1, (f"ratio steady, {SHUFFLE} / baseline", shuffle_steady))
+    for label, samples in ratios:
         med, best = summarize(samples, True)
         rows.append((label, med / b_med, best / b_best, "x", ""))
 
@@ -361,15 +363,27 @@ def _bench(opts, n: int, tmp: str) -> int:
                         for i, (c, w) in enumerate(zip(row, widths))).rstrip())
         if j == 0:
             print("  ".join("-" * w for w in widths))
+    if opts.shuffle:
+        print("configurations: gearbus rows not marked --combine-keys 1 use the default combine "
+              "(--combine-keys 100000), which sends each word about once per split task, so they mostly "
+              "measure reading and splitting; "
+              "combine per batch (--combine-keys 1) sends after every input batch, about 2-3 (word, count) "
+              "records per line through the hash shuffle to the sum tasks, so it measures the data plane "
+              "under a heavy shuffle")
 
     # Targets as a verdict, for context only (never fails the run).
     s_med = summarize(steady, True)[0]
     w_med = summarize(walls, False)[0]
     verdicts = [
-        f"steady state {s_med:,.0f} lines/s: "
+        f"steady state, default combine {s_med:,.0f} lines/s: "
         + ("meets target" if s_med >= TARGET_STEADY else "above floor" if s_med >= FLOOR_STEADY else "BELOW FLOOR"),
         f"wall {w_med:.2f} s: " + ("meets target" if w_med <= TARGET_WALL else "OVER target"),
     ]
+    if opts.shuffle:
+        x_med = summarize(shuffle_steady, True)[0]
+        verdicts.insert(1, f"{SHUFFLE} {x_med:,.0f} lines/s: "
+                        + ("meets target" if x_med >= TARGET_STEADY
+                           else "above floor" if x_med >= FLOOR_STEADY else "BELOW FLOOR"))
     if opts.marginal:
         verdicts.insert(1, "marginal: wall(3N) <= wall(N), too noisy" if med_marginal is None
                         else f"marginal {med_marginal:,.0f} lines/s: "
@@ -380,8 +394,6 @@ def _bench(opts, n: int, tmp: str) -> int:
     if opts.marginal and opts.repeat < 3:
         print("note: the marginal rate is a difference of two walls, so it amplifies their noise; "
               "use --repeat 3 or more before trusting it")
-    if retried:
-        print(f"WARNING: {len(retried)} gearbus run(s) were refused before start and retried: {retried[0]}")
     return 0
 
 
