@@ -27,7 +27,7 @@ from shared.messages import (
     decode,
 )
 
-SUBMIT_TIMEOUT_S = 90.0
+SUBMIT_TIMEOUT_S = 180.0  # the master may wait 60 s for a slot, then 60 s for the AppMaster
 
 
 class Client:

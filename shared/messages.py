@@ -187,7 +187,7 @@ def decode(data: bytes, expected: tuple[type[Message], ...] = ()) -> Message:
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:
-        raise ProtocolError(f"not valid msgpack: {exc}") from None
+        raise ProtocolError(f"not valid msgpack ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})") from None
     if not isinstance(body, dict):
         raise ProtocolError(f"expected a msgpack map, got {type(body).__name__}")
     tag = body.get("type")
@@ -197,6 +197,8 @@ def decode(data: bytes, expected: tuple[type[Message], ...] = ()) -> Message:
     if cls is None:
         raise ProtocolError(f"unknown message type {tag!r}")
     version = body.get("v")
+    if version is None:
+        raise ProtocolError(f'{tag}: message has no protocol version field "v"')
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
             f"{tag}: protocol version {version!r} is not supported; this peer speaks version {PROTOCOL_VERSION}"
@@ -407,6 +409,7 @@ class LaunchExecutor(Message):
     args: list[str] = dataclasses.field(default_factory=list)
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     app_name: str = ""
+    priority: int = 0  # the app's scheduling priority, for the AppMaster's resource requests
 
 
 class ExecutorLaunched(Message):

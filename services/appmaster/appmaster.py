@@ -123,6 +123,7 @@ class AppMaster(Service):
             error = AppError(type(exc).__name__, str(exc), "appmaster", traceback.format_exc())
             log.error("app_failed", error=f"{type(exc).__name__}: {exc}")
         self._ending = True
+        await self._send_heartbeat()  # the final counters, before the final state
         await self._report(state, error)
         await self.stop_executors("app ended" if state == AppState.SUCCEEDED else "app failed")
         self.stop()
@@ -140,7 +141,7 @@ class AppMaster(Service):
         allocated = await self.bus.request(
             subjects.RESOURCE_REQUEST,
             RequestResource(self.app_id, wanted, min_slots=1, placement=config.get("placement", Placement.ANY),
-                            worker_id=config.get("worker_id", "")),
+                            worker_id=config.get("worker_id", ""), priority=self.launch.priority),
             timeout=STARTUP_TIMEOUT_S + 5,
             expect=ResourceAllocated,
         )
@@ -173,6 +174,7 @@ class AppMaster(Service):
             app_id=self.app_id, executor_id=slot.executor_id, kind=ExecutorKind.EXECUTOR,
             artifact=self.launch.artifact, entry=self.launch.entry, artifact_kind=self.launch.artifact_kind,
             args=self.launch.args, config=self.launch.config, app_name=self.launch.app_name,
+            priority=self.launch.priority,
         )
         await self.bus.request(subjects.worker_launch(slot.worker_id), launch, expect=ExecutorLaunched)
 
@@ -252,12 +254,13 @@ class AppMaster(Service):
         log.error("task_failed", task=f"{msg.task.processor}.{msg.task.index}", error=msg.error.message)
         self._fail(msg.error)
 
+    async def _send_heartbeat(self) -> None:
+        counters = [c for slot in self.executors.values() for c in slot.counters.values()]
+        await self.bus.publish(subjects.APPMASTER_HEARTBEAT, AppMasterHeartbeat(self.app_id, len(self.executors), counters))
+
     async def heartbeat_loop(self) -> None:
         while True:
-            counters = [c for slot in self.executors.values() for c in slot.counters.values()]
-            await self.bus.publish(
-                subjects.APPMASTER_HEARTBEAT, AppMasterHeartbeat(self.app_id, len(self.executors), counters)
-            )
+            await self._send_heartbeat()
             now, deadline = time.time(), 3 * self.heartbeat_interval
             for slot in self.executors.values():
                 registered = slot.registered.done() and not slot.registered.cancelled() \

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import nats.js.errors
 import structlog
 
-from services.master.scheduler import Scheduler, SchedulingError
+from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
 from services.master.store import ApplicationRecord, StateStore
 from shared import subjects
 from shared.bus import RequestError, bad_request, not_found
@@ -161,7 +161,7 @@ class Master(Service):
             launch = LaunchExecutor(
                 app_id=app_id, executor_id=APPMASTER_EXECUTOR_ID, kind=ExecutorKind.APPMASTER,
                 artifact=msg.artifact, entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args),
-                config=dict(msg.config), app_name=msg.name,
+                config=dict(msg.config), app_name=msg.name, priority=msg.priority,
             )
             await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
             await asyncio.wait_for(registered, self.appmaster_register_timeout)
@@ -169,6 +169,8 @@ class Master(Service):
             reason = exc.message if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}"
             if isinstance(exc, asyncio.TimeoutError):
                 reason = f"the AppMaster did not register within {self.appmaster_register_timeout:g} s"
+            if self.apps[app_id].state == AppState.TERMINATED:
+                raise RequestError(ErrorCode.CONFLICT, f"app {app_id} was killed while starting") from None
             await self._set_state(app_id, AppState.FAILED, AppError("AppMasterLaunchFailed", reason, "master"))
             self.scheduler.release_app(app_id)
             self._reschedule()
@@ -338,6 +340,8 @@ class Master(Service):
     async def _allocate(self, app_id, slots, placement, worker_id, priority, min_slots) -> list[Allocation]:
         try:
             request = self.scheduler.request(app_id, slots, placement, worker_id, priority, min_slots)
+        except InvalidResourceRequest as exc:
+            raise bad_request(str(exc)) from None
         except SchedulingError as exc:
             raise RequestError(ErrorCode.UNAVAILABLE, str(exc)) from None
         future = asyncio.get_running_loop().create_future()

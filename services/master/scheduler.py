@@ -14,7 +14,11 @@ from shared.messages import Allocation, Placement
 
 
 class SchedulingError(ValueError):
-    """A request can never be satisfied as asked (not merely 'not now')."""
+    """A request can never be satisfied by this cluster as it is (not merely 'not now')."""
+
+
+class InvalidResourceRequest(SchedulingError):
+    """A request that is wrong in itself: no slots, an unknown placement or worker."""
 
 
 @dataclass
@@ -90,11 +94,11 @@ class Scheduler:
                 priority: int = 0, min_slots: int = 0) -> ResourceRequest:
         """Validate a request and queue it; :meth:`schedule` serves the queue."""
         if slots < 1:
-            raise SchedulingError(f"a resource request needs at least 1 slot, got {slots}")
+            raise InvalidResourceRequest(f"a resource request needs at least 1 slot, got {slots}")
         if placement not in Placement.ALL:
-            raise SchedulingError(f"unknown placement {placement!r}; expected one of {sorted(Placement.ALL)}")
+            raise InvalidResourceRequest(f"unknown placement {placement!r}; expected one of {sorted(Placement.ALL)}")
         if placement == Placement.WORKER and worker_id not in self._workers:
-            raise SchedulingError(f"unknown worker {worker_id!r}")
+            raise InvalidResourceRequest(f"unknown worker {worker_id!r}")
         min_slots = min(max(min_slots, 1), slots) if min_slots else slots
         capacity = self._capacity(placement, worker_id)
         if self._workers and min_slots > capacity:  # with no workers yet, wait for them

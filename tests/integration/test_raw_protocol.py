@@ -163,9 +163,12 @@ async def test_wordcount_submitted_with_raw_messages(cluster, nc, tmp_path):
 
     # Every state event of every app, from before the submission on.
     seen: list[dict] = []
+    ended = asyncio.Event()
 
     async def on_event(msg):
         seen.append(unpack(msg.data))
+        if seen[-1]["state"] in TERMINAL:
+            ended.set()
 
     everything = await nc.subscribe("app.*.state", cb=on_event)
     await nc.flush()
@@ -181,7 +184,8 @@ async def test_wordcount_submitted_with_raw_messages(cluster, nc, tmp_path):
     assert app["finished_ms"] >= app["submitted_ms"] > 0
     assert app["appmaster_worker"] in ("worker-0", "worker-1")
 
-    await nc.flush()
+    async with asyncio.timeout(10):  # this subscription's callbacks run on their own
+        await ended.wait()
     await everything.unsubscribe()
     states = [e["state"] for e in seen if e["app_id"] == app_id]
     assert states == ["ACTIVE", "SUCCEEDED"], seen  # PENDING is never published
@@ -264,6 +268,18 @@ async def test_submit_rejects_invalid_values(cluster, nc):
     assert await list_apps(nc) == []
 
 
+async def test_app_that_cannot_load_fails_after_submit(cluster, nc):
+    """The submit succeeds (the AppMaster registers first); loading fails the app."""
+    artifact = await upload(nc, b"VALUE = 1  # defines no application()\n", "not_an_app")
+    app_id = await submit(nc, artifact, "not_an_app", [])
+    app = await wait_for_state(nc, cluster, app_id, TERMINAL)
+    assert app["state"] == "FAILED", app
+    error = app["error"]
+    assert error["where"] == "loading the application", error
+    assert error["error_type"] == "ArtifactError" and "application(args)" in error["message"], error
+    assert isinstance(error["traceback"], str)
+
+
 # --- malformed input ------------------------------------------------------------------
 
 #: Per subject: the message type it serves, valid fields, and a field of the wrong type.
@@ -292,7 +308,7 @@ def bad_inputs(subject: str) -> list[tuple[str, bytes, str]]:
         ("unknown type", pack("NoSuchMessage", **fields), "unknown message type 'NoSuchMessage'"),
         ("version 99", msgpack.packb({"type": type_, "v": 99, **fields}),
          f"{type_}: protocol version 99 is not supported; this peer speaks version 1"),
-        ("no version", msgpack.packb({"type": type_, **fields}), f"{type_}: protocol version"),
+        ("no version", msgpack.packb({"type": type_, **fields}), f'{type_}: message has no protocol version field "v"'),
         ("wrong message type", pack(other), f"unexpected message type {other}; expected {type_}"),
     ]
     if wrong is not None:
@@ -325,7 +341,7 @@ async def test_register_with_other_protocol_version_is_refused(cluster, nc):
     payload = pack("RegisterWorker", worker_id="from-the-future", host="elsewhere", pid=1, slots=1,
                    protocol_version=2)
     message = await refused(nc, "master.worker.register", payload, "bad_request")
-    assert "protocol version 2" in message and "1" in message
+    assert "protocol version 2" in message and "speaks 1" in message, message
     info = await call(nc, "master.info", "QueryCluster", "ClusterInfo")
     assert "from-the-future" not in [w["worker_id"] for w in info["workers"]]
 
