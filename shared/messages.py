@@ -251,6 +251,7 @@ class TaskCounters(Struct):
     frames_out: int = 0
     watermark: int = 0
     finished: bool = False
+    messages_dropped: int = 0
 
 
 class AppError(Struct):

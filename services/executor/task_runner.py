@@ -78,6 +78,7 @@ class TaskRunner:
         self.watermark = 0
         self.records_in = 0
         self.frames_in = 0
+        self.dropped = 0
         self.finished = False
         self._subs = []
 
@@ -90,6 +91,7 @@ class TaskRunner:
             frames_out=self.outputs.frames_out,
             watermark=self.watermark,
             finished=self.finished,
+            messages_dropped=self.dropped,
         )
 
     def link_local(self, runners: dict[tuple[int, int], TaskRunner]) -> None:
@@ -205,10 +207,13 @@ class TaskRunner:
         if type(data) is Frame:
             sender, frame = (data.src_processor, data.src_index), data
         else:
-            sender, frame = self.reader.feed(data)
+            try:
+                sender, frame = self.reader.feed(data)
+            except DataPlaneError as exc:
+                return self._drop(str(exc))
         state = self.inputs.get(sender)
         if state is None:
-            raise DataPlaneError(f"data from unknown sender {sender} reached {self.name}")
+            return self._drop(f"data from {sender}, which is not an input of this task")
         await self._consumed(sender, state)
         if frame is None:
             return False
@@ -231,6 +236,13 @@ class TaskRunner:
             state.watermark = frame.watermark
             self.watermark = min(s.watermark for s in self.inputs.values())
         return frame.eos
+
+    def _drop(self, reason: str) -> bool:
+        """Log and count a message that is not a frame from one of our senders: it is
+        not our data (a real sender's loss shows up as a sequence gap instead)."""
+        self.dropped += 1
+        log.warning("data_message_dropped", task=self.name, error=reason)
+        return False
 
     async def _consumed(self, sender: tuple[int, int], state: _Input) -> None:
         """Grant credit back in batches of half the window."""

@@ -173,6 +173,30 @@ async def test_a_raising_task_fails_the_app_with_its_error_visible(client):
     assert "raise ValueError" in app.error.traceback
 
 
+async def test_garbage_on_a_task_inbox_is_dropped_and_counted(client):
+    app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
+    await wait_state(client, app_id, AppState.ACTIVE)
+    for garbage in (b"", b"\x00not msgpack", b"\x07"):
+        await client.bus.nc.publish(subjects.task_inbox(app_id, 1, 0), garbage)
+    beat = asyncio.Event()
+
+    async def on_heartbeat(msg):
+        beat.set()
+
+    sub = await client.bus.nc.subscribe(subjects.APPMASTER_HEARTBEAT, cb=on_heartbeat)
+    async with asyncio.timeout(20):
+        while True:
+            beat.clear()
+            status = await client.status(app_id)
+            counted = {(c.task.processor, c.task.index): c.messages_dropped for c in status.tasks}
+            if counted.get((1, 0)) == 3:
+                break
+            await beat.wait()
+    await sub.unsubscribe()
+    assert status.state == AppState.ACTIVE
+    await client.kill(app_id)
+
+
 async def test_duplicate_executor_id_is_refused_with_a_reason(client):
     app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
     await wait_state(client, app_id, AppState.ACTIVE)
