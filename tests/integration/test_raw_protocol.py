@@ -26,6 +26,7 @@ import pytest_asyncio
 from nats.js.errors import BucketNotFoundError
 
 from tests.conftest import EXAMPLES, REPO
+from tests.integration.test_cluster import read_counts
 
 DOC = os.path.join(REPO, "docs", "protocol.md")
 WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
@@ -191,13 +192,7 @@ async def test_wordcount_submitted_with_raw_messages(cluster, nc, tmp_path):
     assert states == ["ACTIVE", "SUCCEEDED"], seen  # PENDING is never published
     assert all(e["type"] == "ApplicationStateChanged" and e["error"] is None for e in seen)
 
-    counts = {}
-    with open(output, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            assert row["word"] not in counts, f"word {row['word']!r} written twice"
-            counts[row["word"]] = row["count"]
-    assert counts == dict(collections.Counter(source.read_text(encoding="utf-8").split()))
+    assert read_counts(output) == dict(collections.Counter(source.read_text(encoding="utf-8").split()))
 
 
 async def test_list_kill_and_status(cluster, nc, tmp_path):
