@@ -46,9 +46,7 @@ class Split(Task):
             self.on_end()
 
     def on_end(self):
-        emit = self.emit
-        for word, n in self.counts.items():
-            emit(n, key=word)
+        self.emit_keyed(self.counts.items())
         self.counts = collections.Counter()
 
 

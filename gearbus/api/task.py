@@ -4,6 +4,7 @@ DataSource / DataSink interfaces behind source and sink processors (Gearpump's).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 
@@ -16,6 +17,11 @@ class Record(NamedTuple):
     value: Any
     timestamp: int
     key: Any = None
+
+
+#: ``new_record(Record, (value, timestamp, key))`` builds a Record at C speed; the
+#: NamedTuple constructor is a Python function, which costs twice as much per record.
+new_record = tuple.__new__
 
 
 def now_ms() -> int:
@@ -75,7 +81,13 @@ class Task:
 
     def emit(self, value: Any, key: Any = None, timestamp: int | None = None) -> None:
         """Send a record downstream; its time defaults to that of the latest input record."""
-        self.output.append(Record(value, self.current_time if timestamp is None else timestamp, key))
+        self.output.append(new_record(Record, (value, self.current_time if timestamp is None else timestamp, key)))
+
+    def emit_keyed(self, pairs: Iterable[tuple[Any, Any]], timestamp: int | None = None) -> None:
+        """Send one record per ``(key, value)`` pair, e.g. ``counts.items()``; much
+        cheaper than calling :meth:`emit` per pair."""
+        ts = self.current_time if timestamp is None else timestamp
+        self.output.extend([new_record(Record, (value, ts, key)) for key, value in pairs])
 
 
 class DataSource:

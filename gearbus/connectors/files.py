@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gearbus.api.task import DataSink, DataSource, Record, TaskContext, now_ms
+from gearbus.api.task import DataSink, DataSource, Record, TaskContext, new_record, now_ms
 
 READ_CHUNK_BYTES = 1 << 20
 
@@ -76,9 +76,9 @@ class TextFileSource(DataSource):
             lines.pop()
         if self.timestamp_fn is not None:
             fn = self.timestamp_fn
-            return [Record(line, fn(line)) for line in lines]
+            return [new_record(Record, (line, fn(line), None)) for line in lines]
         ts = now_ms()
-        return [Record(line, ts) for line in lines]
+        return [new_record(Record, (line, ts, None)) for line in lines]
 
     def close(self) -> None:
         if getattr(self, "_file", None) is not None:
@@ -103,9 +103,9 @@ class CollectionSource(DataSource):
         batch = self._mine[self._pos : self._pos + max_records]
         self._pos += len(batch)
         if self.timestamp_fn is not None:
-            return [Record(v, self.timestamp_fn(v)) for v in batch]
+            return [new_record(Record, (v, self.timestamp_fn(v), None)) for v in batch]
         ts = now_ms()
-        return [Record(v, ts) for v in batch]
+        return [new_record(Record, (v, ts, None)) for v in batch]
 
 
 class JsonLinesSink(DataSink):

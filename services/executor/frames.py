@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import msgpack
 
-from gearbus.api.task import Record
+from gearbus.api.task import Record, new_record
 
 WATERMARK_MAX = 2**63 - 1  # the final watermark of a bounded input (+inf)
 WHOLE, FRAGMENT, LAST_FRAGMENT = 0, 1, 2
@@ -105,6 +105,8 @@ class FrameReader:
             src_processor, src_index, session, seq, watermark, eos, raw = msgpack.unpackb(
                 buffer, raw=False, strict_map_key=False
             )
-            return Frame(src_processor, src_index, session, seq, watermark, eos, list(map(Record._make, raw)))
+            if raw and set(map(len, raw)) != {3}:
+                raise ValueError("every record must be [value, timestamp, key]")
+            return Frame(src_processor, src_index, session, seq, watermark, eos, [new_record(Record, r) for r in raw])
         except Exception as exc:
             raise DataPlaneError(f"malformed data frame: {type(exc).__name__}: {exc}") from None
