@@ -3,19 +3,42 @@
 from __future__ import annotations
 
 import copy
+from operator import itemgetter
 
 from gearbus.api.task import Record, Task
+from gearbus.api.watermarks import BoundedOutOfOrderness
+
+_timestamp = itemgetter(1)
 
 
 class DataSourceTask(Task):
-    """Drives a DataSource; the executor's source loop calls :meth:`read`."""
+    """Drives a DataSource. The executor's source loop calls :meth:`read`; each batch
+    goes through :meth:`on_batch` (which emits it unchanged unless overridden) and the
+    processor's watermark generator follows the batch's timestamps."""
 
     def on_start(self) -> None:
-        self.source = copy.deepcopy(self.context.processor.data_source)  # one per task
+        processor = self.context.processor
+        self.source = copy.deepcopy(processor.data_source)  # one per task
         self.source.open(self.context)
+        self.watermarks = copy.deepcopy(processor.watermarks or BoundedOutOfOrderness(0))
 
-    def read(self, max_records: int) -> list[Record] | None:
-        return self.source.read(max_records)
+    def read(self, max_records: int) -> int | None:
+        """Read one batch into the output; return how many records were read, None at the end."""
+        records = self.source.read(max_records)
+        if records is None:
+            return None
+        if records:
+            self.watermarks.observe(max(map(_timestamp, records)))
+            self.current_time = records[-1].timestamp
+            self.on_batch(records)
+        return len(records)
+
+    @property
+    def watermark(self) -> int:
+        return self.watermarks.current()
+
+    def on_batch(self, records: list[Record]) -> None:
+        self.output.extend(records)
 
     def on_stop(self) -> None:
         self.source.close()

@@ -10,6 +10,7 @@ from typing import Any
 
 from gearbus.api.partitioners import HashPartitioner, Partitioner
 from gearbus.api.task import DataSink, DataSource, Task
+from gearbus.api.watermarks import WatermarkGenerator
 
 
 class GraphError(ValueError):
@@ -31,6 +32,7 @@ class Processor:
         *,
         data_source: DataSource | None = None,
         data_sink: DataSink | None = None,
+        watermarks: WatermarkGenerator | None = None,
     ):
         if not (isinstance(task_class, type) and issubclass(task_class, Task)):
             raise GraphError(f"processor {name or task_class!r}: task_class must be a gearbus Task subclass")
@@ -42,13 +44,18 @@ class Processor:
         self.config = dict(config or {})
         self.data_source = data_source
         self.data_sink = data_sink
+        self.watermarks = watermarks
         self.id = -1  # set by Graph.freeze(): topological position
 
     @classmethod
-    def source(cls, data_source: DataSource, parallelism: int = 1, name: str | None = None, **config):
+    def source(cls, data_source: DataSource, parallelism: int = 1, name: str | None = None,
+               watermarks: WatermarkGenerator | None = None, **config):
+        """A source processor; ``watermarks`` defaults to in-order event time
+        (BoundedOutOfOrderness(0))."""
         from gearbus.runtime_tasks import DataSourceTask
 
-        return cls(DataSourceTask, parallelism, name or type(data_source).__name__, config, data_source=data_source)
+        return cls(DataSourceTask, parallelism, name or type(data_source).__name__, config, data_source=data_source,
+                   watermarks=watermarks)
 
     @classmethod
     def sink(cls, data_sink: DataSink, parallelism: int = 1, name: str | None = None, **config):

@@ -73,8 +73,13 @@ class Task:
             self.current_time = record.timestamp
             self.on_next(record)
 
+    def on_watermark(self, watermark: int) -> None:
+        """Called when the task's input watermark advances (after the records that came
+        before it); event-time operators fire their complete windows here."""
+
     def on_end(self) -> None:
-        """Called once when every input has ended, before end-of-stream goes downstream."""
+        """Called once when every input has ended (after the final watermark), before
+        end-of-stream goes downstream."""
 
     def on_stop(self) -> None:
         """Called when the task stops, whether it ended, failed or was killed."""

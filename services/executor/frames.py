@@ -1,9 +1,10 @@
 """Data-plane frames: the unit one task sends another over NATS.
 
 A frame is the msgpack array ``[src_processor, src_index, session, seq, watermark,
-eos, records]`` where each record is ``[value, timestamp, key]``. Control travels in
-band: the watermark rides every frame and end-of-stream is a flag, so both stay in
-order with the records. Every NATS message starts with one byte: 0 for a whole frame;
+eos, values, timestamps, keys]``: the records column by column (``keys`` is nil when no
+record has a key), values encoded by :mod:`shared.values` so tuples stay tuples.
+Control travels in band: the watermark rides every frame (it holds after the frame's
+records) and end-of-stream is a flag, so both stay in order with the records. Every NATS message starts with one byte: 0 for a whole frame;
 1 (more follow) or 2 (last) for a fragment of a frame larger than the server's
 max_payload, followed by the sender's processor and index (big-endian uint32 each).
 """
@@ -11,13 +12,14 @@ max_payload, followed by the sender's processor and index (big-endian uint32 eac
 from __future__ import annotations
 
 import struct
+from operator import itemgetter
 from typing import NamedTuple
 
 import msgpack
 
 from gearbus.api.task import Record, new_record
+from shared import values
 
-WATERMARK_MAX = 2**63 - 1  # the final watermark of a bounded input (+inf)
 WHOLE, FRAGMENT, LAST_FRAGMENT = 0, 1, 2
 _FRAGMENT_HEADER = struct.Struct(">BII")
 _WHOLE_PREFIX = bytes([WHOLE])
@@ -38,10 +40,17 @@ class Frame(NamedTuple):
 
 
 _packer = msgpack.Packer(use_bin_type=True)
+_value, _timestamp, _key = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def encode_frame(src_processor, src_index, session, seq, watermark, eos, records) -> bytes:
-    return _WHOLE_PREFIX + _packer.pack([src_processor, src_index, session, seq, watermark, eos, records])
+    """Encode a frame; a value that cannot travel raises shared.values.ValueTypeError."""
+    keys = list(map(_key, records))
+    if keys.count(None) == len(keys):
+        keys = None
+    columns = [src_processor, src_index, session, seq, watermark, eos,
+               list(map(_value, records)), list(map(_timestamp, records)), keys]
+    return _WHOLE_PREFIX + values.pack(columns)
 
 
 def split_message(data: bytes, src_processor: int, src_index: int, max_bytes: int) -> list[bytes]:
@@ -102,11 +111,13 @@ class FrameReader:
     @staticmethod
     def _decode(buffer) -> Frame:
         try:
-            src_processor, src_index, session, seq, watermark, eos, raw = msgpack.unpackb(
-                buffer, raw=False, strict_map_key=False
-            )
-            if raw and set(map(len, raw)) != {3}:
-                raise ValueError("every record must be [value, timestamp, key]")
-            return Frame(src_processor, src_index, session, seq, watermark, eos, [new_record(Record, r) for r in raw])
+            src_processor, src_index, session, seq, watermark, eos, vals, stamps, keys = values.unpack(buffer)
+            if len(vals) != len(stamps) or (keys is not None and len(keys) != len(vals)):
+                raise ValueError("the value, timestamp and key columns differ in length")
+            if keys is None:
+                records = [new_record(Record, (v, t, None)) for v, t in zip(vals, stamps)]
+            else:
+                records = [new_record(Record, r) for r in zip(vals, stamps, keys)]
+            return Frame(src_processor, src_index, session, seq, watermark, eos, records)
         except Exception as exc:
             raise DataPlaneError(f"malformed data frame: {type(exc).__name__}: {exc}") from None

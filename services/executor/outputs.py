@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gearbus.api.partitioners import Partitioner
 from gearbus.api.task import Record
+from gearbus.api.watermarks import WATERMARK_MIN
 from services.executor.frames import Frame, encode_frame, split_message
 from shared import subjects
 
@@ -40,7 +41,7 @@ class Channel:
     frames are handed over as objects, skipping msgpack and NATS.
     """
 
-    __slots__ = ("subject", "credit", "available", "seq", "local")
+    __slots__ = ("subject", "credit", "available", "seq", "local", "watermark")
 
     def __init__(self, subject: str, credit: int):
         self.subject = subject
@@ -48,6 +49,7 @@ class Channel:
         self.available = asyncio.Event()
         self.seq = 0
         self.local: asyncio.Queue | None = None
+        self.watermark = WATERMARK_MIN  # the last watermark sent on this channel
 
     def grant(self, frames: int) -> None:
         self.credit += frames
@@ -94,12 +96,20 @@ class Outputs:
             channel.grant(frames)
 
     async def send(self, records: list[Record], watermark: int) -> None:
-        """Partition ``records`` over every out edge and send them (waiting for credit)."""
+        """Partition ``records`` over every out edge and send them, waiting for credit.
+
+        ``watermark`` holds after these records: it rides the last frame to each
+        receiver (earlier frames carry the previous one) and goes alone to receivers
+        that got none of the records, so every receiver applies it at the same point
+        of the stream, whatever the batching.
+        """
         for partitioner, channels in self.ports:
-            buckets = partitioner.route(records, len(channels), self.index)
-            for channel, bucket in zip(channels, buckets):
-                if bucket:
-                    await self._send_records(channel, bucket, watermark)
+            buckets = partitioner.route(records, len(channels), self.index) if records else None
+            for i, channel in enumerate(channels):
+                if buckets and buckets[i]:
+                    await self._send_records(channel, buckets[i], watermark)
+                elif watermark > channel.watermark:
+                    await self._publish(channel, watermark, False, [])
 
     async def finish(self, watermark: int) -> None:
         """Send end-of-stream, with the final watermark, to every receiver."""
@@ -110,13 +120,15 @@ class Outputs:
     async def _send_records(self, channel: Channel, records: list[Record], watermark: int) -> None:
         step = self.config.batch_records
         for start in range(0, len(records), step):
-            await self._publish(channel, watermark, False, records[start : start + step])
+            last = start + step >= len(records)
+            await self._publish(channel, watermark if last else channel.watermark, False, records[start : start + step])
 
     async def _publish(self, channel: Channel, watermark: int, eos: bool, records: list[Record]) -> None:
+        """Send one frame; ``watermark`` holds after its records."""
         seq = channel.seq + 1
         if channel.local is not None:
             await channel.acquire()
-            channel.seq = seq
+            channel.seq, channel.watermark = seq, watermark
             channel.local.put_nowait(Frame(self.processor, self.index, self.session, seq, watermark, eos, list(records)))
             self.frames_out += 1
             self.records_out += len(records)
@@ -124,10 +136,10 @@ class Outputs:
         data = encode_frame(self.processor, self.index, self.session, seq, watermark, eos, records)
         if len(data) > self.config.batch_bytes and len(records) > 1:
             half = len(records) // 2
-            await self._publish(channel, watermark, False, records[:half])
+            await self._publish(channel, channel.watermark, False, records[:half])
             await self._publish(channel, watermark, eos, records[half:])
             return
-        channel.seq = seq
+        channel.seq, channel.watermark = seq, watermark
         for message in split_message(data, self.processor, self.index, self.max_message):
             await channel.acquire()
             await self.nc.publish(channel.subject, message)

@@ -13,8 +13,8 @@ import structlog
 from gearbus.api.graph import Application
 from gearbus.api.task import TaskContext
 from gearbus.runtime_tasks import DataSourceTask
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from services.executor.frames import (
-    WATERMARK_MAX,
     DataPlaneError,
     Frame,
     FrameReader,
@@ -39,7 +39,7 @@ class _Input:
     def __init__(self):
         self.session = None
         self.next_seq = 1
-        self.watermark = 0
+        self.watermark = WATERMARK_MIN
         self.unacked = 0
 
 
@@ -75,7 +75,7 @@ class TaskRunner:
         self.inbox: asyncio.Queue[bytes | Frame] = asyncio.Queue()
         self.local_senders: dict[tuple[int, int], TaskRunner] = {}
         self.reader = FrameReader()
-        self.watermark = 0
+        self.watermark = WATERMARK_MIN
         self.records_in = 0
         self.frames_in = 0
         self.dropped = 0
@@ -128,11 +128,11 @@ class TaskRunner:
             started = True
             if isinstance(self.task, DataSourceTask):
                 await self._run_source()
+                await self._advance(WATERMARK_MAX)  # the input ended: every window completes
             else:
-                await self._run_stream()
+                await self._run_stream()  # ends with the final watermark from every input
             self.task.on_end()
             await self._flush()
-            self.watermark = WATERMARK_MAX
             await self.outputs.finish(WATERMARK_MAX)
             self.finished = True
         except asyncio.CancelledError:
@@ -161,17 +161,15 @@ class TaskRunner:
     async def _run_source(self) -> None:
         task, batch = self.task, self.config.batch_records
         while True:
-            records = task.read(batch)
-            if records is None:
+            count = task.read(batch)
+            if count is None:
                 return
-            if not records:
+            if not count:
                 await asyncio.sleep(IDLE_SOURCE_POLL_S)
                 continue
-            self.records_in += len(records)
-            last = records[-1].timestamp
-            if last > self.watermark:
-                self.watermark = last
-            await self.outputs.send(records, self.watermark)
+            self.records_in += count
+            await self._advance(task.watermark)
+            await self._flush()
             await asyncio.sleep(0)  # let the executor's other tasks run between batches
 
     # --- everything else -------------------------------------------------------
@@ -234,7 +232,7 @@ class TaskRunner:
             self.task.on_batch(records)
         if frame.watermark != state.watermark:
             state.watermark = frame.watermark
-            self.watermark = min(s.watermark for s in self.inputs.values())
+            await self._advance(min(s.watermark for s in self.inputs.values()))
         return frame.eos
 
     def _drop(self, reason: str) -> bool:
@@ -256,8 +254,19 @@ class TaskRunner:
             grant = encode_credit(self.processor.id, self.task_id.index, frames)
             await self.nc.publish(subjects.task_credit(self.app_id, sender[0], sender[1]), grant)
 
-    async def _flush(self) -> None:
+    async def _advance(self, watermark: int) -> None:
+        """Move the task's watermark forward: what it emitted so far goes out first,
+        carrying the new watermark (it holds after those records); then the task sees it."""
+        if watermark <= self.watermark:
+            return
+        await self._flush(watermark)
+        self.watermark = watermark
+        self.task.on_watermark(watermark)
+
+    async def _flush(self, watermark: int | None = None) -> None:
+        """Send what the task emitted, with ``watermark`` (default: the current one)."""
         output = self.task.output
-        if output:
+        watermark = self.watermark if watermark is None else watermark
+        if output or watermark > self.watermark:
             self.task.output = []
-            await self.outputs.send(output, self.watermark)
+            await self.outputs.send(output, watermark)

@@ -33,3 +33,28 @@ def test_fragments_of_interleaved_senders_reassemble():
 def test_malformed_data_is_a_data_plane_error(data):
     with pytest.raises(DataPlaneError):
         FrameReader().feed(data)
+
+
+def test_tuples_and_registered_named_tuples_keep_their_type_across_the_wire():
+    from typing import NamedTuple
+
+    from shared.values import register_tuple_type
+
+    class Point(NamedTuple):
+        x: int
+        y: int
+
+    register_tuple_type(99, Point)
+    value = {"pair": ("a", 1), "point": Point(1, 2), "nested": [("x", (1, 2))]}
+    _, frame = FrameReader().feed(encode_frame(0, 0, 1, 1, 0, False, [Record(value, 1, ("k", 2))]))
+    [record] = frame.records
+    assert record == Record(value, 1, ("k", 2))
+    assert type(record.value["point"]) is Point and type(record.value["pair"]) is tuple
+    assert type(record.key) is tuple
+
+
+def test_a_value_that_cannot_travel_is_named_by_its_type():
+    from shared.values import ValueTypeError
+
+    with pytest.raises(ValueTypeError, match="a value of type builtins.set cannot be sent between tasks"):
+        encode_frame(0, 0, 1, 1, 0, False, [Record({1, 2}, 1)])

@@ -1,0 +1,65 @@
+"""User values on the data plane: msgpack that keeps Python's shape.
+
+Plain msgpack turns tuples into lists, so a pipeline would behave differently once a
+value crossed a process. Here a tuple travels as an extension type and comes back a
+tuple, and registered NamedTuple types (window results, ...) come back as themselves.
+Subclasses of dict, list, str, int and float travel as their base type. Anything else
+is refused with an error that names the type.
+"""
+
+from __future__ import annotations
+
+import msgpack
+
+TUPLE_EXT = 1
+_types_by_code: dict[int, type] = {}
+_codes_by_type: dict[type, int] = {}
+
+
+class ValueTypeError(TypeError):
+    """A value cannot travel between tasks."""
+
+
+def register_tuple_type(code: int, cls: type) -> None:
+    """Let a NamedTuple class travel as itself (codes 2..127; 1 is plain tuple)."""
+    if not 2 <= code <= 127:
+        raise ValueError(f"extension code must be in 2..127, got {code}")
+    known = _types_by_code.get(code)
+    if known is not None and known is not cls:
+        raise ValueError(f"extension code {code} is taken by {known.__name__}")
+    _types_by_code[code] = cls
+    _codes_by_type[cls] = code
+
+
+def _default(obj):
+    if isinstance(obj, tuple):
+        nested = msgpack.packb(list(obj), use_bin_type=True, strict_types=True, default=_default)
+        return msgpack.ExtType(_codes_by_type.get(type(obj), TUPLE_EXT), nested)
+    for base in (dict, list, str, int, float, bytes):
+        if isinstance(obj, base):
+            return base(obj)
+    raise ValueTypeError(
+        f"a value of type {type(obj).__module__}.{type(obj).__qualname__} cannot be sent between tasks; "
+        "use None, bool, int, float, str, bytes, list, tuple or dict"
+    )
+
+
+def _ext_hook(code: int, data: bytes):
+    items = unpack(data)
+    if code == TUPLE_EXT:
+        return tuple(items)
+    cls = _types_by_code.get(code)
+    if cls is None:
+        return msgpack.ExtType(code, data)
+    return cls(*items)
+
+
+_packer = msgpack.Packer(use_bin_type=True, strict_types=True, default=_default)
+
+
+def pack(obj) -> bytes:
+    return _packer.pack(obj)
+
+
+def unpack(data):
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
