@@ -255,18 +255,16 @@ class TaskRunner:
             await self.nc.publish(subjects.task_credit(self.app_id, sender[0], sender[1]), grant)
 
     async def _advance(self, watermark: int) -> None:
-        """Move the task's watermark forward: what it emitted so far goes out first,
-        carrying the new watermark (it holds after those records); then the task sees it."""
+        """Move the task's watermark forward. The task sees it first (windows it
+        completes fire), then everything emitted so far goes out carrying it, so results
+        precede the watermark downstream, as in Flink."""
         if watermark <= self.watermark:
             return
-        await self._flush(watermark)
         self.watermark = watermark
         self.task.on_watermark(watermark)
+        await self._flush()
 
-    async def _flush(self, watermark: int | None = None) -> None:
-        """Send what the task emitted, with ``watermark`` (default: the current one)."""
-        output = self.task.output
-        watermark = self.watermark if watermark is None else watermark
-        if output or watermark > self.watermark:
-            self.task.output = []
-            await self.outputs.send(output, watermark)
+    async def _flush(self) -> None:
+        """Send what the task emitted, with the task's watermark (which holds after it)."""
+        self.task.output, output = [], self.task.output
+        await self.outputs.send(output, self.watermark)
