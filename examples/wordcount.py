@@ -1,72 +1,31 @@
-"""WordCount, as Gearpump's: a Split processor, hash partitioning by word, a Sum processor.
+"""WordCount with the DSL: read lines, split them into words, count per word.
 
-    gearbus run examples/wordcount.py --input text.txt --output counts.jsonl [--parallelism N]
+    gearbus run [--runner test|local|cluster] examples/wordcount.py --input text.txt --output counts.jsonl
+        [--parallelism N] [--combine-keys N]
 
 Writes one JSON line ``{"word": w, "count": n}`` per distinct whitespace-separated word
-once the input has ended.
+once the input has ended. The planner chains read+split+group_by into one processor with
+a map-side combine (each split task sends a word's partial count once per
+``--combine-keys`` distinct words, and at the end) and count+format+write into another.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 
-from gearbus import (
-    Application,
-    CoLocationPartitioner,
-    Graph,
-    HashPartitioner,
-    JsonLinesSink,
-    Processor,
-    ShufflePartitioner,
-    Task,
-    TextFileSource,
-)
+from gearbus import Pipeline
 
 
-class Split(Task):
-    """Splits lines into words and emits ``(word, count)`` pairs keyed by word.
-
-    A map-side combine: counts are summed locally and sent when the buffer holds
-    ``combine_keys`` distinct words, and once more when the input ends, so each word
-    crosses the bus once per flush rather than once per occurrence. Memory stays
-    bounded by ``combine_keys``.
-    """
-
-    def on_start(self):
-        self.counts = collections.Counter()
-        self.limit = self.context.config.get("combine_keys", 100_000)
-
-    def on_batch(self, records):
-        counts = self.counts
-        for record in records:
-            counts.update(record.value.split())
-        if len(counts) >= self.limit:
-            self.on_end()
-
-    def on_end(self):
-        self.emit_keyed(self.counts.items())
-        self.counts = collections.Counter()
+def word(w: str) -> str:
+    return w
 
 
-class Sum(Task):
-    """Adds up the counts of the words hashed to this task; emits totals at the end."""
-
-    def on_start(self):
-        self.counts = collections.Counter()
-
-    def on_batch(self, records):
-        counts = self.counts
-        for record in records:
-            counts[record.key] += record.value
-
-    def on_end(self):
-        for word, n in self.counts.items():
-            self.emit({"word": word, "count": n}, key=word)
+def row(result) -> dict:
+    return {"word": result.key, "count": result.value}
 
 
-def application(args: list[str]) -> Application:
+def application(args: list[str]) -> Pipeline:
     parser = argparse.ArgumentParser(prog="wordcount")
     parser.add_argument("--input", required=True, help="text file to count")
     parser.add_argument("--output", required=True, help="JSON Lines file to write")
@@ -79,12 +38,11 @@ def application(args: list[str]) -> Application:
     if not os.path.isfile(opts.input):
         parser.error(f"input file {opts.input} does not exist")
     n = opts.parallelism
-    graph = Graph()
-    source = Processor.source(TextFileSource(os.path.abspath(opts.input)), parallelism=n, name="read")
-    split = Processor(Split, parallelism=n, name="split", config={"combine_keys": opts.combine_keys})
-    total = Processor(Sum, parallelism=n, name="sum")
-    sink = Processor.sink(JsonLinesSink(os.path.abspath(opts.output)), parallelism=1, name="write")
-    graph.connect(source, split, CoLocationPartitioner())
-    graph.connect(split, total, HashPartitioner())
-    graph.connect(total, sink, ShufflePartitioner())
-    return Application("wordcount", graph, config={"executors": n})
+    pipeline = Pipeline("wordcount", config={"combine_keys": opts.combine_keys, "executors": n}, parallelism=n)
+    (pipeline.read_text(os.path.abspath(opts.input), parallelism=n, name="read")
+        .flat_map(str.split, name="split")
+        .group_by(word, name="by_word")
+        .count(name="count")
+        .map(row, name="format")
+        .write_jsonl(os.path.abspath(opts.output), name="write"))
+    return pipeline

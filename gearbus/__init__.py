@@ -1,5 +1,7 @@
 """gearbus: Gearpump's architecture on NATS. What user applications import."""
 
+from gearbus.api.aggregators import AggregateFunction, Aggregator, Count, Fold, Mean, Reduce, Sum
+from gearbus.api.dsl import GroupedStream, Pipeline, Stream, WindowedStream
 from gearbus.api.graph import Application, Graph, GraphError, Processor
 from gearbus.api.partitioners import (
     BroadcastPartitioner,
@@ -9,9 +11,42 @@ from gearbus.api.partitioners import (
     ShufflePartitioner,
 )
 from gearbus.api.task import DataSink, DataSource, Record, Task, TaskContext
-from gearbus.connectors.files import CollectionSource, JsonLinesSink, TextFileSource
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN, BoundedOutOfOrderness
+from gearbus.api.windows import (
+    Accumulation,
+    GlobalWindows,
+    SessionWindows,
+    SlidingWindows,
+    Triggers,
+    TumblingWindows,
+    WindowResult,
+)
+from gearbus.connectors.files import CollectionSource, CollectSink, JsonLinesSink, JsonLinesSource, TextFileSource
 
 __all__ = [
+    "Accumulation",
+    "AggregateFunction",
+    "Aggregator",
+    "BoundedOutOfOrderness",
+    "CollectSink",
+    "Count",
+    "Fold",
+    "GlobalWindows",
+    "GroupedStream",
+    "JsonLinesSource",
+    "Mean",
+    "Pipeline",
+    "Reduce",
+    "SessionWindows",
+    "SlidingWindows",
+    "Stream",
+    "Sum",
+    "Triggers",
+    "TumblingWindows",
+    "WATERMARK_MAX",
+    "WATERMARK_MIN",
+    "WindowResult",
+    "WindowedStream",
     "Application",
     "BroadcastPartitioner",
     "CoLocationPartitioner",

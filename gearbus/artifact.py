@@ -1,7 +1,8 @@
 """Application artifacts: packing a user's file or package for the object store, and
 loading it back into an Application in the AppMaster and executor processes.
 
-An application module defines ``application(args: list[str]) -> gearbus.Application``.
+An application module defines ``application(args: list[str])`` returning a DSL
+``gearbus.Pipeline`` (planned here) or a low-level ``gearbus.Application``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
+from gearbus.api.dsl import Pipeline
 from gearbus.api.graph import Application
+from gearbus.planner import plan
 
 ENTRY_FUNCTION = "application"
 
@@ -61,18 +64,20 @@ def pack(path: str | os.PathLike) -> Artifact:
         return Artifact(f.read(), "module", os.path.splitext(os.path.basename(path))[0])
 
 
-def build_application(module, args: list[str], origin: str) -> Application:
-    """Call the module's ``application(args)`` and check that it returns an Application."""
+def build_application(module, args: list[str], origin: str, runner: str = "cluster") -> Application:
+    """Call the module's ``application(args)``; plan a Pipeline for ``runner``."""
     factory = getattr(module, ENTRY_FUNCTION, None)
     if not callable(factory):
-        raise ArtifactError(f"{origin} does not define {ENTRY_FUNCTION}(args) -> gearbus.Application")
+        raise ArtifactError(f"{origin} does not define {ENTRY_FUNCTION}(args) -> gearbus.Pipeline or Application")
     try:
         app = factory(list(args))
     except SystemExit as exc:  # argparse and friends exit on bad arguments
         raise ArtifactError(f"{origin}: application arguments rejected (exit code {exc.code})") from None
+    if isinstance(app, Pipeline):
+        return plan(app, runner)
     if not isinstance(app, Application):
         raise ArtifactError(
-            f"{origin}: {ENTRY_FUNCTION}() returned {type(app).__name__}, expected gearbus.Application"
+            f"{origin}: {ENTRY_FUNCTION}() returned {type(app).__name__}, expected gearbus.Pipeline or Application"
         )
     return app
 
@@ -93,7 +98,7 @@ def import_file(path: str):
     return module
 
 
-def load_local(path: str, args: list[str]) -> Application:
+def load_local(path: str, args: list[str], runner: str = "cluster") -> Application:
     """Import a local file or package and build its Application (the CLI's pre-check)."""
     path = os.path.abspath(path)
     if not os.path.exists(path):
@@ -106,7 +111,7 @@ def load_local(path: str, args: list[str]) -> Application:
             raise ArtifactError(f"importing package {path} failed: {type(exc).__name__}: {exc}") from exc
     else:
         module = import_file(path)
-    return build_application(module, args, path)
+    return build_application(module, args, path, runner)
 
 
 def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: str | None = None) -> Application:

@@ -11,9 +11,11 @@ import shutil
 import sys
 import time
 
-from gearbus.artifact import ArtifactError, load_local, pack
+from gearbus.api.graph import GraphError
+from gearbus.artifact import ArtifactError, load_local
 from gearbus.client import Client
-from gearbus.cluster import LocalCluster
+from gearbus.planner import describe
+from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from shared.bus import RequestError
 from shared.messages import AppState, AppSummary, ClusterInfo
 
@@ -43,7 +45,8 @@ def format_status(app: AppSummary) -> str:
         lines.append(f"  error{where}: {app.error.error_type}: {app.error.message}")
     for c in sorted(app.tasks, key=lambda c: (c.task.processor, c.task.index)):
         done = " finished" if c.finished else ""
-        lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{done}")
+        late = f" late {c.late_records}" if c.late_records else ""
+        lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{late}{done}")
     return "\n".join(lines)
 
 
@@ -62,49 +65,60 @@ def error_text(app: AppSummary) -> str:
     return f"app {app.app_id} {app.state}{where}: {app.error.error_type}: {app.error.message}"
 
 
-def _prepare(path: str, app_args: list[str]):
-    """Check the app locally before anything is submitted; return (artifact, name)."""
-    app = load_local(path, app_args)
-    return pack(path), app.name
-
-
-async def _run_embedded(args) -> int:
-    artifact, name = _prepare(args.app, args.app_args)
+async def _run(args) -> int:
     loop = asyncio.get_running_loop()
     started = loop.time()
+    if args.runner == "test":
+        result = TestRunner().run(args.app, args.app_args, raise_on_failure=False)
+        app = AppSummary(app_id=0, name=os.path.basename(args.app), state=result.state, submitted_ms=0,
+                         error=result.error)
+        return _report_run(args, app, {"total_s": round(loop.time() - started, 3)})
+    if args.runner == "local":
+        runner = LocalRunner(workers=args.workers, slots=args.slots, log_dir=args.log_dir)
+    else:
+        runner = ClusterRunner(args.nats)
     seen: dict[str, float] = {}
-    cluster = LocalCluster(workers=args.workers, slots=args.slots, log_dir=args.log_dir)
-    cluster.start()
     try:
-        async with Client(cluster.url, timeout=30) as client:
-            app_id = await client.submit(artifact, args.app_args, name=name)
-            app = await client.wait(app_id, timeout=args.timeout, seen=seen)
+        await runner.start(args.app, args.app_args)
+        app = await runner.wait(args.timeout, seen)
     except (RequestError, asyncio.TimeoutError) as exc:
-        cluster.stop()
-        print(f"gearbus run: {exc}\n{cluster.logs_tail()}\nlogs kept in {cluster.log_dir}", file=sys.stderr)
+        await runner.stop()
+        logs = f"\n{runner.cluster.logs_tail()}\nlogs kept in {runner.cluster.log_dir}" if args.runner == "local" else ""
+        print(f"gearbus run: {exc}{logs}", file=sys.stderr)
         return 1
-    cluster.stop()
-    if args.log_dir is None and app.state == AppState.SUCCEEDED:
-        shutil.rmtree(cluster.log_dir, ignore_errors=True)
-    elif app.state != AppState.SUCCEEDED:
-        print(f"logs kept in {cluster.log_dir}", file=sys.stderr)
+    await runner.stop()
+    if args.runner == "local":
+        if args.log_dir is None and app.state == AppState.SUCCEEDED:
+            shutil.rmtree(runner.cluster.log_dir, ignore_errors=True)
+        elif app.state != AppState.SUCCEEDED:
+            print(f"logs kept in {runner.cluster.log_dir}", file=sys.stderr)
     ended = loop.time()
-    phases = {
+    return _report_run(args, app, {
         "startup_s": round(seen.get(AppState.ACTIVE, ended) - started, 3),
         "running_s": round(seen.get(app.state, ended) - seen.get(AppState.ACTIVE, started), 3),
         "total_s": round(ended - started, 3),
-    }
+    })
+
+
+def _report_run(args, app: AppSummary, phases: dict) -> int:
     if args.json:
         print(json.dumps({"app_id": app.app_id, "state": app.state, **phases,
                           "error": app.error.to_wire() if app.error else None}))
     if app.state == AppState.SUCCEEDED:
-        print(f"app {app.app_id} ({app.name}) SUCCEEDED in {phases['total_s']:.2f} s "
-              f"(start-up {phases['startup_s']:.2f} s, running {phases['running_s']:.2f} s)", file=sys.stderr)
+        detail = ", ".join(f"{k.removesuffix('_s').replace('startup', 'start-up')} {v:.2f} s"
+                           for k, v in phases.items() if k != "total_s")
+        print(f"app {app.app_id} ({app.name}) SUCCEEDED in {phases['total_s']:.2f} s"
+              + (f" ({detail})" if detail else ""), file=sys.stderr)
         return 0
     print(f"gearbus run: {error_text(app)}", file=sys.stderr)
     if args.verbose and app.error is not None and app.error.traceback:
         print(app.error.traceback, file=sys.stderr)
     return 1
+
+
+def _plan(args) -> int:
+    print(json.dumps(describe(load_local(args.app, args.app_args, args.runner)), indent=2))
+    return 0
 
 
 async def _with_client(args, action) -> int:
@@ -113,7 +127,7 @@ async def _with_client(args, action) -> int:
 
 
 async def _submit(args) -> int:
-    artifact, name = _prepare(args.app, args.app_args)
+    artifact, name = prepare(args.app, args.app_args, "cluster")
 
     async def go(client: Client) -> int:
         app_id = await client.submit(artifact, args.app_args, name=args.name or name)
@@ -182,7 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--request-timeout", type=float, default=10.0, help="seconds to wait for the master")
 
-    run = sub.add_parser("run", help="run an app on an embedded cluster and wait for it")
+    run = sub.add_parser("run", help="run an app (default: on an embedded cluster) and wait for it")
+    run.add_argument("--runner", choices=("test", "local", "cluster"), default="local",
+                     help="test: in this process; local: an embedded cluster (default); cluster: --nats URL")
+    run.add_argument("--nats", default=os.environ.get("GEARBUS_NATS_URL", DEFAULT_URL),
+                     help="NATS URL of the cluster for --runner cluster")
     run.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
     run.add_argument("--slots", type=int, default=4, help="slots per worker (default 4)")
     run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
@@ -191,7 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-v", "--verbose", action="store_true", help="print the traceback of a failure")
     run.add_argument("app", help="the application .py file or package directory")
     run.add_argument("app_args", nargs=argparse.REMAINDER, help="arguments for the application")
-    run.set_defaults(handler=_run_embedded)
+    run.set_defaults(handler=_run)
+
+    plan_cmd = sub.add_parser("plan", help="print the processor plan of an app as JSON")
+    plan_cmd.add_argument("--runner", choices=("test", "local", "cluster"), default="local")
+    plan_cmd.add_argument("app")
+    plan_cmd.add_argument("app_args", nargs=argparse.REMAINDER)
+    plan_cmd.set_defaults(handler=_plan)
 
     submit = sub.add_parser("submit", help="submit an app to a cluster and print its id")
     cluster_args(submit)
@@ -223,8 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return asyncio.run(args.handler(args))
-    except ArtifactError as exc:
+        result = args.handler(args)
+        return asyncio.run(result) if asyncio.iscoroutine(result) else result
+    except (ArtifactError, GraphError) as exc:
         print(f"gearbus {args.command}: {exc}", file=sys.stderr)
         return 2
     except RequestError as exc:

@@ -28,10 +28,15 @@ class DataSourceTask(Task):
         if records is None:
             return None
         if records:
+            records = self.stamp(records)
             self.watermarks.observe(max(map(_timestamp, records)))
             self.current_time = records[-1].timestamp
             self.on_batch(records)
         return len(records)
+
+    def stamp(self, records: list[Record]) -> list[Record]:
+        """Give records their event time; the source's own timestamps by default."""
+        return records
 
     @property
     def watermark(self) -> int:

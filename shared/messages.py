@@ -252,6 +252,7 @@ class TaskCounters(Struct):
     watermark: int = 0
     finished: bool = False
     messages_dropped: int = 0
+    late_records: int = 0
 
 
 class AppError(Struct):

@@ -15,6 +15,7 @@ from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.natsserver import NatsServer
 from shared import subjects
+from shared.bus import RequestError
 from shared.messages import ClusterInfo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,7 +80,10 @@ async def cluster(cluster_factory):
     """Two workers with four slots each, registered and ready."""
     made = cluster_factory(workers=2, slots=4)
     async with Client(made.url, timeout=30) as client:
-        await wait_for_workers(client, 2)
+        try:
+            await wait_for_workers(client, 2)
+        except (TimeoutError, RequestError):
+            raise AssertionError(f"the cluster did not come up:\n{made.logs_tail()}") from None
     return made
 
 

@@ -92,6 +92,7 @@ class TaskRunner:
             watermark=self.watermark,
             finished=self.finished,
             messages_dropped=self.dropped,
+            late_records=getattr(self.task, "late_records", 0),
         )
 
     def link_local(self, runners: dict[tuple[int, int], TaskRunner]) -> None:

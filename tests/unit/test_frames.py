@@ -58,3 +58,11 @@ def test_a_value_that_cannot_travel_is_named_by_its_type():
 
     with pytest.raises(ValueTypeError, match="a value of type builtins.set cannot be sent between tasks"):
         encode_frame(0, 0, 1, 1, 0, False, [Record({1, 2}, 1)])
+
+
+def test_window_results_cross_the_wire_as_themselves():
+    from gearbus import WindowResult
+
+    result = WindowResult("k", 3, 0, 10, "on_time")
+    _, frame = FrameReader().feed(encode_frame(0, 0, 1, 1, 0, False, [Record(result, 9, "k")]))
+    assert type(frame.records[0].value) is WindowResult and frame.records[0].value.final

@@ -1,0 +1,252 @@
+"""The fluent DSL (Gearpump's DSL, Samza's high-level API): users write pipelines of
+named steps; the planner turns them into a processor DAG that every runner runs.
+
+    p = Pipeline("wordcount")
+    (p.read_text(path)
+      .flat_map(str.split, name="split")
+      .group_by(lambda w: w, name="by_word")
+      .count(name="count")
+      .map(lambda r: {"word": r.key, "count": r.value})
+      .write_jsonl(out))
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gearbus.api.aggregators import Aggregator, Count, Fold, Reduce, Sum
+from gearbus.api.graph import GraphError
+from gearbus.api.task import DataSink, DataSource, Task
+from gearbus.api.watermarks import BoundedOutOfOrderness
+from gearbus.api.windows import Accumulation, GlobalWindows
+
+
+@dataclass(eq=False)
+class Step:
+    """One node of the logical graph."""
+
+    kind: str  # source, map, flat_map, filter, group_by, aggregate, merge, process, sink
+    name: str
+    inputs: list[Step]
+    fn: Callable | None = None
+    parallelism: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Step({self.kind} {self.name!r})"
+
+
+class Pipeline:
+    """A logical streaming graph. Build steps from :meth:`source` (or the read_*
+    helpers); every step gets a unique name, checked as it is added."""
+
+    def __init__(self, name: str, config: dict[str, Any] | None = None, parallelism: int = 1):
+        if not isinstance(parallelism, int) or parallelism < 1:
+            raise GraphError(f"pipeline {name!r}: parallelism must be an integer >= 1")
+        self.name = name
+        self.config = dict(config or {})
+        self.parallelism = parallelism
+        self.steps: list[Step] = []
+        self._names: set[str] = set()
+        self._counters: dict[str, itertools.count] = {}
+
+    def _add(self, kind: str, name: str | None, inputs: list[Step], fn=None, parallelism=None, **params) -> Step:
+        if name is None:
+            base = getattr(fn, "__name__", "") if fn is not None else ""
+            base = base if base.isidentifier() and base != "<lambda>" else kind
+            counter = self._counters.setdefault(base, itertools.count(1))
+            name = base
+            while name in self._names:
+                name = f"{base}_{next(counter)}"
+        elif not isinstance(name, str) or not name:
+            raise GraphError(f"a {kind} step needs a non-empty string name, got {name!r}")
+        elif name in self._names:
+            raise GraphError(f"duplicate step name {name!r}: every step needs a unique name")
+        if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
+            raise GraphError(f"step {name!r}: parallelism must be an integer >= 1, got {parallelism!r}")
+        if fn is not None and not callable(fn):
+            raise GraphError(f"step {name!r}: {fn!r} is not callable")
+        step = Step(kind, name, inputs, fn, parallelism, params)
+        self._names.add(name)
+        self.steps.append(step)
+        return step
+
+    # --- sources ----------------------------------------------------------------
+
+    def source(self, data_source: DataSource, *, name: str | None = None, parallelism: int = 1,
+               timestamp_fn: Callable[[Any], int] | None = None, max_out_of_orderness_ms: int = 0) -> Stream:
+        """Read from a DataSource. ``timestamp_fn(value)`` gives each record's event time
+        (epoch ms; default: ingestion time); the watermark trails the newest timestamp by
+        ``max_out_of_orderness_ms``."""
+        if not isinstance(data_source, DataSource):
+            raise GraphError(f"source {name or ''}: {data_source!r} is not a gearbus DataSource")
+        step = self._add("source", name or type(data_source).__name__.removesuffix("Source").lower() or "source",
+                         [], timestamp_fn, parallelism, data_source=data_source,
+                         watermarks=BoundedOutOfOrderness(max_out_of_orderness_ms))
+        return Stream(self, step)
+
+    def read_text(self, path: str, **kwargs) -> Stream:
+        """Each line of a UTF-8 text file (without the newline) is one record."""
+        from gearbus.connectors.files import TextFileSource
+
+        return self.source(TextFileSource(path), **{"name": "read_text", **kwargs})
+
+    def read_jsonl(self, path: str, **kwargs) -> Stream:
+        """Each line of a JSON Lines file, parsed, is one record."""
+        from gearbus.connectors.files import JsonLinesSource
+
+        return self.source(JsonLinesSource(path), **{"name": "read_jsonl", **kwargs})
+
+    def from_collection(self, items: Iterable[Any], **kwargs) -> Stream:
+        """The items of a Python collection, in order."""
+        from gearbus.connectors.files import CollectionSource
+
+        return self.source(CollectionSource(items), **{"name": "collection", **kwargs})
+
+
+class Stream:
+    """A stream of records produced by one step."""
+
+    def __init__(self, pipeline: Pipeline, step: Step):
+        self.pipeline = pipeline
+        self.step = step
+
+    def _then(self, kind, name, fn=None, parallelism=None, **params) -> Stream:
+        return Stream(self.pipeline, self.pipeline._add(kind, name, [self.step], fn, parallelism, **params))
+
+    def map(self, fn: Callable[[Any], Any], name: str | None = None) -> Stream:
+        return self._then("map", name, fn)
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None) -> Stream:
+        return self._then("flat_map", name, fn)
+
+    def filter(self, fn: Callable[[Any], bool], name: str | None = None) -> Stream:
+        return self._then("filter", name, fn)
+
+    def group_by(self, key_fn: Callable[[Any], Any], parallelism: int | None = None,
+                 name: str | None = None) -> GroupedStream:
+        """Partition by ``key_fn(value)``: records with equal keys meet in one task."""
+        return GroupedStream(self._then("group_by", name or "group_by", key_fn, parallelism))
+
+    def merge(self, *others: Stream, name: str | None = None) -> Stream:
+        """The union of this stream and ``others``."""
+        for other in others:
+            if not isinstance(other, Stream) or other.pipeline is not self.pipeline:
+                raise GraphError(f"merge {name or ''}: can only merge streams of the same pipeline")
+        step = self.pipeline._add("merge", name or "merge", [self.step] + [o.step for o in others])
+        return Stream(self.pipeline, step)
+
+    def process(self, task_class: type[Task], parallelism: int | None = None, name: str | None = None,
+                **config) -> Stream:
+        """Drop down to a custom low-level Task (its own processor)."""
+        if not (isinstance(task_class, type) and issubclass(task_class, Task)):
+            raise GraphError(f"process {name or ''}: {task_class!r} is not a gearbus Task subclass")
+        return self._then("process", name or task_class.__name__, None, parallelism, task_class=task_class,
+                          config=config)
+
+    def sink(self, data_sink: DataSink, parallelism: int = 1, name: str | None = None) -> None:
+        if not isinstance(data_sink, DataSink):
+            raise GraphError(f"sink {name or ''}: {data_sink!r} is not a gearbus DataSink")
+        self._then("sink", name or type(data_sink).__name__.removesuffix("Sink").lower() or "sink", None,
+                   parallelism, data_sink=data_sink)
+
+    def write_jsonl(self, path: str, name: str | None = None) -> None:
+        """Write each value as a JSON line to one file."""
+        from gearbus.connectors.files import JsonLinesSink
+
+        self.sink(JsonLinesSink(path), 1, name or "write_jsonl")
+
+    def _needs_key(self, what: str):
+        raise GraphError(f"{what} after step {self.step.name!r} needs a keyed stream: call group_by(...) first")
+
+    def window(self, *args, **kwargs):
+        self._needs_key("window(...)")
+
+    def reduce(self, *args, **kwargs):
+        self._needs_key("reduce(...)")
+
+    def fold(self, *args, **kwargs):
+        self._needs_key("fold(...)")
+
+    def aggregate(self, *args, **kwargs):
+        self._needs_key("aggregate(...)")
+
+    def count(self, *args, **kwargs):
+        self._needs_key("count()")
+
+    def sum(self, *args, **kwargs):
+        self._needs_key("sum()")
+
+
+class GroupedStream:
+    """A keyed stream: aggregate it, per key, over windows (the global window by default)."""
+
+    def __init__(self, stream: Stream):
+        self._stream = stream
+        self.pipeline = stream.pipeline
+        self.step = stream.step
+
+    def window(self, assigner, trigger=None, accumulation: Accumulation = Accumulation.DISCARDING,
+               allowed_lateness_ms: int = 0, late_sink: DataSink | None = None) -> WindowedStream:
+        """Aggregate per key and per window; results fire when the watermark passes a
+        window's end (plus early firings if ``trigger`` asks for them). Records later
+        than ``allowed_lateness_ms`` are dropped and counted, or written to ``late_sink``."""
+        if late_sink is not None and not isinstance(late_sink, DataSink):
+            raise GraphError(f"window after step {self.step.name!r}: late_sink must be a gearbus DataSink")
+        return WindowedStream(self, assigner, trigger, accumulation, allowed_lateness_ms, late_sink)
+
+    def _global(self) -> WindowedStream:
+        return WindowedStream(self, GlobalWindows(), None, Accumulation.DISCARDING, 0, None)
+
+    def aggregate(self, aggregator: Aggregator, name: str | None = None) -> Stream:
+        return self._global().aggregate(aggregator, name)
+
+    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
+        return self._global().reduce(fn, name)
+
+    def fold(self, zero: Any, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
+        return self._global().fold(zero, fn, name)
+
+    def count(self, name: str | None = None) -> Stream:
+        return self._global().count(name)
+
+    def sum(self, value_fn: Callable[[Any], Any] | None = None, name: str | None = None) -> Stream:
+        return self._global().sum(value_fn, name)
+
+
+class WindowedStream:
+    """A keyed, windowed stream; each aggregation emits WindowResult values
+    ``(key, value, window_start, window_end, timing)``."""
+
+    def __init__(self, grouped: GroupedStream, assigner, trigger, accumulation, allowed_lateness_ms, late_sink):
+        self._grouped = grouped
+        self.assigner = assigner
+        self.trigger = trigger
+        self.accumulation = accumulation
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.late_sink = late_sink
+
+    def aggregate(self, aggregator: Aggregator, name: str | None = None) -> Stream:
+        if not isinstance(aggregator, Aggregator):
+            raise GraphError(f"aggregate {name or ''}: {aggregator!r} is not a gearbus Aggregator")
+        grouped = self._grouped
+        return grouped._stream._then(
+            "aggregate", name or type(aggregator).__name__.lower(), None, grouped.step.parallelism,
+            aggregator=aggregator, assigner=self.assigner, trigger=self.trigger, accumulation=self.accumulation,
+            allowed_lateness_ms=self.allowed_lateness_ms, late_sink=self.late_sink,
+        )
+
+    def reduce(self, fn, name=None) -> Stream:
+        return self.aggregate(Reduce(fn), name or "reduce")
+
+    def fold(self, zero, fn, name=None) -> Stream:
+        return self.aggregate(Fold(zero, fn), name or "fold")
+
+    def count(self, name=None) -> Stream:
+        return self.aggregate(Count(), name or "count")
+
+    def sum(self, value_fn=None, name=None) -> Stream:
+        return self.aggregate(Sum(value_fn), name or "sum")

@@ -1,0 +1,551 @@
+"""Event-time windows: assigners, triggers and the window operator (DESIGN.md §5).
+
+Pure computation (no I/O, no asyncio), so that the TestRunner and the distributed
+executors run the same code and emit the same panes.
+
+Time follows Flink. Timestamps and watermarks are int epoch milliseconds; a watermark W
+promises that no record with timestamp <= W will arrive. A window is the half-open
+interval [start, end); it is *complete* when W >= end - 1, and then fires its ON_TIME
+pane. Its state is kept for the allowed lateness L, until W >= end - 1 + L: a record
+that arrives for a complete window in that time is added and fires a LATE pane; after
+it, the record is dropped (counted, or kept for a side output). WATERMARK_MAX, the final
+watermark of a bounded input, fires every window and then clears all state.
+"""
+
+from __future__ import annotations
+
+import enum
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from heapq import heappop, heappush
+from math import inf
+from operator import index, itemgetter
+from typing import Any, NamedTuple
+
+from gearbus.api.aggregators import Aggregator
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from shared.values import register_tuple_type
+
+__all__ = [
+    "EARLY",
+    "GLOBAL_WINDOW",
+    "LATE",
+    "ON_TIME",
+    "WATERMARK_MAX",
+    "WATERMARK_MIN",
+    "Accumulation",
+    "GlobalWindows",
+    "SessionWindows",
+    "SlidingWindows",
+    "Trigger",
+    "Triggers",
+    "TumblingWindows",
+    "Window",
+    "WindowAssigner",
+    "WindowOperator",
+    "WindowResult",
+]
+
+EARLY = "early"
+ON_TIME = "on_time"
+LATE = "late"
+
+
+class Window(NamedTuple):
+    """The event-time interval [start, end); its last timestamp is end - 1."""
+
+    start: int
+    end: int
+
+
+GLOBAL_WINDOW = Window(WATERMARK_MIN, WATERMARK_MAX)
+
+#: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
+_tuple = tuple.__new__
+_START = itemgetter(0)
+_END = itemgetter(1)
+
+
+class WindowResult(NamedTuple):
+    """One pane: the aggregate of ``key`` in the window [window_start, window_end).
+
+    ``timing`` is "early" (fired by an early trigger before the window completed),
+    "on_time" (fired when the watermark completed it) or "late" (a late record arrived
+    within the allowed lateness).
+    """
+
+    key: Any
+    value: Any
+    window_start: int
+    window_end: int
+    timing: str
+
+    @property
+    def final(self) -> bool:
+        """True for panes fired once the window is complete (Samza's "final" flag)."""
+        return self.timing != EARLY
+
+
+register_tuple_type(2, WindowResult)  # results keep their type when they cross the bus
+
+
+def _millis(name: str, value: Any, minimum: int | None = None) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an int number of milliseconds, got {value!r}")
+    try:
+        value = index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int number of milliseconds, got {value!r}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+# --- assigners ---------------------------------------------------------------------
+
+
+class WindowAssigner:
+    """Maps a record's timestamp to the windows it belongs to."""
+
+    #: True when windows of one key merge (sessions).
+    merging = False
+
+    def assign(self, timestamp: int) -> tuple[Window, ...]:
+        """The windows of a record with this timestamp, in ascending order."""
+        raise NotImplementedError
+
+
+class TumblingWindows(WindowAssigner):
+    """Back-to-back windows of ``size_ms``: [offset + k*size, offset + (k+1)*size)."""
+
+    def __init__(self, size_ms: int, offset_ms: int = 0):
+        self.size_ms = _millis("size_ms", size_ms, 1)
+        self.offset_ms = _millis("offset_ms", offset_ms) % self.size_ms
+        self._last: tuple = (None, ())
+
+    def assign(self, timestamp: int) -> tuple[Window, ...]:
+        # Floor modulo puts negative timestamps in the right window. Consecutive records
+        # mostly share a window, so reuse the last answer; one tuple swap keeps it atomic.
+        start = timestamp - (timestamp - self.offset_ms) % self.size_ms
+        last = self._last
+        if last[0] != start:
+            last = self._last = (start, (_tuple(Window, (start, start + self.size_ms)),))
+        return last[1]
+
+    def __repr__(self) -> str:
+        return f"TumblingWindows(size_ms={self.size_ms}, offset_ms={self.offset_ms})"
+
+
+class SlidingWindows(WindowAssigner):
+    """Windows of ``size_ms`` starting every ``slide_ms``; a record is in every window
+    that contains it (ceil or floor of size/slide of them)."""
+
+    def __init__(self, size_ms: int, slide_ms: int, offset_ms: int = 0):
+        self.size_ms = _millis("size_ms", size_ms, 1)
+        self.slide_ms = _millis("slide_ms", slide_ms, 1)
+        if self.slide_ms > self.size_ms:
+            raise ValueError(
+                f"slide_ms ({self.slide_ms}) must not exceed size_ms ({self.size_ms}): "
+                "records between windows would silently belong to none"
+            )
+        self.offset_ms = _millis("offset_ms", offset_ms) % self.slide_ms
+        self._last: tuple = (None, ())
+
+    def assign(self, timestamp: int) -> tuple[Window, ...]:
+        size, slide = self.size_ms, self.slide_ms
+        last = timestamp - (timestamp - self.offset_ms) % slide
+        first = last - (last - timestamp + size - 1) // slide * slide
+        cached = self._last
+        if cached[0] != (first, last):
+            windows = tuple(_tuple(Window, (s, s + size)) for s in range(first, last + 1, slide))
+            cached = self._last = ((first, last), windows)
+        return cached[1]
+
+    def __repr__(self) -> str:
+        return f"SlidingWindows(size_ms={self.size_ms}, slide_ms={self.slide_ms}, offset_ms={self.offset_ms})"
+
+
+class SessionWindows(WindowAssigner):
+    """Per-key activity sessions: each record opens [ts, ts + gap_ms), and windows of one
+    key that overlap or touch merge into one."""
+
+    merging = True
+
+    def __init__(self, gap_ms: int):
+        self.gap_ms = _millis("gap_ms", gap_ms, 1)
+
+    def assign(self, timestamp: int) -> tuple[Window, ...]:
+        return (_tuple(Window, (timestamp, timestamp + self.gap_ms)),)
+
+    def __repr__(self) -> str:
+        return f"SessionWindows(gap_ms={self.gap_ms})"
+
+
+class GlobalWindows(WindowAssigner):
+    """One window for all time, [WATERMARK_MIN, WATERMARK_MAX): it completes only at the
+    final watermark, so use it on bounded inputs or with an early trigger."""
+
+    _WINDOWS = (GLOBAL_WINDOW,)
+
+    def assign(self, timestamp: int) -> tuple[Window, ...]:
+        return self._WINDOWS
+
+    def __repr__(self) -> str:
+        return "GlobalWindows()"
+
+
+# --- triggers ----------------------------------------------------------------------
+# Triggers are descriptions that the operator interprets. Every window fires when the
+# watermark completes it; ``Triggers.repeat(t)`` adds early panes each time ``t`` fires.
+# Only a record count is supported as ``t``; a processing-time one would add a
+# ProcessingTimeTrigger here and an ``on_processing_time(now)`` method to the operator.
+
+
+class Trigger:
+    """Base of trigger descriptions."""
+
+
+@dataclass(frozen=True)
+class WatermarkTrigger(Trigger):
+    """Fires once, ON_TIME, when the watermark completes the window (the default)."""
+
+
+@dataclass(frozen=True)
+class CountTrigger(Trigger):
+    """Fires when ``count`` records have arrived since the pane last fired."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class RepeatTrigger(Trigger):
+    """Fires ``trigger`` again and again as an early trigger, before the watermark one."""
+
+    trigger: Trigger
+
+
+class Triggers:
+    """Trigger factories in the style of Samza's ``Triggers``."""
+
+    @staticmethod
+    def watermark() -> WatermarkTrigger:
+        return WatermarkTrigger()
+
+    @staticmethod
+    def count(n: int) -> CountTrigger:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"Triggers.count needs a positive int, got {n!r}")
+        return CountTrigger(n)
+
+    @staticmethod
+    def repeat(trigger: Trigger) -> RepeatTrigger:
+        if not isinstance(trigger, CountTrigger):
+            raise ValueError(f"Triggers.repeat supports only Triggers.count(n), got {trigger!r}")
+        return RepeatTrigger(trigger)
+
+
+def _early_count(trigger: Trigger | None) -> int | None:
+    if trigger is None or isinstance(trigger, WatermarkTrigger):
+        return None
+    if isinstance(trigger, RepeatTrigger) and isinstance(trigger.trigger, CountTrigger):
+        return trigger.trigger.count
+    raise ValueError(
+        f"unsupported trigger {trigger!r}: use Triggers.watermark() (the default) or "
+        "Triggers.repeat(Triggers.count(n)) for early panes"
+    )
+
+
+class Accumulation(enum.Enum):
+    """What a pane carries after the first one of its (key, window)."""
+
+    #: Only what arrived since the previous pane: the panes of a window sum to its total.
+    DISCARDING = "discarding"
+    #: Everything so far: each pane supersedes the previous one.
+    ACCUMULATING = "accumulating"
+
+
+# --- the operator ------------------------------------------------------------------
+
+
+class _Pane:
+    """State of one (key, window): its accumulator, and the weight of the records that
+    arrived since it last fired (for the count trigger)."""
+
+    __slots__ = ("acc", "count")
+
+    def __init__(self, acc: Any):
+        self.acc = acc
+        self.count = 0
+
+
+class WindowOperator:
+    """Keyed windowed aggregation driven by records and watermarks.
+
+    Panes come back from :meth:`process`, :meth:`process_partial` and :meth:`advance` as
+    lists of :class:`WindowResult`, in a deterministic order for a given input sequence.
+    """
+
+    def __init__(
+        self,
+        assigner: WindowAssigner,
+        aggregator: Aggregator,
+        trigger: Trigger | None = None,
+        accumulation: Accumulation = Accumulation.DISCARDING,
+        allowed_lateness_ms: int = 0,
+        side_output_late: bool = False,
+    ):
+        if not isinstance(assigner, WindowAssigner):
+            raise TypeError(f"assigner must be a WindowAssigner (TumblingWindows, ...), got {assigner!r}")
+        if not isinstance(aggregator, Aggregator):
+            raise TypeError(f"aggregator must be an Aggregator (Count, AggregateFunction, ...), got {aggregator!r}")
+        if not isinstance(accumulation, Accumulation):
+            raise TypeError(f"accumulation must be an Accumulation, got {accumulation!r}")
+        self._combinable = aggregator.combinable
+        if assigner.merging and not self._combinable:
+            raise ValueError(
+                f"{assigner!r} merges windows, which needs an aggregator with merge; "
+                f"{aggregator!r} is not combinable (a Fold cannot merge: use Reduce, or an "
+                "AggregateFunction with merge)"
+            )
+        self.assigner = assigner
+        self.aggregator = aggregator
+        self.accumulation = accumulation
+        self.allowed_lateness_ms = _millis("allowed_lateness_ms", allowed_lateness_ms, 0)
+        self.side_output_late = bool(side_output_late)
+        self._early_count = _early_count(trigger)
+        self._discarding = accumulation is Accumulation.DISCARDING
+        self._merging = assigner.merging
+        self._assign = assigner.assign
+        self._create = aggregator.create
+        self._add = aggregator.add
+        self._merge = aggregator.merge
+        self._result = aggregator.result
+
+        self._watermark = WATERMARK_MIN
+        # Windows with end <= _fire_limit are complete; with end <= _expire_limit, past
+        # their allowed lateness. Kept as limits so each record costs one comparison.
+        self._fire_limit = WATERMARK_MIN + 1
+        self._expire_limit = WATERMARK_MIN + 1 - self.allowed_lateness_ms
+        #: window -> key -> pane; keys in the order the window first saw them.
+        self._windows: dict[Window, dict[Any, _Pane]] = {}
+        #: Sessions only: key -> its windows, sorted and disjoint.
+        self._sessions: dict[Any, list[Window]] = {}
+        #: Heaps of (end, start): windows waiting to complete, and complete windows
+        #: waiting to expire. Sessions leave stale entries behind when they merge.
+        self._pending: list[tuple[int, int]] = []
+        self._expiring: list[tuple[int, int]] = []
+        self._late: list[tuple[Any, Any, int]] = []
+        #: Weight of the records dropped because all their windows had expired.
+        self.late_dropped = 0
+        #: Records kept for the side output instead (side_output_late=True).
+        self.late_side_output = 0
+
+    @property
+    def watermark(self) -> int:
+        """The input watermark: the largest one seen."""
+        return self._watermark
+
+    @property
+    def state_size(self) -> int:
+        """The number of live (key, window) states."""
+        return sum(map(len, self._windows.values()))
+
+    def process(self, key: Any, value: Any, timestamp: int, watermark: int) -> list[WindowResult]:
+        """Add one record; ``watermark`` is the input watermark when it arrived.
+
+        Returns EARLY panes fired by the count trigger and LATE panes of late records. A
+        watermark ahead of the operator's is applied first, as :meth:`advance` would, so
+        ON_TIME panes may come first.
+        """
+        out = self.advance(watermark) if watermark > self._watermark else []
+        if self._merging:
+            added = self._add_to_session(key, self._add, value, 1, timestamp, out)
+        else:
+            added = False
+            for window in self._assign(timestamp):
+                added |= self._add_to_window(key, window, self._add, value, 1, out)
+        if not added:
+            # Like Flink, a record counts as late only when every one of its windows had
+            # expired; a sliding record still kept by some window is not dropped.
+            if self.side_output_late:
+                self._late.append((key, value, timestamp))
+                self.late_side_output += 1
+            else:
+                self.late_dropped += 1
+        return out
+
+    def process_partial(
+        self, key: Any, accumulator: Any, weight: int, timestamp: int, watermark: int
+    ) -> list[WindowResult]:
+        """Add a pre-aggregated accumulator standing for ``weight`` records (map-side
+        combine), merged in with the aggregator's merge.
+
+        Exact when every record of the partial has the same windows as ``timestamp``
+        (the same tumbling window; for sliding windows, the same gcd(size, slide) slice)
+        and arrived behind the same watermark. The weight counts toward count triggers
+        and ``late_dropped``; one partial fires at most one EARLY or LATE pane.
+        """
+        if self._merging:
+            raise ValueError(
+                "process_partial cannot be used with SessionWindows: which sessions a partial's "
+                "records belong to depends on their own timestamps; send the records instead"
+            )
+        if not self._combinable:
+            raise ValueError(f"process_partial needs a combinable aggregator; {self.aggregator!r} has no merge")
+        if self.side_output_late:
+            raise ValueError(
+                "process_partial cannot be used with side_output_late: the side output needs the "
+                "late records themselves; do not combine before this operator"
+            )
+        out = self.advance(watermark) if watermark > self._watermark else []
+        added = False
+        for window in self._assign(timestamp):
+            added |= self._add_to_window(key, window, self._merge, accumulator, weight, out)
+        if not added:
+            self.late_dropped += weight
+        return out
+
+    def advance(self, watermark: int) -> list[WindowResult]:
+        """Move the input watermark forward (a smaller one is ignored).
+
+        Fires the ON_TIME pane of every (key, window) that completes, ordered by window
+        end, window start, then key in the order the window first saw it; then forgets
+        windows past their allowed lateness.
+        """
+        if watermark <= self._watermark:
+            return []
+        self._watermark = watermark
+        if watermark >= WATERMARK_MAX:
+            fire_limit = expire_limit = inf
+        else:
+            fire_limit = watermark + 1
+            expire_limit = fire_limit - self.allowed_lateness_ms
+        self._fire_limit, self._expire_limit = fire_limit, expire_limit
+
+        out: list[WindowResult] = []
+        fire = self._fire
+        pending = self._pending
+        while pending and pending[0][0] <= fire_limit:
+            entry = heappop(pending)
+            while pending and pending[0] == entry:
+                heappop(pending)
+            end, start = entry
+            window = _tuple(Window, (start, end))
+            panes = self._windows.get(window)
+            if not panes:
+                continue  # a session that merged into a larger one
+            for key, pane in panes.items():
+                out.append(fire(key, window, pane, ON_TIME))
+            if end <= expire_limit:
+                self._drop_window(window)
+            else:
+                heappush(self._expiring, entry)
+        expiring = self._expiring
+        while expiring and expiring[0][0] <= expire_limit:
+            end, start = heappop(expiring)
+            self._drop_window(_tuple(Window, (start, end)))
+        return out
+
+    def drain_late(self) -> list[tuple[Any, Any, int]]:
+        """Return and forget the (key, value, timestamp) of late records kept for the side
+        output (always empty unless side_output_late)."""
+        late, self._late = self._late, []
+        return late
+
+    # --- internals -------------------------------------------------------------------
+
+    def _add_to_window(self, key, window: Window, fold, item, weight: int, out: list) -> bool:
+        """Fold ``item`` into (key, window); False when the window has expired."""
+        panes = self._windows.get(window)
+        if panes is None:
+            if window[1] <= self._expire_limit:
+                return False
+            panes = self._new_window(window)
+        pane = panes.get(key)
+        if pane is None:
+            pane = panes[key] = _Pane(self._create())
+        self._update(key, window, pane, fold, item, weight, out)
+        return True
+
+    def _add_to_session(self, key, fold, item, weight: int, timestamp: int, out: list) -> bool:
+        """Fold ``item`` into the session of ``key`` around ``timestamp``, merging the
+        sessions it overlaps or touches; False when it is alone and expired."""
+        start, end = timestamp, timestamp + self.assigner.gap_ms
+        sessions = self._sessions.get(key)
+        if sessions is None:
+            if end <= self._expire_limit:
+                return False
+            sessions = self._sessions[key] = []
+        # Sessions are disjoint and sorted, so the ones this record touches are a run.
+        lo = bisect_left(sessions, start, key=_END)
+        hi = bisect_right(sessions, end, lo, key=_START)
+        if lo == hi:
+            # A lone session judges its own lateness; one that merges is at least as
+            # recent as the live sessions it joins, so it is never expired.
+            if end <= self._expire_limit:
+                return False
+            window = _tuple(Window, (start, end))
+            sessions.insert(lo, window)
+            pane = _Pane(self._create())
+            self._panes(window)[key] = pane
+        else:
+            first = sessions[lo]
+            window = _tuple(Window, (min(start, first[0]), max(end, sessions[hi - 1][1])))
+            if window == first:
+                pane = self._windows[window][key]
+            else:
+                pane = self._take(key, first)
+                for old in sessions[lo + 1 : hi]:
+                    other = self._take(key, old)
+                    pane.acc = self._merge(pane.acc, other.acc)
+                    pane.count += other.count
+                sessions[lo:hi] = [window]
+                self._panes(window)[key] = pane
+        self._update(key, window, pane, fold, item, weight, out)
+        return True
+
+    def _update(self, key, window: Window, pane: _Pane, fold, item, weight: int, out: list) -> None:
+        pane.acc = fold(pane.acc, item)
+        if window[1] <= self._fire_limit:
+            out.append(self._fire(key, window, pane, LATE))
+        elif self._early_count is not None:
+            pane.count += weight
+            if pane.count >= self._early_count:
+                out.append(self._fire(key, window, pane, EARLY))
+
+    def _fire(self, key, window: Window, pane: _Pane, timing: str) -> WindowResult:
+        value = self._result(pane.acc)
+        if self._discarding:
+            pane.acc = self._create()
+        pane.count = 0
+        return _tuple(WindowResult, (key, value, window[0], window[1], timing))
+
+    def _panes(self, window: Window) -> dict[Any, _Pane]:
+        """The panes of ``window``, which is not expired; a new window is scheduled."""
+        panes = self._windows.get(window)
+        if panes is None:
+            panes = self._new_window(window)
+        return panes
+
+    def _new_window(self, window: Window) -> dict[Any, _Pane]:
+        panes = self._windows[window] = {}
+        start, end = window
+        heappush(self._expiring if end <= self._fire_limit else self._pending, (end, start))
+        return panes
+
+    def _take(self, key, window: Window) -> _Pane:
+        """Remove and return the pane of a session that is merging into another."""
+        panes = self._windows[window]
+        pane = panes.pop(key)
+        if not panes:
+            del self._windows[window]
+        return pane
+
+    def _drop_window(self, window: Window) -> None:
+        panes = self._windows.pop(window, None)
+        if panes and self._merging:
+            for key in panes:
+                sessions = self._sessions[key]
+                del sessions[bisect_left(sessions, window)]
+                if not sessions:
+                    del self._sessions[key]

@@ -1,0 +1,328 @@
+"""The runtime of planned DSL steps: chained operators run inside one task.
+
+Each operator transforms a batch of records at once (a list comprehension per step is
+the fast path); when user code raises, the batch is replayed record by record to name
+the step and the offending record in the error.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+from operator import itemgetter
+
+from gearbus.api.task import Record, Task, new_record
+from gearbus.api.aggregators import Count
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.api.windows import WindowOperator
+from gearbus.runtime_tasks import DataSourceTask
+
+RECORD_PREVIEW_CHARS = 200
+_value, _timestamp = itemgetter(0), itemgetter(1)
+
+
+_NO_VALUE = object()
+
+
+class StepError(Exception):
+    """User code failed inside a step; names the step and shows the value it failed on."""
+
+    def __init__(self, step: str, value, original: BaseException):
+        self.step = step
+        self.original = original
+        detail = ""
+        if value is not _NO_VALUE:
+            shown = repr(value)
+            if len(shown) > RECORD_PREVIEW_CHARS:
+                shown = shown[:RECORD_PREVIEW_CHARS] + "..."
+            detail = f" on record {shown}"
+        super().__init__(f"{type(original).__name__}: {original} (step {step!r}{detail})")
+
+
+class Op:
+    """One chained step: transforms batches; may fire on watermarks and at the end."""
+
+    def __init__(self, step: str):
+        self.step = step
+
+    def open(self, task: Task) -> None:
+        """Called when the hosting task starts."""
+
+    def process(self, records: list[Record]) -> list[Record]:
+        raise NotImplementedError
+
+    def on_watermark(self, watermark: int) -> list[Record]:
+        return []
+
+    def close(self) -> None:
+        """Called when the input has ended."""
+
+    def _fail(self, values, each, exc: BaseException):
+        """Replay ``each`` value by value to find the one the user code fails on."""
+        for value in values:
+            try:
+                each(value)
+            except Exception as found:
+                raise StepError(self.step, value, found) from found
+        raise StepError(self.step, _NO_VALUE, exc) from exc
+
+
+class ValueOp(Op):
+    """A stateless step on values (map, flat_map, filter). :meth:`values` is the fast
+    path on bare values, used where timestamps and keys no longer matter."""
+
+    def __init__(self, step, fn):
+        super().__init__(step)
+        self.fn = fn
+
+    def values(self, vals: list) -> list:
+        raise NotImplementedError
+
+
+class MapOp(ValueOp):
+    def process(self, records):
+        fn = self.fn
+        try:
+            return [new_record(Record, (fn(r[0]), r[1], r[2])) for r in records]
+        except Exception as exc:
+            self._fail(map(_value, records), fn, exc)
+
+    def values(self, vals):
+        try:
+            return list(map(self.fn, vals))
+        except Exception as exc:
+            self._fail(vals, self.fn, exc)
+
+
+class FlatMapOp(ValueOp):
+    def process(self, records):
+        fn = self.fn
+        try:
+            return [new_record(Record, (v, r[1], r[2])) for r in records for v in fn(r[0])]
+        except Exception as exc:
+            self._fail(map(_value, records), lambda v: list(fn(v)), exc)
+
+    def values(self, vals):
+        fn = self.fn
+        try:
+            return [v for x in vals for v in fn(x)]
+        except Exception as exc:
+            self._fail(vals, lambda v: list(fn(v)), exc)
+
+
+class FilterOp(ValueOp):
+    def process(self, records):
+        fn = self.fn
+        try:
+            return [r for r in records if fn(r[0])]
+        except Exception as exc:
+            self._fail(map(_value, records), fn, exc)
+
+    def values(self, vals):
+        fn = self.fn
+        try:
+            return [x for x in vals if fn(x)]
+        except Exception as exc:
+            self._fail(vals, fn, exc)
+
+
+class KeyByOp(ValueOp):
+    """group_by's upstream half: computes each record's key for the hash shuffle."""
+
+    def process(self, records):
+        fn = self.fn
+        try:
+            return [new_record(Record, (r[0], r[1], fn(r[0]))) for r in records]
+        except Exception as exc:
+            self._fail(map(_value, records), fn, exc)
+
+
+class CombineOp(Op):
+    """group_by's upstream half with a map-side combine, for a global-window
+    aggregation: keys each value and folds it into a partial aggregate per key, sent as
+    ``[accumulator, weight]`` when ``max_keys`` keys are held and at the end of input,
+    so each key crosses the shuffle rarely instead of once per record."""
+
+    def __init__(self, step, key_fn, aggregator, max_keys: int, value_ops: list[ValueOp]):
+        super().__init__(step)
+        self.key_fn = key_fn
+        self.aggregator = aggregator
+        self.max_keys = max_keys
+        self.value_ops = value_ops  # the stateless steps before it, run on bare values
+        self.partials: dict = {}
+        self.newest = WATERMARK_MIN
+
+    def process(self, records):
+        partials, agg = self.partials, self.aggregator
+        vals = list(map(_value, records))
+        for op in self.value_ops:
+            vals = op.values(vals)
+        try:
+            keys = list(map(self.key_fn, vals))
+            if type(agg) is Count:  # counting is the common case: do it at C speed
+                for key, n in collections.Counter(keys).items():
+                    held = partials.get(key)
+                    if held is None:
+                        partials[key] = [n, n]
+                    else:
+                        held[0] += n
+                        held[1] += n
+            else:
+                for key, value in zip(keys, vals):
+                    held = partials.get(key)
+                    if held is None:
+                        partials[key] = [agg.add(agg.create(), value), 1]
+                    else:
+                        held[0] = agg.add(held[0], value)
+                        held[1] += 1
+        except Exception as exc:
+            self._fail(vals, lambda v: (self.key_fn(v), agg.add(agg.create(), v)), exc)
+        newest = max(map(_timestamp, records))
+        if newest > self.newest:
+            self.newest = newest
+        return self._emit() if len(partials) >= self.max_keys else []
+
+    def on_watermark(self, watermark):
+        return self._emit() if watermark == WATERMARK_MAX else []
+
+    def _emit(self) -> list[Record]:
+        ts = self.newest
+        out = [new_record(Record, (held, ts, key)) for key, held in self.partials.items()]
+        self.partials = {}
+        return out
+
+
+class WindowAggregateOp(Op):
+    """Keyed, windowed aggregation; emits WindowResult values keyed like their input."""
+
+    def __init__(self, step, make_operator, partial_input: bool, late_sink=None):
+        super().__init__(step)
+        self.make_operator = make_operator
+        self.partial_input = partial_input
+        self.late = SinkOp(f"{step}.late", late_sink) if late_sink is not None else None
+        self.operator: WindowOperator | None = None
+        self.watermark = WATERMARK_MIN
+
+    def open(self, task):
+        self.operator = self.make_operator()
+        if self.late is not None:
+            self.late.open(task)
+
+    def process(self, records):
+        op, wm, out = self.operator, self.watermark, []
+        try:
+            if self.partial_input:
+                for (acc, weight), ts, key in records:
+                    out.extend(op.process_partial(key, acc, weight, ts, wm))
+            else:
+                for value, ts, key in records:
+                    out.extend(op.process(key, value, ts, wm))
+        except Exception as exc:
+            raise StepError(self.step, _NO_VALUE, exc) from exc
+        if self.late is not None:
+            self.late.process([new_record(Record, (v, ts, k)) for k, v, ts in self.operator.drain_late()])
+        return self._records(out)
+
+    def close(self):
+        if self.late is not None:
+            self.late.close()
+
+    def on_watermark(self, watermark):
+        self.watermark = watermark
+        try:
+            return self._records(self.operator.advance(watermark))
+        except Exception as exc:
+            raise StepError(self.step, _NO_VALUE, exc) from exc
+
+    @staticmethod
+    def _records(results) -> list[Record]:
+        """A result's event time is its window's last instant (as Flink does)."""
+        return [new_record(Record, (r, min(r.window_end - 1, WATERMARK_MAX - 1), r.key)) for r in results]
+
+    @property
+    def late_records(self) -> int:
+        """Records too late for their window: dropped, or sent to the late sink."""
+        op = self.operator
+        return op.late_dropped + op.late_side_output if op else 0
+
+
+class SinkOp(Op):
+    def __init__(self, step, data_sink):
+        super().__init__(step)
+        self.data_sink = data_sink
+        self.sink = None
+
+    def open(self, task):
+        self.sink = copy.deepcopy(self.data_sink)  # one per task
+        self.sink.open(task.context)
+
+    def process(self, records):
+        if records:
+            try:
+                self.sink.write(records)
+            except Exception as exc:
+                raise StepError(self.step, _NO_VALUE, exc) from exc
+        return []
+
+    def close(self):
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+
+
+class ChainTask(Task):
+    """Runs a processor's chained steps (``config["ops"]``) over each batch."""
+
+    def on_start(self) -> None:
+        self.ops: list[Op] = copy.deepcopy(self.context.config["ops"])  # fresh state per task
+        for op in self.ops:
+            op.open(self)
+
+    def on_batch(self, records):
+        for op in self.ops:
+            if not records:
+                return
+            records = op.process(records)
+        self.output.extend(records)
+
+    def on_watermark(self, watermark):
+        carried: list[Record] = []
+        for op in self.ops:
+            if carried:
+                carried = op.process(carried)
+            carried = carried + op.on_watermark(watermark)
+        self.output.extend(carried)
+
+    def on_end(self):
+        for op in self.ops:
+            op.close()
+
+    def on_stop(self):
+        for op in getattr(self, "ops", []):
+            op.close()
+
+    @property
+    def late_records(self) -> int:
+        return sum(op.late_records for op in getattr(self, "ops", []) if isinstance(op, WindowAggregateOp))
+
+
+class ChainSourceTask(ChainTask, DataSourceTask):
+    """A source processor with chained steps; ``timestamp_fn`` sets event times first."""
+
+    def on_start(self) -> None:
+        DataSourceTask.on_start(self)
+        ChainTask.on_start(self)
+        self.timestamp_fn = self.context.config.get("timestamp_fn")
+
+    def stamp(self, records):
+        fn = self.timestamp_fn
+        if fn is None:
+            return records
+        try:
+            return [new_record(Record, (r[0], int(fn(r[0])), r[2])) for r in records]
+        except Exception as exc:
+            Op(self.context.config["steps"][0])._fail(map(_value, records), lambda v: int(fn(v)), exc)
+
+    def on_stop(self) -> None:
+        ChainTask.on_stop(self)
+        DataSourceTask.on_stop(self)

@@ -1,0 +1,215 @@
+"""The planner: a DSL Pipeline becomes a processor DAG (gearbus.Application).
+
+Gearpump's merge rule, kept: a step joins the processor of its input when that input
+has no other consumer, the step has one input, neither is a custom processor, and the
+edge needs no repartitioning. ``group_by`` computes keys at the end of the upstream
+processor and becomes a hash edge; a combinable aggregation over the global window gets
+a map-side combine before that edge, so keys cross the bus rarely.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from gearbus.api.dsl import Pipeline, Step
+from gearbus.api.graph import Application, Graph, GraphError, Processor
+from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, Partitioner, ShufflePartitioner
+from gearbus.api.windows import GlobalWindows, WindowOperator
+from gearbus.chain import (
+    ChainSourceTask,
+    ChainTask,
+    CombineOp,
+    FilterOp,
+    FlatMapOp,
+    KeyByOp,
+    MapOp,
+    Op,
+    SinkOp,
+    ValueOp,
+    WindowAggregateOp,
+)
+
+DEFAULT_COMBINE_KEYS = 100_000
+RUNNERS = ("test", "local", "cluster")
+
+
+@dataclass(eq=False)
+class _Segment:
+    """A processor being assembled: its steps and chained operators."""
+
+    head: Step
+    parallelism: int
+    steps: list[Step] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+    inputs: list[tuple[_Segment, Partitioner]] = field(default_factory=list)
+    processor: Processor | None = None
+
+    @property
+    def name(self) -> str:
+        return "+".join(s.name for s in self.steps)
+
+
+def _check_runner(step: Step, runner: str) -> None:
+    """A source or sink that only some runners can run says so at plan time."""
+    for key in ("data_source", "data_sink"):
+        connector = step.params.get(key)
+        supported = getattr(connector, "runners", None)
+        if supported is not None and runner not in supported:
+            raise GraphError(
+                f"step {step.name!r} ({type(connector).__name__}) cannot run on the {runner} runner; "
+                f"it runs on: {', '.join(sorted(supported))}"
+            )
+
+
+def _make_window_operator(step: Step) -> WindowOperator:
+    p = step.params
+    try:
+        return WindowOperator(p["assigner"], p["aggregator"], p["trigger"], p["accumulation"],
+                              p["allowed_lateness_ms"], side_output_late=p["late_sink"] is not None)
+    except (TypeError, ValueError) as exc:
+        raise GraphError(f"step {step.name!r}: {exc}") from None
+
+
+def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
+    """Plan ``pipeline`` for ``runner``; every error names the step it is about."""
+    if runner not in RUNNERS:
+        raise GraphError(f"unknown runner {runner!r}; expected one of {', '.join(RUNNERS)}")
+    steps = pipeline.steps
+    if not any(s.kind == "source" for s in steps):
+        raise GraphError(f"pipeline {pipeline.name!r} has no source")
+    if not any(s.kind in ("sink", "process") for s in steps):
+        raise GraphError(f"pipeline {pipeline.name!r} has no sink: its results would go nowhere")
+    consumers: dict[Step, list[Step]] = {s: [] for s in steps}
+    for s in steps:
+        for i in s.inputs:
+            consumers[i].append(s)
+    combine_keys = int(pipeline.config.get("combine_keys", DEFAULT_COMBINE_KEYS))
+    segment_of: dict[Step, _Segment] = {}
+    segments: list[_Segment] = []
+
+    def new_segment(step: Step, parallelism: int) -> _Segment:
+        segment = _Segment(step, parallelism)
+        segments.append(segment)
+        return segment
+
+    def forward(upstream: _Segment, parallelism: int) -> Partitioner:
+        return CoLocationPartitioner() if upstream.parallelism == parallelism else ShufflePartitioner()
+
+    for step in steps:
+        _check_runner(step, runner)
+        upstream = segment_of.get(step.inputs[0]) if step.inputs else None
+        chainable = (
+            upstream is not None
+            and len(step.inputs) == 1
+            and len(consumers[step.inputs[0]]) == 1
+            and upstream.head.kind != "process"
+            and (step.kind == "group_by" or step.parallelism in (None, upstream.parallelism))
+        )
+        if step.kind == "source":
+            segment = new_segment(step, step.parallelism or 1)
+        elif step.kind == "aggregate":
+            grouped = step.inputs[0]
+            key_segment = segment_of[grouped]
+            segment = new_segment(step, step.parallelism or pipeline.parallelism)
+            params = step.params
+            combinable = (
+                len(consumers[grouped]) == 1
+                and getattr(params["aggregator"], "combinable", False)
+                and isinstance(params["assigner"], GlobalWindows)
+                and params["trigger"] is None
+            )
+            if combinable:  # the combine takes over group_by's keying and the value steps before it
+                key_op = key_segment.ops.pop()
+                value_ops: list[ValueOp] = []
+                while key_segment.ops and type(key_segment.ops[-1]) in (MapOp, FlatMapOp, FilterOp):
+                    value_ops.insert(0, key_segment.ops.pop())
+                key_segment.ops.append(CombineOp(grouped.name, key_op.fn, params["aggregator"], combine_keys,
+                                                 value_ops))
+            segment.inputs.append((key_segment, HashPartitioner()))
+            _make_window_operator(step)  # invalid window settings fail now, naming the step
+            segment.ops.append(WindowAggregateOp(step.name, functools.partial(_make_window_operator, step),
+                                                 combinable, params["late_sink"]))
+        elif step.kind in ("merge", "process") or not chainable:
+            parallelism = step.parallelism or (
+                max(segment_of[i].parallelism for i in step.inputs) if step.kind == "merge" else upstream.parallelism
+            )
+            segment = new_segment(step, parallelism)
+            for i in step.inputs:
+                segment.inputs.append((segment_of[i], forward(segment_of[i], parallelism)))
+        else:
+            segment = upstream
+        segment.steps.append(step)
+        segment_of[step] = segment
+        op = _operator(step)
+        if op is not None:
+            segment.ops.append(op)
+
+    graph = Graph()
+    for segment in segments:
+        segment.processor = _processor(segment)
+        graph.add(segment.processor)
+    for segment in segments:
+        for upstream, partitioner in segment.inputs:
+            graph.connect(upstream.processor, segment.processor, partitioner)
+    return Application(pipeline.name, graph, dict(pipeline.config))
+
+
+def _operator(step: Step) -> Op | None:
+    kind = step.kind
+    if kind == "map":
+        return MapOp(step.name, step.fn)
+    if kind == "flat_map":
+        return FlatMapOp(step.name, step.fn)
+    if kind == "filter":
+        return FilterOp(step.name, step.fn)
+    if kind == "group_by":
+        return KeyByOp(step.name, step.fn)
+    if kind == "sink":
+        return SinkOp(step.name, step.params["data_sink"])
+    return None  # sources, merges, custom processors and aggregates are placed by plan()
+
+
+def _processor(segment: _Segment) -> Processor:
+    head = segment.head
+    names = [s.name for s in segment.steps]
+    if head.kind == "process":
+        return Processor(head.params["task_class"], segment.parallelism, head.name, head.params["config"])
+    config = {"ops": segment.ops, "steps": names}
+    if head.kind == "source":
+        config["timestamp_fn"] = head.fn
+        return Processor(ChainSourceTask, segment.parallelism, segment.name, config,
+                         data_source=head.params["data_source"], watermarks=head.params["watermarks"])
+    return Processor(ChainTask, segment.parallelism, segment.name, config)
+
+
+def describe(app: Application) -> dict:
+    """The plan as JSON-able data (Samza's JobGraph JSON): processors with their steps,
+    parallelism and task, and the edges with their partitioners."""
+    graph = app.graph
+    processors = []
+    for p in graph.processors:
+        ops = p.config.get("ops", [])
+        processors.append({
+            "id": p.id,
+            "name": p.name,
+            "parallelism": p.parallelism,
+            "task": p.task_class.__qualname__,
+            "steps": p.config.get("steps", [p.name]),
+            "operators": [name for op in ops for name in _operator_names(op)],
+            "combine": any(isinstance(op, CombineOp) for op in ops),
+        })
+    edges = [
+        {"from": e.upstream.id, "to": e.downstream.id, "partitioner": e.partitioner.describe()}
+        for e in graph.edges
+    ]
+    return {"name": app.name, "processors": processors, "edges": edges, "config": _jsonable(app.config)}
+
+
+def _operator_names(op: Op) -> list[str]:
+    """An operator's name; a combine lists the value steps fused into it first."""
+    return [type(v).__name__ for v in getattr(op, "value_ops", [])] + [type(op).__name__]
+
+
+def _jsonable(config: dict) -> dict:
+    return {k: v for k, v in config.items() if isinstance(v, (str, int, float, bool, type(None)))}

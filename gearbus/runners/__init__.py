@@ -1,0 +1,146 @@
+"""Runners: one pipeline, several places to run it (Samza's ApplicationRunner idea).
+
+- TestRunner: in this process, no NATS; deterministic; for users' unit tests.
+- LocalRunner: an embedded cluster (nats-server, master, workers) on this machine.
+- ClusterRunner: an existing cluster, by NATS URL.
+
+Each has a blocking ``run()``; Local and Cluster runners also have async ``start()``,
+``status()``, ``wait()`` and ``stop()`` for embedding in another asyncio program.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gearbus.api.dsl import Pipeline
+from gearbus.api.graph import Application
+from gearbus.artifact import Artifact, load_local, pack
+from gearbus.client import Client
+from gearbus.cluster import LocalCluster
+from gearbus.planner import plan
+from gearbus.runners.inprocess import DEFAULT_BATCH_RECORDS, InProcessEngine, PipelineFailed
+from shared.messages import AppError, AppState, AppSummary
+
+
+@dataclass
+class RunResult:
+    """How a run ended: the state and, when it did not succeed, the error."""
+
+    state: str
+    app_id: int = 0
+    error: AppError | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == AppState.SUCCEEDED
+
+
+class TestRunner:
+    """Runs a pipeline (or an app file) in this process."""
+
+    __test__ = False  # not a pytest test class
+
+    def run(self, app: Pipeline | Application | str, args: Sequence[str] = (), raise_on_failure: bool = True) -> RunResult:
+        """Run to the end. Sources read batches of the app's ``batch_records`` (as the
+        executors do), so watermarks advance at the same points as on the bus."""
+        application = _resolve(app, args, "test")
+        try:
+            InProcessEngine(application, int(application.config.get("batch_records", DEFAULT_BATCH_RECORDS))).run()
+        except PipelineFailed as failure:
+            if raise_on_failure:
+                raise
+            return RunResult(AppState.FAILED, error=failure.error)
+        return RunResult(AppState.SUCCEEDED)
+
+
+def _resolve(app, args, runner: str) -> Application:
+    if isinstance(app, Pipeline):
+        return plan(app, runner)
+    if isinstance(app, Application):
+        return app
+    return load_local(app, list(args), runner)
+
+
+class ClusterRunner:
+    """Submits to a running cluster (Samza's RemoteApplicationRunner: run, status, kill)."""
+
+    def __init__(self, nats_url: str | Sequence[str], request_timeout: float = 30.0):
+        self.nats_url = nats_url
+        self.request_timeout = request_timeout
+        self.client: Client | None = None
+        self.app_id: int | None = None
+
+    async def start(self, app_path: str, args: Sequence[str] = (), config: dict | None = None) -> int:
+        """Check the app locally, submit it and return its id without waiting."""
+        artifact, name = prepare(app_path, args, "cluster")
+        self.client = Client(self.nats_url, timeout=self.request_timeout)
+        await self.client.__aenter__()
+        self.app_id = await self.client.submit(artifact, args, name=name, config=config)
+        return self.app_id
+
+    async def status(self) -> AppSummary:
+        return await self.client.status(self.app_id)
+
+    async def wait(self, timeout: float | None = None, seen: dict[str, float] | None = None) -> AppSummary:
+        return await self.client.wait(self.app_id, timeout=timeout, seen=seen)
+
+    async def kill(self) -> None:
+        await self.client.kill(self.app_id)
+
+    async def stop(self) -> None:
+        """Kill the app if it still runs, and disconnect."""
+        if self.client is None:
+            return
+        try:
+            if self.app_id is not None and (await self.status()).state not in AppState.TERMINAL:
+                await self.kill()
+        finally:
+            await self.client.__aexit__(None, None, None)
+            self.client = None
+
+    def run(self, app_path: str, args: Sequence[str] = (), timeout: float | None = None) -> RunResult:
+        return asyncio.run(self._run(app_path, args, timeout))
+
+    async def _run(self, app_path, args, timeout) -> RunResult:
+        try:
+            await self.start(app_path, args)
+            final = await self.wait(timeout)
+        finally:
+            await self.stop()
+        return RunResult(final.state, final.app_id, final.error)
+
+
+class LocalRunner(ClusterRunner):
+    """Starts an embedded cluster, runs the app on it, and tears the cluster down."""
+
+    def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None):
+        super().__init__("")
+        self.cluster = LocalCluster(workers=workers, slots=slots, log_dir=log_dir)
+
+    async def start(self, app_path: str, args: Sequence[str] = (), config: dict | None = None) -> int:
+        prepare(app_path, args, "local")  # fail on a bad app before starting any process
+        self.cluster.start()
+        self.nats_url = self.cluster.url
+        try:
+            return await super().start(app_path, args, config)
+        except BaseException:
+            self.cluster.stop()
+            raise
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, self.cluster.stop)
+
+
+def prepare(app_path: str, args: Sequence[str], runner: str) -> tuple[Artifact, str]:
+    """Build and plan the app here first, so a bad file, bad arguments or a step the
+    runner cannot run are reported before anything is submitted."""
+    app = load_local(app_path, list(args), runner)
+    return pack(app_path), app.name
+
+
+__all__ = ["ClusterRunner", "LocalRunner", "PipelineFailed", "RunResult", "TestRunner", "prepare"]
