@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import traceback
 from operator import itemgetter
 
 from gearbus.api.task import Record, Task, new_record
@@ -16,6 +17,8 @@ from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.api.windows import WindowOperator
 from gearbus.runtime_tasks import DataSourceTask
+from shared.messages import AppError
+from shared.values import ValueTypeError
 
 RECORD_PREVIEW_CHARS = 200
 _value, _timestamp = itemgetter(0), itemgetter(1)
@@ -37,6 +40,23 @@ class StepError(Exception):
                 shown = shown[:RECORD_PREVIEW_CHARS] + "..."
             detail = f" on record {shown}"
         super().__init__(f"{type(original).__name__}: {original} (step {step!r}{detail})")
+
+
+def failure_report(exc: BaseException, context) -> AppError:
+    """What a user sees of a task's failure: the original exception type, the message
+    (with the step and record for user code, the step for an unsendable value), where
+    it happened and the traceback."""
+    original = exc.original if isinstance(exc, StepError) else exc
+    message = str(exc)
+    if isinstance(exc, ValueTypeError):
+        steps = context.config.get("steps") or [context.processor_name]
+        message = f"{exc} (emitted by step {steps[-1]!r})"
+    return AppError(
+        error_type=type(original).__name__,
+        message=message,
+        where=f"task {context.task_name} of processor {context.processor_name!r}",
+        traceback=traceback.format_exc(),
+    )
 
 
 class Op:

@@ -10,13 +10,12 @@ the bus. Only the interleaving differs: here it is a fixed FIFO order.
 from __future__ import annotations
 
 import collections
-import traceback
 from dataclasses import dataclass
 
 from gearbus.api.graph import Application
 from gearbus.api.task import Record, Task, TaskContext, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.chain import StepError
+from gearbus.chain import failure_report
 from gearbus.runtime_tasks import DataSourceTask
 from shared import values
 from shared.messages import AppError
@@ -106,14 +105,7 @@ class InProcessEngine:
         except PipelineFailed:
             raise
         except Exception as exc:
-            original = exc.original if isinstance(exc, StepError) else exc
-            processor = node.task.context.processor_name
-            raise PipelineFailed(AppError(
-                error_type=type(original).__name__,
-                message=str(exc),
-                where=f"task {node.name} of processor {processor!r}",
-                traceback=traceback.format_exc(),
-            )) from exc
+            raise PipelineFailed(failure_report(exc, node.task.context)) from exc
 
     def _deliver(self, receiver: _Node, sender: tuple[int, int], records: list[Record], watermark: int, eos: bool):
         task = receiver.task
@@ -152,13 +144,9 @@ class InProcessEngine:
         """What the receiver would decode: values and keys through the wire codec."""
         if not records:
             return records
-        try:
-            vals, stamps, keys = values.unpack(values.pack([[r[0] for r in records], [r[1] for r in records],
-                                                            [r[2] for r in records]]))
-        except values.ValueTypeError as exc:
-            steps = node.task.context.config.get("steps") or [node.task.context.processor_name]
-            raise PipelineFailed(AppError("ValueTypeError", f"{exc} (emitted by step {steps[-1]!r})",
-                                          f"task {node.name}")) from exc
+        encoded = self._guard(node, values.pack, [[r[0] for r in records], [r[1] for r in records],
+                                                  [r[2] for r in records]])
+        vals, stamps, keys = values.unpack(encoded)
         return [new_record(Record, r) for r in zip(vals, stamps, keys)]
 
     def _finish(self, node: _Node) -> None:

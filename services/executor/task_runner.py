@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import traceback
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 from gearbus.api.graph import Application
 from gearbus.api.task import TaskContext
+from gearbus.chain import failure_report
 from gearbus.runtime_tasks import DataSourceTask
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from services.executor.frames import (
@@ -139,13 +139,8 @@ class TaskRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            error = AppError(
-                error_type=type(exc).__name__,
-                message=str(exc),
-                where=f"task {self.name} of processor {self.processor.name!r}",
-                traceback=traceback.format_exc(),
-            )
-            log.error("task_failed", task=self.name, error=f"{type(exc).__name__}: {exc}")
+            error = failure_report(exc, self.context)
+            log.error("task_failed", task=self.name, error=f"{error.error_type}: {error.message}")
         finally:
             if started:
                 try:
