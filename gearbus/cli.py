@@ -12,6 +12,7 @@ import sys
 import time
 
 from gearbus.api.graph import GraphError
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.artifact import ArtifactError, load_local
 from gearbus.client import Client
 from gearbus.planner import describe
@@ -34,12 +35,24 @@ def _format_time(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
 
 
+def _format_clock(clock: int) -> str:
+    if clock <= WATERMARK_MIN:
+        return "not started (no watermark yet)"
+    if clock >= WATERMARK_MAX:
+        return "ended (final watermark)"
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(clock / 1000))}.{clock % 1000:03d} UTC ({clock})"
+
+
 def format_status(app: AppSummary) -> str:
     lines = [
         f"app {app.app_id} ({app.name}): {app.state}",
         f"  submitted {_format_time(app.submitted_ms)} by {app.user or '-'}; finished {_format_time(app.finished_ms)}",
         f"  appmaster on {app.appmaster_worker or '-'}; executors {app.executors}",
     ]
+    if app.clock is not None:
+        lines.append(f"  application clock: {_format_clock(app.clock)}")
+    if app.stalled_tasks:
+        lines.append(f"  stalled tasks: {', '.join(app.stalled_tasks)}")
     if app.error is not None:
         where = f" in {app.error.where}" if app.error.where else ""
         lines.append(f"  error{where}: {app.error.error_type}: {app.error.message}")

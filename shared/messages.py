@@ -285,6 +285,8 @@ class AppSummary(Struct):
     appmaster_worker: str = ""
     executors: int = 0
     tasks: list[TaskCounters] = dataclasses.field(default_factory=list)
+    clock: int | None = None  # the application clock (epoch ms), once the AppMaster reported one
+    stalled_tasks: list[str] = dataclasses.field(default_factory=list)
 
 
 class Allocation(Struct):
@@ -456,6 +458,8 @@ class AppMasterHeartbeat(Message):
     app_id: int
     executors: int
     tasks: list[TaskCounters] = dataclasses.field(default_factory=list)
+    clock: int | None = None  # the minimum watermark of the tasks that have not finished
+    stalled_tasks: list[str] = dataclasses.field(default_factory=list)
 
 
 class RequestResource(Message):

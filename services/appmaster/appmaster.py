@@ -11,6 +11,7 @@ import traceback
 import structlog
 
 from gearbus.api.graph import Application
+from services.appmaster.clock import ClockService
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
 from shared import subjects
 from shared.bus import RequestError
@@ -48,7 +49,8 @@ log = structlog.get_logger()
 
 DEFAULT_EXECUTORS = 2
 STARTUP_TIMEOUT_S = 60.0
-EXECUTOR_TIMEOUT_S = 10.0  # an executor silent this long is lost (hung process or lost host)
+EXECUTOR_TIMEOUT_S = 10.0
+DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s"  # an executor silent this long is lost (hung process or lost host)
 
 
 class AppFailure(Exception):
@@ -86,6 +88,8 @@ class AppMaster(Service):
         self.unfinished: set[tuple[int, int]] = set()
         self.outcome: asyncio.Future | None = None
         self.heartbeat_interval = 1.0
+        self.clock: ClockService | None = None
+        self._stalled_logged: set[str] = set()
         self._ending = False
 
     # --- lifecycle -------------------------------------------------------------
@@ -165,6 +169,8 @@ class AppMaster(Service):
                     expect=TaskRegistered,
                 )
         self.unfinished = {(t.processor, t.index) for t in tasks}
+        self.clock = ClockService([self._task_name(t) for t in tasks],
+                                  float(config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
         for slot in slots:
             if slot.tasks:
                 await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
@@ -256,7 +262,20 @@ class AppMaster(Service):
 
     async def _send_heartbeat(self) -> None:
         counters = [c for slot in self.executors.values() for c in slot.counters.values()]
-        await self.bus.publish(subjects.APPMASTER_HEARTBEAT, AppMasterHeartbeat(self.app_id, len(self.executors), counters))
+        clock, stalled = None, []
+        if self.clock is not None:
+            now = time.monotonic()
+            for c in counters:
+                self.clock.update(self._task_name(c.task), c.watermark, c.records_in, c.finished, now)
+            clock, stalled = self.clock.clock(), self.clock.stalled(now)
+            for name in set(stalled) - self._stalled_logged:
+                log.warning("task_stalled", task=name, stall_timeout_s=self.clock.stall_after_s)
+            self._stalled_logged = set(stalled)
+        await self.bus.publish(subjects.APPMASTER_HEARTBEAT,
+                               AppMasterHeartbeat(self.app_id, len(self.executors), counters, clock, stalled))
+
+    def _task_name(self, task: TaskId) -> str:
+        return f"{self.app.graph.processors[task.processor].name}[{task.index}]"
 
     async def heartbeat_loop(self) -> None:
         while True:

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import nats.js.errors
 import structlog
@@ -78,6 +78,8 @@ class AppLive:
 
     tasks: list[TaskCounters]
     executors: int = 0
+    clock: int | None = None
+    stalled_tasks: list[str] = field(default_factory=list)
     last_heartbeat: float = 0.0
     missed_logged: bool = False
 
@@ -273,6 +275,7 @@ class Master(Service):
             log.warning("heartbeat_from_unknown_appmaster", app_id=msg.app_id)
             return
         live.tasks, live.executors, live.last_heartbeat = list(msg.tasks), msg.executors, time.time()
+        live.clock, live.stalled_tasks = msg.clock, list(msg.stalled_tasks)
         live.missed_logged = False
 
     async def on_appmaster_state(self, msg: ApplicationStateChanged) -> None:
@@ -308,7 +311,8 @@ class Master(Service):
         live = self.live.get(record.app_id)
         if live is None:
             return record.summary()
-        return record.summary(executors=live.executors, tasks=live.tasks)
+        return record.summary(executors=live.executors, tasks=live.tasks, clock=live.clock,
+                              stalled_tasks=live.stalled_tasks)
 
     @staticmethod
     def _check_version(what: str, version: int) -> None:

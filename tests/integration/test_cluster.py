@@ -197,6 +197,27 @@ async def test_garbage_on_a_task_inbox_is_dropped_and_counted(client):
     await client.kill(app_id)
 
 
+async def test_status_shows_the_application_clock_and_names_stalled_tasks(client):
+    app_id = await client.submit(pack(os.path.join(APPS, "stalling.py")))
+    beat = asyncio.Event()
+
+    async def on_heartbeat(msg):
+        beat.set()
+
+    sub = await client.bus.nc.subscribe(subjects.APPMASTER_HEARTBEAT, cb=on_heartbeat)
+    async with asyncio.timeout(30):
+        while True:
+            beat.clear()
+            status = await client.status(app_id)
+            if status.stalled_tasks:
+                break
+            await beat.wait()
+    await sub.unsubscribe()
+    assert status.stalled_tasks == ["discard[0]", "merge[0]"]  # both receive records, neither moves on
+    assert status.clock == -1  # the idle source's watermark: its one record was at event time 0
+    await client.kill(app_id)
+
+
 async def test_duplicate_executor_id_is_refused_with_a_reason(client):
     app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
     await wait_state(client, app_id, AppState.ACTIVE)
