@@ -106,6 +106,10 @@ class DataSource:
         ready yet, or ``None`` once the input has ended."""
         raise NotImplementedError
 
+    def idle_wait_s(self) -> float:
+        """How long to wait before reading again after :meth:`read` returned ``[]``."""
+        return 0.01
+
     def close(self) -> None:
         """Release what :meth:`open` acquired."""
 

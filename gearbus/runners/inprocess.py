@@ -10,6 +10,7 @@ the bus. Only the interleaving differs: here it is a fixed FIFO order.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass
 
 from gearbus.api.graph import Application
@@ -78,6 +79,7 @@ class InProcessEngine:
                 if self.queue:
                     self._deliver(*self.queue.popleft())
                     continue
+                idle = True
                 for node in list(sources):
                     count = self._guard(node, node.task.read, self.batch_records)
                     if count is None:
@@ -87,8 +89,11 @@ class InProcessEngine:
                     elif count:
                         self._advance(node, node.task.watermark)
                         self._flush(node)
+                    idle = idle and count == 0
                     if self.queue:
                         break
+                if idle and sources:  # every source is waiting for data: sleep, do not spin
+                    time.sleep(min(n.task.source.idle_wait_s() for n in sources))
             unfinished = [n.name for n in self.nodes.values() if not n.finished]
             if unfinished:
                 raise RuntimeError(f"tasks never ended (a source that never ends?): {', '.join(unfinished)}")

@@ -158,8 +158,14 @@ class AppMaster(Service):
             asyncio.gather(*(slot.registered for slot in self.executors.values())), STARTUP_TIMEOUT_S
         )
         slots = list(self.executors.values())
-        for task in tasks:
-            slots[task.index % len(slots)].tasks.append(task)
+        placement = config.get("task_placement", "by_index")
+        if placement not in ("by_index", "round_robin"):
+            raise AppFailure(AppError("ConfigError", f"task_placement must be 'by_index' or 'round_robin', "
+                                                     f"got {placement!r}", "planning tasks"))
+        for n, task in enumerate(tasks):
+            # by_index puts task i of every processor together (Flink's slot sharing), so
+            # co-located partitions stay in one process; round_robin spreads processors.
+            slots[(task.index if placement == "by_index" else n) % len(slots)].tasks.append(task)
         digest = graph.digest()
         for slot in slots:
             if slot.tasks:

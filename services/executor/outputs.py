@@ -19,7 +19,7 @@ class DataPlaneConfig:
 
     batch_records: int = 4096  # records per frame at most
     batch_bytes: int = 512 * 1024  # encoded bytes per frame at most (a lone larger record still goes)
-    linger_ms: float = 2.0  # how long an idle task holds a small batch before sending it
+    linger_ms: float = 0.0  # how long a task whose inbox ran dry holds a small batch before sending it
     credit_frames: int = 16  # frames a sender may have in flight to one receiver
 
     @classmethod

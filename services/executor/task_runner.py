@@ -28,8 +28,6 @@ from shared.messages import AppError, TaskCounters, TaskId
 
 log = structlog.get_logger()
 
-IDLE_SOURCE_POLL_S = 0.01
-
 
 class _Input:
     """What a task knows about one upstream sender."""
@@ -161,7 +159,7 @@ class TaskRunner:
             if count is None:
                 return
             if not count:
-                await asyncio.sleep(IDLE_SOURCE_POLL_S)
+                await asyncio.sleep(task.source.idle_wait_s())
                 continue
             self.records_in += count
             await self._advance(task.watermark)
