@@ -83,8 +83,7 @@ async def _run(args) -> int:
     started = loop.time()
     if args.runner == "test":
         result = TestRunner().run(args.app, args.app_args, raise_on_failure=False)
-        app = AppSummary(app_id=0, name=os.path.basename(args.app), state=result.state, submitted_ms=0,
-                         error=result.error)
+        app = AppSummary(app_id=0, name=result.name, state=result.state, submitted_ms=0, error=result.error)
         return _report_run(args, app, {"total_s": round(loop.time() - started, 3)})
     if args.runner == "local":
         runner = LocalRunner(workers=args.workers, slots=args.slots, log_dir=args.log_dir)

@@ -31,6 +31,7 @@ class RunResult:
     state: str
     app_id: int = 0
     error: AppError | None = None
+    name: str = ""
 
     @property
     def succeeded(self) -> bool:
@@ -51,8 +52,8 @@ class TestRunner:
         except PipelineFailed as failure:
             if raise_on_failure:
                 raise
-            return RunResult(AppState.FAILED, error=failure.error)
-        return RunResult(AppState.SUCCEEDED)
+            return RunResult(AppState.FAILED, error=failure.error, name=application.name)
+        return RunResult(AppState.SUCCEEDED, name=application.name)
 
 
 def _resolve(app, args, runner: str) -> Application:
@@ -109,7 +110,7 @@ class ClusterRunner:
             final = await self.wait(timeout)
         finally:
             await self.stop()
-        return RunResult(final.state, final.app_id, final.error)
+        return RunResult(final.state, final.app_id, final.error, final.name)
 
 
 class LocalRunner(ClusterRunner):
