@@ -39,7 +39,7 @@ class StepError(Exception):
             if len(shown) > RECORD_PREVIEW_CHARS:
                 shown = shown[:RECORD_PREVIEW_CHARS] + "..."
             detail = f" on record {shown}"
-        super().__init__(f"{type(original).__name__}: {original} (step {step!r}{detail})")
+        super().__init__(f"{original} (step {step!r}{detail})")
 
 
 def failure_report(exc: BaseException, context) -> AppError:
@@ -163,9 +163,10 @@ class CombineOp(Op):
     ``[accumulator, weight]`` when ``max_keys`` keys are held and at the end of input,
     so each key crosses the shuffle rarely instead of once per record."""
 
-    def __init__(self, step, key_fn, aggregator, max_keys: int, value_ops: list[ValueOp]):
+    def __init__(self, step, key_fn, aggregate_step: str, aggregator, max_keys: int, value_ops: list[ValueOp]):
         super().__init__(step)
         self.key_fn = key_fn
+        self.aggregate_step = aggregate_step  # failures of the aggregator are reported as this step's
         self.aggregator = aggregator
         self.max_keys = max_keys
         self.value_ops = value_ops  # the stateless steps before it, run on bare values
@@ -179,6 +180,10 @@ class CombineOp(Op):
             vals = op.values(vals)
         try:
             keys = list(map(self.key_fn, vals))
+        except Exception as exc:
+            self._fail(vals, self.key_fn, exc)
+        value = _NO_VALUE
+        try:
             if type(agg) is Count:  # counting is the common case: do it at C speed
                 for key, n in collections.Counter(keys).items():
                     held = partials.get(key)
@@ -196,7 +201,7 @@ class CombineOp(Op):
                         held[0] = agg.add(held[0], value)
                         held[1] += 1
         except Exception as exc:
-            self._fail(vals, lambda v: (self.key_fn(v), agg.add(agg.create(), v)), exc)
+            raise StepError(self.aggregate_step, value, exc) from exc
         newest = max(map(_timestamp, records))
         if newest > self.newest:
             self.newest = newest
@@ -229,7 +234,7 @@ class WindowAggregateOp(Op):
             self.late.open(task)
 
     def process(self, records):
-        op, wm, out = self.operator, self.watermark, []
+        op, wm, out, value = self.operator, self.watermark, [], _NO_VALUE
         try:
             if self.partial_input:
                 for (acc, weight), ts, key in records:
@@ -238,7 +243,7 @@ class WindowAggregateOp(Op):
                 for value, ts, key in records:
                     out.extend(op.process(key, value, ts, wm))
         except Exception as exc:
-            raise StepError(self.step, _NO_VALUE, exc) from exc
+            raise StepError(self.step, value, exc) from exc
         if self.late is not None:
             self.late.process([new_record(Record, (v, ts, k)) for k, v, ts in self.operator.drain_late()])
         return self._records(out)

@@ -52,7 +52,7 @@ class _Segment:
 
 def _check_runner(step: Step, runner: str) -> None:
     """A source or sink that only some runners can run says so at plan time."""
-    for key in ("data_source", "data_sink"):
+    for key in ("data_source", "data_sink", "late_sink"):
         connector = step.params.get(key)
         supported = getattr(connector, "runners", None)
         if supported is not None and runner not in supported:
@@ -118,14 +118,15 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
                 and getattr(params["aggregator"], "combinable", False)
                 and isinstance(params["assigner"], GlobalWindows)
                 and params["trigger"] is None
+                and params["late_sink"] is None  # late records must be seen one by one
             )
             if combinable:  # the combine takes over group_by's keying and the value steps before it
                 key_op = key_segment.ops.pop()
                 value_ops: list[ValueOp] = []
                 while key_segment.ops and type(key_segment.ops[-1]) in (MapOp, FlatMapOp, FilterOp):
                     value_ops.insert(0, key_segment.ops.pop())
-                key_segment.ops.append(CombineOp(grouped.name, key_op.fn, params["aggregator"], combine_keys,
-                                                 value_ops))
+                key_segment.ops.append(CombineOp(grouped.name, key_op.fn, step.name, params["aggregator"],
+                                                 combine_keys, value_ops))
             segment.inputs.append((key_segment, HashPartitioner()))
             _make_window_operator(step)  # invalid window settings fail now, naming the step
             segment.ops.append(WindowAggregateOp(step.name, functools.partial(_make_window_operator, step),

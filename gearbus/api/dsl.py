@@ -53,9 +53,12 @@ class Pipeline:
         self._names: set[str] = set()
         self._counters: dict[str, itertools.count] = {}
 
-    def _add(self, kind: str, name: str | None, inputs: list[Step], fn=None, parallelism=None, **params) -> Step:
+    def _add(self, kind: str, name: str | None, inputs: list[Step], fn=None, parallelism=None, default: str = "",
+             **params) -> Step:
+        """Add a step; without a name it gets ``default``, the function's name or the
+        kind, made unique with a suffix."""
         if name is None:
-            base = getattr(fn, "__name__", "") if fn is not None else ""
+            base = default or (getattr(fn, "__name__", "") if fn is not None else "")
             base = base if base.isidentifier() and base != "<lambda>" else kind
             counter = self._counters.setdefault(base, itertools.count(1))
             name = base
@@ -81,30 +84,39 @@ class Pipeline:
         """Read from a DataSource. ``timestamp_fn(value)`` gives each record's event time
         (epoch ms; default: ingestion time); the watermark trails the newest timestamp by
         ``max_out_of_orderness_ms``."""
+        return self._source(data_source, type(data_source).__name__.removesuffix("Source").lower(), name=name,
+                            parallelism=parallelism, timestamp_fn=timestamp_fn,
+                            max_out_of_orderness_ms=max_out_of_orderness_ms)
+
+    def _source(self, data_source, default: str, name=None, parallelism=1, timestamp_fn=None,
+                max_out_of_orderness_ms=0) -> Stream:
         if not isinstance(data_source, DataSource):
-            raise GraphError(f"source {name or ''}: {data_source!r} is not a gearbus DataSource")
-        step = self._add("source", name or type(data_source).__name__.removesuffix("Source").lower() or "source",
-                         [], timestamp_fn, parallelism, data_source=data_source,
-                         watermarks=BoundedOutOfOrderness(max_out_of_orderness_ms))
+            raise GraphError(f"source {name or default}: {data_source!r} is not a gearbus DataSource")
+        try:
+            watermarks = BoundedOutOfOrderness(max_out_of_orderness_ms)
+        except ValueError as exc:
+            raise GraphError(f"source {name or default}: {exc}") from None
+        step = self._add("source", name, [], timestamp_fn, parallelism, default=default, data_source=data_source,
+                         watermarks=watermarks)
         return Stream(self, step)
 
     def read_text(self, path: str, **kwargs) -> Stream:
         """Each line of a UTF-8 text file (without the newline) is one record."""
         from gearbus.connectors.files import TextFileSource
 
-        return self.source(TextFileSource(path), **{"name": "read_text", **kwargs})
+        return self._source(TextFileSource(path), "read_text", **kwargs)
 
     def read_jsonl(self, path: str, **kwargs) -> Stream:
         """Each line of a JSON Lines file, parsed, is one record."""
         from gearbus.connectors.files import JsonLinesSource
 
-        return self.source(JsonLinesSource(path), **{"name": "read_jsonl", **kwargs})
+        return self._source(JsonLinesSource(path), "read_jsonl", **kwargs)
 
     def from_collection(self, items: Iterable[Any], **kwargs) -> Stream:
         """The items of a Python collection, in order."""
         from gearbus.connectors.files import CollectionSource
 
-        return self.source(CollectionSource(items), **{"name": "collection", **kwargs})
+        return self._source(CollectionSource(items), "collection", **kwargs)
 
 
 class Stream:
@@ -114,8 +126,8 @@ class Stream:
         self.pipeline = pipeline
         self.step = step
 
-    def _then(self, kind, name, fn=None, parallelism=None, **params) -> Stream:
-        return Stream(self.pipeline, self.pipeline._add(kind, name, [self.step], fn, parallelism, **params))
+    def _then(self, kind, name, fn=None, parallelism=None, default="", **params) -> Stream:
+        return Stream(self.pipeline, self.pipeline._add(kind, name, [self.step], fn, parallelism, default, **params))
 
     def map(self, fn: Callable[[Any], Any], name: str | None = None) -> Stream:
         return self._then("map", name, fn)
@@ -129,14 +141,14 @@ class Stream:
     def group_by(self, key_fn: Callable[[Any], Any], parallelism: int | None = None,
                  name: str | None = None) -> GroupedStream:
         """Partition by ``key_fn(value)``: records with equal keys meet in one task."""
-        return GroupedStream(self._then("group_by", name or "group_by", key_fn, parallelism))
+        return GroupedStream(self._then("group_by", name, key_fn, parallelism, default="group_by"))
 
     def merge(self, *others: Stream, name: str | None = None) -> Stream:
         """The union of this stream and ``others``."""
         for other in others:
             if not isinstance(other, Stream) or other.pipeline is not self.pipeline:
                 raise GraphError(f"merge {name or ''}: can only merge streams of the same pipeline")
-        step = self.pipeline._add("merge", name or "merge", [self.step] + [o.step for o in others])
+        step = self.pipeline._add("merge", name, [self.step] + [o.step for o in others])
         return Stream(self.pipeline, step)
 
     def process(self, task_class: type[Task], parallelism: int | None = None, name: str | None = None,
@@ -144,20 +156,20 @@ class Stream:
         """Drop down to a custom low-level Task (its own processor)."""
         if not (isinstance(task_class, type) and issubclass(task_class, Task)):
             raise GraphError(f"process {name or ''}: {task_class!r} is not a gearbus Task subclass")
-        return self._then("process", name or task_class.__name__, None, parallelism, task_class=task_class,
+        return self._then("process", name, None, parallelism, default=task_class.__name__, task_class=task_class,
                           config=config)
 
     def sink(self, data_sink: DataSink, parallelism: int = 1, name: str | None = None) -> None:
         if not isinstance(data_sink, DataSink):
             raise GraphError(f"sink {name or ''}: {data_sink!r} is not a gearbus DataSink")
-        self._then("sink", name or type(data_sink).__name__.removesuffix("Sink").lower() or "sink", None,
-                   parallelism, data_sink=data_sink)
+        self._then("sink", name, None, parallelism, default=type(data_sink).__name__.removesuffix("Sink").lower(),
+                   data_sink=data_sink)
 
     def write_jsonl(self, path: str, name: str | None = None) -> None:
         """Write each value as a JSON line to one file."""
         from gearbus.connectors.files import JsonLinesSink
 
-        self.sink(JsonLinesSink(path), 1, name or "write_jsonl")
+        self._then("sink", name, None, 1, default="write_jsonl", data_sink=JsonLinesSink(path))
 
     def _needs_key(self, what: str):
         raise GraphError(f"{what} after step {self.step.name!r} needs a keyed stream: call group_by(...) first")
@@ -217,6 +229,9 @@ class GroupedStream:
         return self._global().sum(value_fn, name)
 
 
+_AGGREGATE_NAMES = {"AggregateFunction": "aggregate"}
+
+
 class WindowedStream:
     """A keyed, windowed stream; each aggregation emits WindowResult values
     ``(key, value, window_start, window_end, timing)``."""
@@ -234,19 +249,24 @@ class WindowedStream:
             raise GraphError(f"aggregate {name or ''}: {aggregator!r} is not a gearbus Aggregator")
         grouped = self._grouped
         return grouped._stream._then(
-            "aggregate", name or type(aggregator).__name__.lower(), None, grouped.step.parallelism,
+            "aggregate", name, None, grouped.step.parallelism, default=_AGGREGATE_NAMES.get(type(aggregator).__name__, type(aggregator).__name__.lower()),
             aggregator=aggregator, assigner=self.assigner, trigger=self.trigger, accumulation=self.accumulation,
             allowed_lateness_ms=self.allowed_lateness_ms, late_sink=self.late_sink,
         )
 
+    def _function(self, what: str, fn, name: str | None, optional: bool = False):
+        if not callable(fn) and not (optional and fn is None):
+            raise GraphError(f"{what} step {name or what!r} after {self._grouped.step.name!r}: {fn!r} is not callable")
+        return fn
+
     def reduce(self, fn, name=None) -> Stream:
-        return self.aggregate(Reduce(fn), name or "reduce")
+        return self.aggregate(Reduce(self._function("reduce", fn, name)), name)
 
     def fold(self, zero, fn, name=None) -> Stream:
-        return self.aggregate(Fold(zero, fn), name or "fold")
+        return self.aggregate(Fold(zero, self._function("fold", fn, name)), name)
 
     def count(self, name=None) -> Stream:
-        return self.aggregate(Count(), name or "count")
+        return self.aggregate(Count(), name)
 
     def sum(self, value_fn=None, name=None) -> Stream:
-        return self.aggregate(Sum(value_fn), name or "sum")
+        return self.aggregate(Sum(self._function("sum", value_fn, name, optional=True)), name)

@@ -132,7 +132,8 @@ class InProcessEngine:
             return
         node.watermark = watermark
         self._guard(node, node.task.on_watermark, watermark)
-        self._flush(node)
+        if watermark < WATERMARK_MAX:  # the final watermark goes out after on_end's output
+            self._flush(node)
 
     def _flush(self, node: _Node, eos: bool = False) -> None:
         output, node.task.output = node.task.output, []

@@ -126,14 +126,16 @@ class Outputs:
     async def _publish(self, channel: Channel, watermark: int, eos: bool, records: list[Record]) -> None:
         """Send one frame; ``watermark`` holds after its records."""
         seq = channel.seq + 1
+        data = encode_frame(self.processor, self.index, self.session, seq, watermark, eos, records)
         if channel.local is not None:
+            # Handed over as objects, but encoded all the same: a value that cannot
+            # travel fails here, whichever executor its receiver happens to be in.
             await channel.acquire()
             channel.seq, channel.watermark = seq, watermark
             channel.local.put_nowait(Frame(self.processor, self.index, self.session, seq, watermark, eos, list(records)))
             self.frames_out += 1
             self.records_out += len(records)
             return
-        data = encode_frame(self.processor, self.index, self.session, seq, watermark, eos, records)
         if len(data) > self.config.batch_bytes and len(records) > 1:
             half = len(records) // 2
             await self._publish(channel, channel.watermark, False, records[:half])

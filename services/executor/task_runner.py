@@ -256,7 +256,8 @@ class TaskRunner:
             return
         self.watermark = watermark
         self.task.on_watermark(watermark)
-        await self._flush()
+        if watermark < WATERMARK_MAX:  # the final watermark goes out after on_end's output
+            await self._flush()
 
     async def _flush(self) -> None:
         """Send what the task emitted, with the task's watermark (which holds after it)."""

@@ -394,8 +394,6 @@ def test_a_function_without_a_name_is_reported_under_the_default_step_name():
         p.from_collection([1]).map(5)
 
 
-@pytest.mark.xfail(strict=True, reason="reduce/fold/sum do not check their functions at build time: Reduce(5), "
-                                       "Fold(0, 5) and Sum(5) are accepted and fail only when records arrive")
 @pytest.mark.parametrize("call", [
     lambda g: g.reduce(5, name="bad"),
     lambda g: g.fold(0, "add", name="bad"),
@@ -497,8 +495,6 @@ def test_collect_sink_is_refused_by_other_runners_at_plan_time(runner):
     assert plan(p, "test").graph.processors[0].name == "src+absolute+collected"
 
 
-@pytest.mark.xfail(strict=True, reason="planner._check_runner only looks at the data_source/data_sink params; "
-                                       "a CollectSink given as a window's late_sink is accepted for local/cluster")
 @pytest.mark.parametrize("runner", ["local", "cluster"])
 def test_collect_sink_as_a_late_sink_is_refused_by_other_runners_at_plan_time(runner, tmp_path):
     p = Pipeline("late")
@@ -578,10 +574,6 @@ def test_default_names_of_group_by_and_aggregations():
     assert [s.name for s in p.steps if s.kind == "aggregate"] == ["sum", "reduce", "fold", "mean"]
 
 
-@pytest.mark.xfail(strict=True, reason="dsl: group_by/merge/sink/aggregate/process and the sources pass a fixed "
-                                       "default (name or 'group_by', type name, ...) to Pipeline._add as an "
-                                       "explicit name, so a second unnamed one raises 'duplicate step name' "
-                                       "instead of getting a suffix")
 def test_default_names_of_every_kind_are_made_unique():
     p = Pipeline("names")
     a = p.from_collection(["a"])
