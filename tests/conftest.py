@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 import pytest_asyncio
@@ -31,27 +31,35 @@ def nats_server(tmp_path):
         yield server
 
 
-async def wait_for_cluster(client: Client, ready: Callable[[ClusterInfo], bool], timeout: float = 30.0) -> None:
-    """Return once ``ready(info)`` holds for the master's ClusterInfo.
+async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable], timeout: float = 30.0):
+    """Return the first truthy ``await probe()``, asking again each time a message
+    arrives on ``subject`` (a heartbeat or state event says something may have changed)."""
+    woken = asyncio.Event()
 
-    Woken by each worker heartbeat (sent only after a worker has registered), so it
-    asks the master again exactly when something may have changed.
-    """
-    beat = asyncio.Event()
+    async def wake(msg):
+        woken.set()
 
-    async def on_heartbeat(msg):
-        beat.set()
-
-    sub = await client.bus.nc.subscribe(subjects.WORKER_HEARTBEAT, cb=on_heartbeat)
+    sub = await client.bus.nc.subscribe(subject, cb=wake)
     try:
         async with asyncio.timeout(timeout):
             while True:
-                beat.clear()
-                if ready(await client.info()):
-                    return
-                await beat.wait()
+                woken.clear()
+                result = await probe()
+                if result:
+                    return result
+                await woken.wait()
     finally:
         await sub.unsubscribe()
+
+
+async def wait_for_cluster(client: Client, ready: Callable[[ClusterInfo], bool], timeout: float = 30.0) -> None:
+    """Return once ``ready(info)`` holds for the master's ClusterInfo (asked again on
+    each worker heartbeat, which a worker sends only once registered)."""
+
+    async def probe():
+        return ready(await client.info())
+
+    await wait_until(client, subjects.WORKER_HEARTBEAT, probe, timeout)
 
 
 async def wait_for_workers(client: Client, count: int, timeout: float = 30.0) -> None:

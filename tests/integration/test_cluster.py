@@ -18,7 +18,7 @@ from gearbus.natsserver import NatsServer
 from shared import subjects
 from shared.bus import RemoteError
 from shared.messages import AppState, ErrorCode, RegisterExecutor, RequestResource
-from tests.conftest import EXAMPLES, REPO, wait_for_workers
+from tests.conftest import EXAMPLES, REPO, wait_for_workers, wait_until
 
 APPS = os.path.join(REPO, "tests", "apps")
 WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
@@ -76,19 +76,11 @@ async def wait_exited(pid: int, timeout: float) -> None:
 
 async def wait_state(client: Client, app_id: int, state: str, timeout: float = 30.0) -> None:
     """Wait for an app to reach ``state`` (a non-terminal one), woken by state events."""
-    changed = asyncio.Event()
 
-    async def on_event(msg):
-        changed.set()
+    async def reached():
+        return (await client.status(app_id)).state == state
 
-    sub = await client.bus.nc.subscribe(subjects.app_state_events(app_id), cb=on_event)
-    try:
-        async with asyncio.timeout(timeout):
-            while (await client.status(app_id)).state != state:
-                changed.clear()
-                await changed.wait()
-    finally:
-        await sub.unsubscribe()
+    await wait_until(client, subjects.app_state_events(app_id), reached, timeout)
 
 
 async def run_wordcount(client: Client, tmp_path, lines: list[str], parallelism: int = 2, *extra: str) -> None:
@@ -178,41 +170,25 @@ async def test_garbage_on_a_task_inbox_is_dropped_and_counted(client):
     await wait_state(client, app_id, AppState.ACTIVE)
     for garbage in (b"", b"\x00not msgpack", b"\x07"):
         await client.bus.nc.publish(subjects.task_inbox(app_id, 1, 0), garbage)
-    beat = asyncio.Event()
 
-    async def on_heartbeat(msg):
-        beat.set()
+    async def dropped_three():
+        status = await client.status(app_id)
+        counted = {(c.task.processor, c.task.index): c.messages_dropped for c in status.tasks}
+        return status if counted.get((1, 0)) == 3 else None
 
-    sub = await client.bus.nc.subscribe(subjects.APPMASTER_HEARTBEAT, cb=on_heartbeat)
-    async with asyncio.timeout(20):
-        while True:
-            beat.clear()
-            status = await client.status(app_id)
-            counted = {(c.task.processor, c.task.index): c.messages_dropped for c in status.tasks}
-            if counted.get((1, 0)) == 3:
-                break
-            await beat.wait()
-    await sub.unsubscribe()
+    status = await wait_until(client, subjects.APPMASTER_HEARTBEAT, dropped_three, timeout=20)
     assert status.state == AppState.ACTIVE
     await client.kill(app_id)
 
 
 async def test_status_shows_the_application_clock_and_names_stalled_tasks(client):
     app_id = await client.submit(pack(os.path.join(APPS, "stalling.py")))
-    beat = asyncio.Event()
 
-    async def on_heartbeat(msg):
-        beat.set()
+    async def stalled():
+        status = await client.status(app_id)
+        return status if status.stalled_tasks else None
 
-    sub = await client.bus.nc.subscribe(subjects.APPMASTER_HEARTBEAT, cb=on_heartbeat)
-    async with asyncio.timeout(30):
-        while True:
-            beat.clear()
-            status = await client.status(app_id)
-            if status.stalled_tasks:
-                break
-            await beat.wait()
-    await sub.unsubscribe()
+    status = await wait_until(client, subjects.APPMASTER_HEARTBEAT, stalled)
     assert status.stalled_tasks == ["discard[0]", "merge[0]"]  # both receive records, neither moves on
     assert status.clock == -1  # the idle source's watermark: its one record was at event time 0
     await client.kill(app_id)
