@@ -10,7 +10,7 @@ import nats.js.errors
 
 from gearbus.artifact import Artifact
 from shared import subjects
-from shared.bus import Bus, NoResponders, RequestTimeout
+from shared.bus import Bus
 from shared.messages import (
     ApplicationList,
     ApplicationStateChanged,
@@ -43,17 +43,8 @@ class Client:
         await self.bus.close()
 
     async def _request(self, subject, message, expect=(), timeout: float | None = None):
-        """A request to the master, retried with backoff while no master answers."""
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        delay = 0.02
-        while True:
-            try:
-                return await self.bus.request(subject, message, timeout or self.timeout, expect=expect)
-            except NoResponders:
-                if asyncio.get_running_loop().time() + delay > deadline:
-                    raise RequestTimeout(f"no master answered on {subject} within {self.timeout:g} s") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        """A request to the master, retried while no master answers (fail-over)."""
+        return await self.bus.request(subject, message, timeout or self.timeout, expect=expect, retry_s=self.timeout)
 
     async def upload(self, artifact: Artifact) -> str:
         """Put the artifact in the object store unless an identical one is there."""

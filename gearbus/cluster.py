@@ -15,7 +15,7 @@ from gearbus.natsserver import NatsServer
 
 class LocalCluster:
     def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None, nats: NatsServer | None = None,
-                 heartbeat_interval: float = 1.0):
+                 heartbeat_interval: float = 1.0, masters: int = 1):
         self.num_workers = workers
         self.slots = slots
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gearbus-logs-")
@@ -23,7 +23,8 @@ class LocalCluster:
         self._own_nats = nats is None
         self.nats = nats or NatsServer(log_path=os.path.join(self.log_dir, "nats-server.log"))
         self.heartbeat_interval = heartbeat_interval
-        self.master: subprocess.Popen | None = None
+        self.num_masters = masters
+        self.masters: dict[str, subprocess.Popen] = {}
         self.workers: dict[str, subprocess.Popen] = {}
 
     @property
@@ -37,9 +38,10 @@ class LocalCluster:
                                 stdin=subprocess.DEVNULL, env=env)
 
     def start_master(self, master_id: str = "master-0") -> subprocess.Popen:
-        self.master = self._spawn(master_id, "services.master", "--master-id", master_id,
-                                  "--heartbeat-interval", str(self.heartbeat_interval))
-        return self.master
+        process = self._spawn(master_id, "services.master", "--master-id", master_id,
+                              "--heartbeat-interval", str(self.heartbeat_interval))
+        self.masters[master_id] = process
+        return process
 
     def start_worker(self, worker_id: str) -> subprocess.Popen:
         process = self._spawn(worker_id, "services.worker", "--worker-id", worker_id, "--slots", str(self.slots))
@@ -51,14 +53,15 @@ class LocalCluster:
         queues work until workers offer slots, and clients retry until it answers)."""
         if self._own_nats:
             self.nats.start()
-        self.start_master()
+        for i in range(self.num_masters):
+            self.start_master(f"master-{i}")
         for i in range(self.num_workers):
             self.start_worker(f"worker-{i}")
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM workers (they stop their children), then the master, then NATS."""
-        processes = list(self.workers.values()) + ([self.master] if self.master else [])
+        """SIGTERM workers (they stop their children), then the masters, then NATS."""
+        processes = list(self.workers.values()) + list(self.masters.values())
         for p in processes:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -113,14 +113,27 @@ class Bus:
         message: Message,
         timeout: float = 10.0,
         expect: type[M] | tuple[type[Message], ...] = (),
+        retry_s: float = 0.0,
     ) -> M:
-        """Send a request and return the decoded reply; ErrorReply raises RemoteError."""
-        try:
-            reply = await self.nc.request(subject, message.encode(), timeout=timeout)
-        except nats.errors.NoRespondersError:
-            raise NoResponders(f"nobody serves {subject} (no responders)") from None
-        except nats.errors.TimeoutError:
-            raise RequestTimeout(f"no reply on {subject} within {timeout:g} s") from None
+        """Send a request and return the decoded reply; ErrorReply raises RemoteError.
+
+        With ``retry_s``, a request nobody serves (a master fail-over) is retried with
+        backoff for that long before "no responders" is final.
+        """
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + retry_s, 0.02
+        while True:
+            try:
+                reply = await self.nc.request(subject, message.encode(), timeout=timeout)
+                break
+            except nats.errors.NoRespondersError:
+                if loop.time() + delay > deadline:
+                    waited = f" within {retry_s:g} s" if retry_s else ""
+                    raise NoResponders(f"nobody serves {subject} (no master answered{waited})") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            except nats.errors.TimeoutError:
+                raise RequestTimeout(f"no reply on {subject} within {timeout:g} s") from None
         answer = decode(reply.data)
         if isinstance(answer, ErrorReply):
             raise RemoteError(answer.code, answer.message, answer.retryable)
@@ -138,13 +151,16 @@ class Bus:
         handlers: dict[type[Message], Handler],
         queue: str = "",
         concurrent: bool = False,
-    ) -> None:
-        """Answer requests on ``subject``, dispatching by message type.
+        guard: Callable[[], bool] | None = None,
+    ):
+        """Answer requests on ``subject``, dispatching by message type; returns the
+        subscription.
 
         A handler returns the reply message (None means Ack). Malformed input and
         handler exceptions are answered with an ErrorReply and logged; the
         subscription keeps serving. ``concurrent`` runs each request in its own task,
-        for handlers that wait on other parties.
+        for handlers that wait on other parties. While ``guard()`` is false requests are
+        dropped unanswered (a master that may have lost its lease must stay silent).
         """
         expected = tuple(handlers)
 
@@ -154,12 +170,17 @@ class Bus:
                 await self.nc.publish(msg.reply, reply.encode())
 
         async def on_msg(msg: Msg) -> None:
+            if guard is not None and not guard():
+                self.counters["guarded_drops"] += 1
+                return
             if concurrent:
                 self._track(answer(msg))
             else:
                 await answer(msg)
 
-        self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=on_msg))
+        sub = await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+        self._subs.append(sub)
+        return sub
 
     async def _dispatch(self, subject, data, handlers, expected) -> Message:
         try:
@@ -180,11 +201,16 @@ class Bus:
             return ErrorReply(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
         return Ack() if result is None else result
 
-    async def listen(self, subject: str, handlers: dict[type[Message], Handler], queue: str = "") -> None:
-        """Handle one-way messages: a malformed one is logged, counted and dropped."""
+    async def listen(self, subject: str, handlers: dict[type[Message], Handler], queue: str = "",
+                     guard: Callable[[], bool] | None = None):
+        """Handle one-way messages: a malformed one is logged, counted and dropped.
+        Returns the subscription; ``guard`` as for :meth:`serve`."""
         expected = tuple(handlers)
 
         async def on_msg(msg: Msg) -> None:
+            if guard is not None and not guard():
+                self.counters["guarded_drops"] += 1
+                return
             try:
                 message = decode(msg.data, expected)
             except ProtocolError as exc:
@@ -197,7 +223,16 @@ class Bus:
                 self.counters["handler_errors"] += 1
                 log.exception("handler_failed", subject=msg.subject, message_type=type(message).__name__)
 
-        self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=on_msg))
+        sub = await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+        self._subs.append(sub)
+        return sub
+
+    async def drop(self, subscriptions: list) -> None:
+        """Unsubscribe a group of this bus's subscriptions."""
+        for sub in subscriptions:
+            if sub in self._subs:
+                self._subs.remove(sub)
+        await unsubscribe_all(subscriptions)
 
     def _track(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -294,6 +294,14 @@ class Allocation(Struct):
     slots: int
 
 
+class RunningProcess(Struct):
+    """A process a worker runs, reported when it (re-)registers."""
+
+    app_id: int
+    executor_id: int
+    kind: str
+
+
 # --- errors and acknowledgements -------------------------------------------------
 
 
@@ -387,6 +395,20 @@ class RegisterWorker(Message):
     pid: int
     slots: int
     protocol_version: int = PROTOCOL_VERSION
+    running: list[RunningProcess] = dataclasses.field(default_factory=list)  # on re-registration
+
+
+class MasterElected(Message):
+    """Published on ``master.elected`` by a master that has just taken the lead."""
+
+    master_id: str
+    term: int
+
+
+class ReRegister(Message):
+    """The leader does not know the receiver: it must register again."""
+
+    reason: str = ""
 
 
 class WorkerRegistered(Message):

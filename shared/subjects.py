@@ -19,9 +19,13 @@ APPMASTER_STATE = "master.appmaster.state"
 RESOURCE_REQUEST = "master.resource.request"
 
 
+#: The leader announces itself here when it takes over; workers and AppMasters re-register.
+MASTER_ELECTED = "master.elected"
+
 # JetStream buckets
 STATE_BUCKET = "gearbus_state"
 ARTIFACT_BUCKET = "gearbus_artifacts"
+MASTERS_BUCKET = "gearbus_masters"  # the leader lease and the registry of running masters
 
 
 def app_state_events(app_id: int) -> str:
@@ -35,6 +39,15 @@ def worker_launch(worker_id: str) -> str:
 
 def worker_shutdown(worker_id: str) -> str:
     return f"worker.{worker_id}.shutdown"
+
+
+def worker_reregister(worker_id: str) -> str:
+    """The master tells a worker it does not know to register again."""
+    return f"worker.{worker_id}.reregister"
+
+
+def appmaster_reregister(app_id: int) -> str:
+    return f"appmaster.{app_id}.reregister"
 
 
 def appmaster_executor_register(app_id: int) -> str:
@@ -74,6 +87,14 @@ def task_credit(app_id: int, processor: int, index: int) -> str:
 
 def app_state_key(app_id: int) -> str:
     return f"apps.{app_id}"
+
+
+def worker_state_key(worker_id: str) -> str:
+    return f"workers.{worker_id}"
+
+
+def master_registry_key(master_id: str) -> str:
+    return f"master.{master_id}"
 
 
 NEXT_APP_ID_KEY = "next_app_id"

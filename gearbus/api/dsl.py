@@ -129,14 +129,17 @@ class Stream:
     def _then(self, kind, name, fn=None, parallelism=None, default="", **params) -> Stream:
         return Stream(self.pipeline, self.pipeline._add(kind, name, [self.step], fn, parallelism, default, **params))
 
-    def map(self, fn: Callable[[Any], Any], name: str | None = None) -> Stream:
-        return self._then("map", name, fn)
+    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Transform each value. A ``parallelism`` other than the input's starts a new
+        processor (records are spread round-robin); otherwise the step is chained."""
+        return self._then("map", name, fn, parallelism)
 
-    def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None) -> Stream:
-        return self._then("flat_map", name, fn)
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
+                 parallelism: int | None = None) -> Stream:
+        return self._then("flat_map", name, fn, parallelism)
 
-    def filter(self, fn: Callable[[Any], bool], name: str | None = None) -> Stream:
-        return self._then("filter", name, fn)
+    def filter(self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None) -> Stream:
+        return self._then("filter", name, fn, parallelism)
 
     def group_by(self, key_fn: Callable[[Any], Any], parallelism: int | None = None,
                  name: str | None = None) -> GroupedStream:

@@ -173,8 +173,10 @@ class JsonLinesSink(DataSink):
         self._file = open(path, "w", encoding="utf-8")
 
     def write(self, records: list[Record]) -> None:
+        """Write and flush each batch, so readers see records as they arrive."""
         dumps = json.dumps
         self._file.write("".join(dumps(r.value, ensure_ascii=False) + "\n" for r in records))
+        self._file.flush()
 
     def close(self) -> None:
         if getattr(self, "_file", None) is not None:

@@ -14,7 +14,7 @@ from gearbus.api.graph import Application
 from services.appmaster.clock import ClockService
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
 from shared import subjects
-from shared.bus import RequestError
+from shared.bus import RequestError, RequestTimeout
 from shared.logging import configure
 from shared.messages import (
     AppError,
@@ -30,9 +30,11 @@ from shared.messages import (
     ExecutorStopped,
     LaunchExecutor,
     LaunchTasks,
+    MasterElected,
     Placement,
     RegisterAppMaster,
     RegisterExecutor,
+    ReRegister,
     RequestResource,
     ResourceAllocated,
     ShutdownExecutor,
@@ -50,6 +52,7 @@ log = structlog.get_logger()
 DEFAULT_EXECUTORS = 2
 STARTUP_TIMEOUT_S = 60.0
 EXECUTOR_TIMEOUT_S = 10.0
+MASTER_RETRY_S = 30.0  # how long requests to the master are retried while it fails over
 DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s"  # an executor silent this long is lost (hung process or lost host)
 
 
@@ -101,14 +104,25 @@ class AppMaster(Service):
         await self.bus.listen(subjects.appmaster_executor_stopped(self.app_id), {ExecutorStopped: self.on_stopped})
         await self.bus.listen(subjects.appmaster_task_finished(self.app_id), {TaskFinished: self.on_task_finished})
         await self.bus.listen(subjects.appmaster_task_failed(self.app_id), {TaskFailed: self.on_task_failed})
+        await self.register()
+        await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
+        await self.bus.listen(subjects.appmaster_reregister(self.app_id), {ReRegister: self.on_master_changed})
+        self.spawn(self.heartbeat_loop(), "heartbeat")
+        self.spawn(self.drive(), "drive")
+
+    async def register(self) -> None:
         registered = await self.bus.request(
             subjects.APPMASTER_REGISTER,
             RegisterAppMaster(self.app_id, self.worker_id, os.getpid()),
             expect=AppMasterRegistered,
+            retry_s=MASTER_RETRY_S,
         )
         self.heartbeat_interval = registered.heartbeat_interval_s
-        self.spawn(self.heartbeat_loop(), "heartbeat")
-        self.spawn(self.drive(), "drive")
+
+    async def on_master_changed(self, msg: MasterElected | ReRegister) -> None:
+        """A new leader (or one that does not know this app): register again."""
+        log.info("reregistering", reason=type(msg).__name__)
+        self.spawn(self.register(), "reregister")
 
     # --- the application's life ------------------------------------------------
 
@@ -148,6 +162,7 @@ class AppMaster(Service):
                             worker_id=config.get("worker_id", ""), priority=self.launch.priority),
             timeout=STARTUP_TIMEOUT_S + 5,
             expect=ResourceAllocated,
+            retry_s=MASTER_RETRY_S,
         )
         for allocation in allocated.allocations:
             for _ in range(allocation.slots):
@@ -204,10 +219,21 @@ class AppMaster(Service):
                 log.warning("executor_shutdown_failed", executor_id=slot.executor_id, error=exc.message)
 
     async def _report(self, state: str, error: AppError | None) -> None:
-        try:
-            await self.bus.request(subjects.APPMASTER_STATE, ApplicationStateChanged(self.app_id, state, error))
-        except RequestError as exc:
-            log.error("state_report_failed", state=state, error=exc.message)
+        """Tell the master the app's state; retried through a fail-over (a repeated
+        report is harmless: the master ignores one that changes nothing)."""
+        deadline = time.monotonic() + MASTER_RETRY_S
+        while True:
+            try:
+                await self.bus.request(subjects.APPMASTER_STATE, ApplicationStateChanged(self.app_id, state, error),
+                                       timeout=5, retry_s=MASTER_RETRY_S)
+                return
+            except RequestTimeout as exc:
+                if time.monotonic() > deadline:
+                    log.error("state_report_failed", state=state, error=exc.message)
+                    return
+            except RequestError as exc:
+                log.error("state_report_failed", state=state, error=exc.message)
+                return
 
     def _fail(self, error: AppError) -> None:
         if not self.outcome.done():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -13,7 +14,8 @@ import nats.js.errors
 import structlog
 
 from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
-from services.master.store import ApplicationRecord, StateStore
+from services.master.lease import LeaderLease
+from services.master.store import ApplicationRecord, StateStore, WorkerRecord
 from shared import subjects
 from shared.bus import RequestError, bad_request, not_found
 from shared.logging import configure
@@ -34,12 +36,14 @@ from shared.messages import (
     ExecutorStopped,
     KillApplication,
     LaunchExecutor,
+    MasterElected,
     ListApplications,
     Placement,
     QueryApplication,
     QueryCluster,
     RegisterAppMaster,
     RegisterWorker,
+    ReRegister,
     RequestResource,
     ResourceAllocated,
     ShutdownExecutor,
@@ -55,6 +59,7 @@ from shared.service import Service, run_service
 log = structlog.get_logger()
 
 APPMASTER_EXECUTOR_ID = -1
+STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
 
 
 def now_ms() -> int:
@@ -88,8 +93,13 @@ class Master(Service):
     role = "master"
 
     def __init__(self, servers, node_id: str, heartbeat_interval: float = 1.0, worker_timeout: float = 10.0,
-                 appmaster_register_timeout: float = 60.0, resource_timeout: float = 60.0):
+                 appmaster_register_timeout: float = 60.0, resource_timeout: float = 60.0, lease_ttl_s: int = 1):
         super().__init__(servers, node_id)
+        self.lease_ttl_s = lease_ttl_s
+        self.lease: LeaderLease | None = None
+        self._office: list = []  # the subscriptions a leader holds
+        self._office_task: asyncio.Task | None = None
+        self.elected_at = 0.0
         self.heartbeat_interval = heartbeat_interval
         self.worker_timeout = worker_timeout
         self.appmaster_register_timeout = appmaster_register_timeout
@@ -102,7 +112,7 @@ class Master(Service):
         self._waiting_resources: dict[int, asyncio.Future] = {}  # by request arrival number
         self._appmaster_registered: dict[int, asyncio.Future] = {}
 
-    # --- lifecycle -------------------------------------------------------------
+    # --- lifecycle: election ---------------------------------------------------
 
     async def setup(self) -> None:
         js = self.bus.js
@@ -110,27 +120,80 @@ class Master(Service):
             await js.account_info()
         except nats.js.errors.Error as exc:
             raise RuntimeError(f"the NATS server at {self.bus.servers} has no JetStream enabled: {exc}") from exc
-        self.store = await StateStore.open(js)
         try:
             await js.object_store(subjects.ARTIFACT_BUCKET)
         except nats.js.errors.BucketNotFoundError:
             await js.create_object_store(subjects.ARTIFACT_BUCKET)
-        self.apps = await self.store.load_all()
-        serve = self.bus.serve
-        await serve(subjects.APP_SUBMIT, {SubmitApplication: self.on_submit}, concurrent=True)
-        await serve(subjects.APP_KILL, {KillApplication: self.on_kill})
-        await serve(subjects.APP_STATUS, {QueryApplication: self.on_status})
-        await serve(subjects.APP_LIST, {ListApplications: self.on_list})
-        await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info})
-        await serve(subjects.WORKER_REGISTER, {RegisterWorker: self.on_register_worker})
-        await serve(subjects.APPMASTER_REGISTER, {RegisterAppMaster: self.on_register_appmaster})
-        await serve(subjects.APPMASTER_STATE, {ApplicationStateChanged: self.on_appmaster_state})
-        await serve(subjects.RESOURCE_REQUEST, {RequestResource: self.on_request_resource}, concurrent=True)
-        await self.bus.listen(subjects.WORKER_HEARTBEAT, {WorkerHeartbeat: self.on_worker_heartbeat})
-        await self.bus.listen(subjects.APPMASTER_HEARTBEAT, {AppMasterHeartbeat: self.on_appmaster_heartbeat})
-        await self.bus.listen(subjects.EXECUTOR_STOPPED, {ExecutorStopped: self.on_executor_stopped})
+        self.lease = LeaderLease(js, self.node_id, self.lease_ttl_s)
+        await self.lease.open()
+        self.spawn(self.campaign(), "election")
+
+    async def campaign(self) -> None:
+        """Hold or seek the lease for as long as this master runs."""
+        registry_due = 0.0
+        while True:
+            change = await self.lease.step()
+            if change == "elected":
+                await self._take_office()
+            elif change == "deposed" or (self._office and not self.lease.valid()):
+                await self._leave_office()
+            now = time.monotonic()
+            if now >= registry_due:
+                await self.lease.refresh_registration()
+                registry_due = now + self.lease.registry_ttl_s / 3
+            await asyncio.sleep(self.lease.ttl_s / 4 if self.lease.term else STANDBY_POLL_S)
+
+    async def _take_office(self) -> None:
+        """Load the cluster state from KV, serve the request subjects, announce."""
+        started = time.monotonic()
+        self.store = await StateStore.open(self.bus.js, self.lease)
+        self.apps, known = await self.store.load()
+        self.scheduler = Scheduler()
+        self.live = {}
+        self.workers = {w.worker_id: WorkerEntry(w.worker_id, w.host, w.pid, w.slots, last_heartbeat=time.time(),
+                                                 alive=False) for w in known.values()}
+        self.elected_at = time.monotonic()
+        serve, listen, guard = self.bus.serve, self.bus.listen, self.lease.valid
+        self._office = [
+            await serve(subjects.APP_SUBMIT, {SubmitApplication: self.on_submit}, concurrent=True, guard=guard),
+            await serve(subjects.APP_KILL, {KillApplication: self.on_kill}, guard=guard),
+            await serve(subjects.APP_STATUS, {QueryApplication: self.on_status}, guard=guard),
+            await serve(subjects.APP_LIST, {ListApplications: self.on_list}, guard=guard),
+            await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info}, guard=guard),
+            await serve(subjects.WORKER_REGISTER, {RegisterWorker: self.on_register_worker}, guard=guard),
+            await serve(subjects.APPMASTER_REGISTER, {RegisterAppMaster: self.on_register_appmaster}, guard=guard),
+            await serve(subjects.APPMASTER_STATE, {ApplicationStateChanged: self.on_appmaster_state}, guard=guard),
+            await serve(subjects.RESOURCE_REQUEST, {RequestResource: self.on_request_resource}, concurrent=True,
+                        guard=guard),
+            await listen(subjects.WORKER_HEARTBEAT, {WorkerHeartbeat: self.on_worker_heartbeat}, guard=guard),
+            await listen(subjects.APPMASTER_HEARTBEAT, {AppMasterHeartbeat: self.on_appmaster_heartbeat},
+                         guard=guard),
+            await listen(subjects.EXECUTOR_STOPPED, {ExecutorStopped: self.on_executor_stopped}, guard=guard),
+        ]
         await self.bus.nc.flush()
-        self.spawn(self.watch_heartbeats(), "watch-heartbeats")
+        self._office_task = self.spawn(self.watch_heartbeats(), "watch-heartbeats")
+        await self.bus.publish(subjects.MASTER_ELECTED, MasterElected(self.node_id, self.lease.term))
+        log.info("leader_elected", term=self.lease.term, apps=len(self.apps), workers_known=len(self.workers),
+                 took_ms=round((time.monotonic() - started) * 1000, 1))
+
+    async def _leave_office(self) -> None:
+        """Stop serving at once: unsubscribe, stop leader work, forget the live picture."""
+        if not self._office:
+            return
+        log.warning("leader_stepped_down", term=self.lease.term)
+        office, self._office = self._office, []
+        await self.bus.drop(office)
+        if self._office_task is not None:
+            self._office_task.cancel()
+            self._office_task = None
+        for future in [*self._waiting_resources.values(), *self._appmaster_registered.values()]:
+            if not future.done():
+                future.set_exception(RequestError(ErrorCode.UNAVAILABLE, "the master lost the lead", True))
+        self.apps, self.live, self.workers, self.scheduler = {}, {}, {}, Scheduler()
+
+    async def shutdown(self) -> None:
+        await self._leave_office()
+        await self.lease.release()
 
     # --- application handlers --------------------------------------------------
 
@@ -206,7 +269,7 @@ class Master(Service):
             slots, used = self.scheduler.usage(w.worker_id) if w.alive else (w.slots, 0)
             workers.append(WorkerSummary(w.worker_id, w.host, w.pid, slots, used, w.alive,
                                          int(w.last_heartbeat * 1000)))
-        return ClusterInfo(masters=[self.node_id], leader=self.node_id, workers=workers)
+        return ClusterInfo(masters=await self.lease.masters(), leader=self.node_id, workers=workers)
 
     # --- workers ---------------------------------------------------------------
 
@@ -222,15 +285,21 @@ class Master(Service):
             )
         self.workers[msg.worker_id] = WorkerEntry(msg.worker_id, msg.host, msg.pid, msg.slots,
                                                   last_heartbeat=time.time())
+        self.scheduler.remove_worker(msg.worker_id)  # a re-registration replaces what we knew
         self.scheduler.add_worker(msg.worker_id, msg.slots)
-        log.info("worker_registered", worker_id=msg.worker_id, slots=msg.slots, host=msg.host)
+        for process in msg.running:
+            self.scheduler.hold(process.app_id, msg.worker_id)
+        await self.store.save_worker(WorkerRecord(msg.worker_id, msg.host, msg.pid, msg.slots))
+        log.info("worker_registered", worker_id=msg.worker_id, slots=msg.slots, host=msg.host,
+                 running=len(msg.running))
         self._reschedule()
         return WorkerRegistered(msg.worker_id, self.heartbeat_interval)
 
     async def on_worker_heartbeat(self, msg: WorkerHeartbeat) -> None:
         worker = self.workers.get(msg.worker_id)
         if worker is None or not worker.alive:
-            log.warning("heartbeat_from_unknown_worker", worker_id=msg.worker_id)
+            log.info("worker_told_to_reregister", worker_id=msg.worker_id)
+            await self.bus.publish(subjects.worker_reregister(msg.worker_id), ReRegister("unknown to this master"))
             return
         worker.last_heartbeat = time.time()
         if worker.missed_logged:
@@ -272,7 +341,10 @@ class Master(Service):
     async def on_appmaster_heartbeat(self, msg: AppMasterHeartbeat) -> None:
         live = self.live.get(msg.app_id)
         if live is None:
-            log.warning("heartbeat_from_unknown_appmaster", app_id=msg.app_id)
+            record = self.apps.get(msg.app_id)
+            if record is not None and record.state not in AppState.TERMINAL:
+                log.info("appmaster_told_to_reregister", app_id=msg.app_id)
+                await self.bus.publish(subjects.appmaster_reregister(msg.app_id), ReRegister("unknown to this master"))
             return
         live.tasks, live.executors, live.last_heartbeat = list(msg.tasks), msg.executors, time.time()
         live.clock, live.stalled_tasks = msg.clock, list(msg.stalled_tasks)
@@ -384,6 +456,17 @@ class Master(Service):
                 await self._set_state(record.app_id, AppState.FAILED, AppError("WorkerLost", reason, "master"))
                 await self._stop_app_processes(record.app_id, "AppMaster's worker lost")
 
+    async def _fail_orphaned_submissions(self) -> None:
+        """An app left PENDING by a previous leader (it died mid-submission) whose
+        AppMaster never registered with this one has failed."""
+        if time.monotonic() - self.elected_at < self.appmaster_register_timeout:
+            return
+        for record in list(self.apps.values()):
+            if (record.state == AppState.PENDING and record.app_id not in self._appmaster_registered
+                    and record.app_id not in self.live):
+                reason = "its AppMaster never registered (the master failed over during submission)"
+                await self._set_state(record.app_id, AppState.FAILED, AppError("SubmissionLost", reason, "master"))
+
     async def watch_heartbeats(self) -> None:
         """Log missed heartbeats; forget workers silent past the worker timeout."""
         while True:
@@ -399,6 +482,7 @@ class Master(Service):
                 elif silent > deadline and not worker.missed_logged:
                     worker.missed_logged = True
                     log.warning("worker_heartbeat_missed", worker_id=worker.worker_id, silent_s=round(silent, 1))
+            await self._fail_orphaned_submissions()
             for app_id, live in self.live.items():
                 record = self.apps.get(app_id)
                 if record is None or record.state in AppState.TERMINAL or live.missed_logged:
@@ -415,8 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-id", default="", help="this master's id (default: generated)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between node heartbeats")
     parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds of silence before a worker is lost")
+    parser.add_argument("--lease-ttl", type=int, default=1,
+                        help="seconds the leader lease lasts without renewal (whole seconds; default 1)")
     args = parser.parse_args(argv)
+    if args.lease_ttl < 1:
+        parser.error("--lease-ttl must be at least 1 second")
     node_id = args.master_id or f"master-{uuid.uuid4().hex[:8]}"
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", node_id):
+        parser.error(f"--master-id may hold only letters, digits, '-' and '_', got {node_id!r}")
     configure("master", node_id)
     return run_service(Master(args.nats or ["nats://127.0.0.1:4222"], node_id, args.heartbeat_interval,
-                              args.worker_timeout))
+                              args.worker_timeout, lease_ttl_s=args.lease_ttl))

@@ -131,6 +131,13 @@ class Scheduler:
             served.append((request, allocations))
         return served
 
+    def hold(self, app_id: int, worker_id: str, slots: int = 1) -> None:
+        """Record slots already in use (a worker re-registering with what it runs)."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.used += slots
+            self._held[app_id][worker_id] += slots
+
     def release(self, app_id: int, worker_id: str, slots: int = 1) -> None:
         held = self._held.get(app_id)
         if not held or held[worker_id] <= 0:

@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 import nats.js.errors
 
+from services.master.lease import LeaseLost
 from shared import subjects
 from shared.messages import AppError, AppState, AppSummary, Struct
 
@@ -57,23 +58,50 @@ class ApplicationRecord(Struct):
         )
 
 
-class StateStore:
-    """Reads and writes the master's KV bucket."""
+class WorkerRecord(Struct):
+    """A worker the cluster has known, kept so a new leader knows whom to expect."""
 
-    def __init__(self, kv):
+    worker_id: str
+    host: str
+    pid: int
+    slots: int
+
+
+class StateStore:
+    """Reads and writes the master's KV bucket. Every write is fenced: it happens only
+    while the lease is valid, and as a compare-and-set on the revision this leader last
+    saw, so a deposed leader can never overwrite its successor's state."""
+
+    def __init__(self, kv, lease):
         self.kv = kv
+        self.lease = lease
+        self._revisions: dict[str, int] = {}
 
     @classmethod
-    async def open(cls, js) -> StateStore:
+    async def open(cls, js, lease) -> StateStore:
         try:
             kv = await js.key_value(subjects.STATE_BUCKET)
         except nats.js.errors.BucketNotFoundError:
             kv = await js.create_key_value(bucket=subjects.STATE_BUCKET, history=1)
-        return cls(kv)
+        return cls(kv, lease)
+
+    def _fence(self) -> None:
+        if not self.lease.valid():
+            raise LeaseLost("this master does not hold the lease")
+
+    async def _write(self, key: str, value: bytes) -> None:
+        self._fence()
+        last = self._revisions.get(key, 0)
+        try:
+            self._revisions[key] = (await self.kv.update(key, value, last=last) if last
+                                    else await self.kv.create(key, value))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise LeaseLost(f"{key} was changed by another master") from None
 
     async def next_app_id(self) -> int:
         """Take the next application id with compare-and-set, so no two apps share one."""
         while True:
+            self._fence()
             try:
                 entry = await self.kv.get(subjects.NEXT_APP_ID_KEY)
             except nats.js.errors.KeyNotFoundError:
@@ -90,18 +118,31 @@ class StateStore:
                 continue
 
     async def save(self, record: ApplicationRecord) -> None:
-        await self.kv.put(subjects.app_state_key(record.app_id), msgpack.packb(record.to_wire()))
+        await self._write(subjects.app_state_key(record.app_id), msgpack.packb(record.to_wire()))
 
-    async def load_all(self) -> dict[int, ApplicationRecord]:
-        records = {}
+    async def save_worker(self, record: WorkerRecord) -> None:
+        await self._write(subjects.worker_state_key(record.worker_id), msgpack.packb(record.to_wire()))
+
+    async def load(self) -> tuple[dict[int, ApplicationRecord], dict[str, WorkerRecord]]:
+        """Everything a new leader needs: the applications and the workers known."""
+        apps, workers = {}, {}
         try:
             keys = await self.kv.keys()
         except nats.js.errors.NoKeysError:
-            return records
+            return apps, workers
         for key in keys:
-            if not key.startswith("apps."):
+            if not key.startswith(("apps.", "workers.")):
                 continue
-            entry = await self.kv.get(key)
-            record = ApplicationRecord._from_fields(msgpack.unpackb(entry.value), key)
-            records[record.app_id] = record
-        return records
+            try:
+                entry = await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            self._revisions[key] = entry.revision
+            data = msgpack.unpackb(entry.value)
+            if key.startswith("apps."):
+                record = ApplicationRecord._from_fields(data, key)
+                apps[record.app_id] = record
+            else:
+                worker = WorkerRecord._from_fields(data, key)
+                workers[worker.worker_id] = worker
+        return apps, workers

@@ -26,7 +26,10 @@ from shared.messages import (
     ExecutorLaunched,
     ExecutorStopped,
     LaunchExecutor,
+    MasterElected,
     RegisterWorker,
+    ReRegister,
+    RunningProcess,
     ShutdownExecutor,
     WorkerHeartbeat,
     WorkerRegistered,
@@ -67,29 +70,43 @@ class Worker(Service):
         self.slots = slots
         self.children: dict[tuple[int, int], Child] = {}
         self.heartbeat_interval = 1.0
+        self._registering = asyncio.Lock()
 
     # --- lifecycle -------------------------------------------------------------
 
     async def setup(self) -> None:
         await self.bus.serve(subjects.worker_launch(self.worker_id), {LaunchExecutor: self.on_launch})
         await self.bus.serve(subjects.worker_shutdown(self.worker_id), {ShutdownExecutor: self.on_shutdown})
+        await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
+        await self.bus.listen(subjects.worker_reregister(self.worker_id), {ReRegister: self.on_master_changed})
         await self.register()
         self.spawn(self.heartbeat_loop(), "heartbeat")
 
     async def register(self) -> None:
-        """Register with the master, retrying with backoff until one answers."""
-        message = RegisterWorker(self.worker_id, socket.gethostname(), os.getpid(), self.slots)
-        delay = 0.1
-        while True:
-            try:
-                reply = await self.bus.request(subjects.WORKER_REGISTER, message, timeout=5, expect=WorkerRegistered)
-                self.heartbeat_interval = reply.heartbeat_interval_s
-                log.info("worker_registered", slots=self.slots)
-                return
-            except RequestTimeout as exc:
-                log.info("master_not_answering", error=exc.message, retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        """Register with the leader, with what this worker runs, retrying with backoff
+        until one answers (it may be failing over)."""
+        async with self._registering:
+            delay = 0.1
+            while True:
+                running = [RunningProcess(c.app_id, c.executor_id, c.kind) for c in self.children.values()]
+                message = RegisterWorker(self.worker_id, socket.gethostname(), os.getpid(), self.slots,
+                                         running=running)
+                try:
+                    reply = await self.bus.request(subjects.WORKER_REGISTER, message, timeout=5,
+                                                   expect=WorkerRegistered, retry_s=5)
+                    self.heartbeat_interval = reply.heartbeat_interval_s
+                    log.info("worker_registered", slots=self.slots, running=len(running))
+                    return
+                except RequestTimeout as exc:
+                    log.info("master_not_answering", error=exc.message, retry_in_s=delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+
+    async def on_master_changed(self, msg: MasterElected | ReRegister) -> None:
+        """A new leader (or one that does not know us): register again, in the background
+        so this subscription keeps serving."""
+        log.info("reregistering", reason=type(msg).__name__)
+        self.spawn(self.register(), "reregister")
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(self._stop_child(c) for c in list(self.children.values())))

@@ -357,7 +357,7 @@ async def test_malformed_one_way_message_is_dropped(cluster, nc):
     await nc.flush()
 
     # The master still answers, and still counts the real workers alive.
-    assert cluster.master.poll() is None, cluster.logs_tail()
+    assert cluster.masters["master-0"].poll() is None, cluster.logs_tail()
     assert await list_apps(nc) == []
     info = await call(nc, "master.info", "QueryCluster", "ClusterInfo")
     assert [(w["worker_id"], w["alive"]) for w in info["workers"]] == [("worker-0", True), ("worker-1", True)]
@@ -381,7 +381,7 @@ async def test_malformed_one_way_message_is_dropped(cluster, nc):
         async with asyncio.timeout(10):
             while dropped() < len(malformed):
                 await asyncio.sleep(0.05)  # polls the log for a condition, not a fixed wait
-    assert cluster.master.poll() is None
+    assert cluster.masters["master-0"].poll() is None
     assert await list_apps(nc) == []
 
 
@@ -435,8 +435,8 @@ def test_doc_describes_every_message_field_and_subject():
     """docs/protocol.md matches shared/messages.py and shared/subjects.py exactly."""
     from shared import messages, subjects
 
-    structs = [messages.TaskId, messages.TaskCounters, messages.AppError, messages.WorkerSummary,
-               messages.AppSummary, messages.Allocation]
+    structs = [cls for cls in vars(messages).values() if isinstance(cls, type) and issubclass(cls, messages.Struct)
+               and cls not in (messages.Struct, messages.Message) and not issubclass(cls, messages.Message)]
     documented = _doc_tables()
     for cls in structs + list(messages.Message.registry.values()):
         assert cls.__name__ in documented, f"docs/protocol.md has no table for {cls.__name__}"
@@ -450,10 +450,13 @@ def test_doc_describes_every_message_field_and_subject():
     placeholders = {"app_id": "<app>", "worker_id": "<worker>", "executor_id": "<executor>",
                     "processor": "<processor>", "index": "<index>"}
     for name, value in vars(subjects).items():
-        if name.startswith("_") or name in ("annotations", "STATE_BUCKET", "ARTIFACT_BUCKET", "NEXT_APP_ID_KEY"):
+        if name.startswith("_") or name in ("annotations", "STATE_BUCKET", "ARTIFACT_BUCKET", "MASTERS_BUCKET",
+                                            "NEXT_APP_ID_KEY"):
             continue
-        if name == "app_state_key":  # the master's KV key, listed with the buckets
-            assert "`apps.<app>`" in text
+        kv_keys = {"app_state_key": "`apps.<app>`", "worker_state_key": "`workers.<worker>`",
+                   "master_registry_key": "`master.<id>`"}
+        if name in kv_keys:  # keys of the master's KV buckets, listed with the buckets
+            assert kv_keys[name] in text
             continue
         if isinstance(value, str):
             assert f"| `{value}` |" in text, f"subject {value} is not in the subject table"
@@ -461,5 +464,5 @@ def test_doc_describes_every_message_field_and_subject():
             params = inspect.signature(value).parameters
             subject = value(*(placeholders[p] for p in params))
             assert f"| `{subject}` |" in text, f"subject {subject} is not in the subject table"
-    for bucket in (subjects.STATE_BUCKET, subjects.ARTIFACT_BUCKET):
+    for bucket in (subjects.STATE_BUCKET, subjects.ARTIFACT_BUCKET, subjects.MASTERS_BUCKET):
         assert f"| `{bucket}` |" in text
