@@ -53,6 +53,9 @@ def format_status(app: AppSummary) -> str:
         lines.append(f"  application clock: {_format_clock(app.clock)}")
     if app.stalled_tasks:
         lines.append(f"  stalled tasks: {', '.join(app.stalled_tasks)}")
+    if app.restarts:
+        blacklisted = f"; blacklisted workers: {', '.join(app.blacklisted_workers)}" if app.blacklisted_workers else ""
+        lines.append(f"  delivery: at-most-once ({app.restarts} executor(s) lost, their tasks restarted){blacklisted}")
     if app.error is not None:
         where = f" in {app.error.where}" if app.error.where else ""
         lines.append(f"  error{where}: {app.error.error_type}: {app.error.message}")

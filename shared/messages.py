@@ -287,6 +287,8 @@ class AppSummary(Struct):
     tasks: list[TaskCounters] = dataclasses.field(default_factory=list)
     clock: int | None = None  # the application clock (epoch ms), once the AppMaster reported one
     stalled_tasks: list[str] = dataclasses.field(default_factory=list)
+    restarts: int = 0  # executors lost and replaced; their tasks restarted at-most-once
+    blacklisted_workers: list[str] = dataclasses.field(default_factory=list)
 
 
 class Allocation(Struct):
@@ -398,6 +400,13 @@ class RegisterWorker(Message):
     running: list[RunningProcess] = dataclasses.field(default_factory=list)  # on re-registration
 
 
+class WorkerLost(Message):
+    """The master tells an AppMaster that a worker hosting its executors is gone."""
+
+    worker_id: str
+    reason: str = ""
+
+
 class MasterElected(Message):
     """Published on ``master.elected`` by a master that has just taken the lead."""
 
@@ -482,6 +491,8 @@ class AppMasterHeartbeat(Message):
     tasks: list[TaskCounters] = dataclasses.field(default_factory=list)
     clock: int | None = None  # the minimum watermark of the tasks that have not finished
     stalled_tasks: list[str] = dataclasses.field(default_factory=list)
+    restarts: int = 0
+    blacklisted_workers: list[str] = dataclasses.field(default_factory=list)
 
 
 class RequestResource(Message):
@@ -493,6 +504,7 @@ class RequestResource(Message):
     placement: str = Placement.ANY
     worker_id: str = ""  # with placement "worker"
     priority: int = 0
+    exclude_workers: list[str] = dataclasses.field(default_factory=list)  # blacklisted for this app
 
 
 class ResourceAllocated(Message):
@@ -520,6 +532,9 @@ class ExecutorRegistered(Message):
 class LaunchTasks(Message):
     tasks: list[TaskId]
     dag_digest: str
+    start_ms: int = 0  # when the app started (epoch ms): sources that follow the clock resume from it
+    restart: bool = False  # the tasks replace lost ones: they reset their senders' credit
+    ended_inputs: list[TaskId] = dataclasses.field(default_factory=list)  # upstream tasks that already ended
 
 
 class TaskRegistered(Message):

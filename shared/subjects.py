@@ -62,6 +62,10 @@ def appmaster_executor_stopped(app_id: int) -> str:
     return f"appmaster.{app_id}.executor.stopped"
 
 
+def appmaster_worker_lost(app_id: int) -> str:
+    return f"appmaster.{app_id}.worker.lost"
+
+
 def appmaster_task_finished(app_id: int) -> str:
     return f"appmaster.{app_id}.task.finished"
 

@@ -4,6 +4,7 @@ and starts tasks, collects heartbeats, and ends the app when its tasks end or fa
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import time
 import traceback
@@ -44,6 +45,7 @@ from shared.messages import (
     TaskFinished,
     TaskId,
     TaskRegistered,
+    WorkerLost,
 )
 from shared.service import Service, run_service
 
@@ -51,7 +53,9 @@ log = structlog.get_logger()
 
 DEFAULT_EXECUTORS = 2
 STARTUP_TIMEOUT_S = 60.0
-EXECUTOR_TIMEOUT_S = 10.0
+EXECUTOR_TIMEOUT_HEARTBEATS = 5  # an executor silent this many heartbeat intervals is lost (hung or host lost)
+DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app survives
+DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": failures on one worker before avoiding it
 MASTER_RETRY_S = 30.0  # how long requests to the master are retried while it fails over
 DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s"  # an executor silent this long is lost (hung process or lost host)
 
@@ -62,6 +66,15 @@ class AppFailure(Exception):
     def __init__(self, error: AppError):
         super().__init__(error.message)
         self.error = error
+
+
+class RelaunchFailed(Exception):
+    """Starting a replacement executor on ``worker_id`` failed."""
+
+    def __init__(self, worker_id: str, cause: BaseException):
+        detail = cause.message if isinstance(cause, RequestError) else str(cause) or type(cause).__name__
+        super().__init__(f"on worker {worker_id}: {detail}")
+        self.worker_id = worker_id
 
 
 class ExecutorSlot:
@@ -76,6 +89,7 @@ class ExecutorSlot:
         self.last_heartbeat = 0.0
         self.missed_logged = False
         self.stopped = False
+        self.lost = False
 
 
 class AppMaster(Service):
@@ -93,6 +107,12 @@ class AppMaster(Service):
         self.heartbeat_interval = 1.0
         self.clock: ClockService | None = None
         self._stalled_logged: set[str] = set()
+        self.config: dict = {}
+        self.start_ms = 0
+        self.restarts = 0
+        self.blacklist: set[str] = set()
+        self._failures: collections.Counter[str] = collections.Counter()
+        self._recovering = asyncio.Lock()
         self._ending = False
 
     # --- lifecycle -------------------------------------------------------------
@@ -104,6 +124,7 @@ class AppMaster(Service):
         await self.bus.listen(subjects.appmaster_executor_stopped(self.app_id), {ExecutorStopped: self.on_stopped})
         await self.bus.listen(subjects.appmaster_task_finished(self.app_id), {TaskFinished: self.on_task_finished})
         await self.bus.listen(subjects.appmaster_task_failed(self.app_id), {TaskFailed: self.on_task_failed})
+        await self.bus.listen(subjects.appmaster_worker_lost(self.app_id), {WorkerLost: self.on_worker_lost})
         await self.register()
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
         await self.bus.listen(subjects.appmaster_reregister(self.app_id), {ReRegister: self.on_master_changed})
@@ -152,7 +173,8 @@ class AppMaster(Service):
         except Exception as exc:
             raise AppFailure(AppError(type(exc).__name__, str(exc), "loading the application",
                                      traceback.format_exc())) from None
-        config = {**self.app.config, **self.launch.config}
+        config = self.config = {**self.app.config, **self.launch.config}
+        self.start_ms = int(time.time() * 1000)
         graph = self.app.graph
         tasks = [TaskId(p.id, i) for p in graph.processors for i in range(p.parallelism)]
         wanted = max(1, min(int(config.get("executors", DEFAULT_EXECUTORS)), len(tasks)))
@@ -181,20 +203,114 @@ class AppMaster(Service):
             # by_index puts task i of every processor together (Flink's slot sharing), so
             # co-located partitions stay in one process; round_robin spreads processors.
             slots[(task.index if placement == "by_index" else n) % len(slots)].tasks.append(task)
-        digest = graph.digest()
         for slot in slots:
             if slot.tasks:
-                await self.bus.request(
-                    subjects.executor_control(self.app_id, slot.executor_id),
-                    LaunchTasks(slot.tasks, digest),
-                    expect=TaskRegistered,
-                )
+                await self._launch_tasks(slot, restart=False)
         self.unfinished = {(t.processor, t.index) for t in tasks}
         self.clock = ClockService([self._task_name(t) for t in tasks],
                                   float(config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
         for slot in slots:
             if slot.tasks:
                 await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
+
+    async def _launch_tasks(self, slot: ExecutorSlot, restart: bool) -> None:
+        finished = [] if not restart else [
+            TaskId(p.id, i) for p in self.app.graph.processors for i in range(p.parallelism)
+            if (p.id, i) not in self.unfinished
+        ]
+        await self.bus.request(
+            subjects.executor_control(self.app_id, slot.executor_id),
+            LaunchTasks(slot.tasks, self.app.graph.digest(), self.start_ms, restart, finished),
+            expect=TaskRegistered,
+        )
+
+    # --- recovery ------------------------------------------------------------------
+
+    def executor_lost(self, slot: ExecutorSlot, reason: str, worker_suspect: bool = False) -> None:
+        """An executor is gone while the app runs: restart its tasks elsewhere.
+        ``worker_suspect``: its worker may be gone too (it went silent), so avoid it."""
+        if self._ending or slot.lost:
+            return
+        slot.lost = slot.stopped = True
+        log.error("executor_lost", executor_id=slot.executor_id, worker_id=slot.worker_id, reason=reason)
+        if not slot.registered.done():
+            slot.registered.set_exception(AppFailure(AppError("ExecutorLost", reason, "starting executors")))
+        if self.app is None or self.clock is None:  # still starting: the start-up fails instead
+            self._fail(AppError("ExecutorLost", reason, f"executor {slot.executor_id}"))
+            return
+        self.spawn(self._recover(slot, reason, worker_suspect), f"recover-executor-{slot.executor_id}")
+
+    def _count_failure(self, worker_id: str, reason: str, where: str) -> bool:
+        """Record a failure on ``worker_id``; False once the restart budget is spent."""
+        self.restarts += 1
+        failures = self._failures[worker_id] = self._failures[worker_id] + 1
+        if failures >= int(self.config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)) \
+                and worker_id not in self.blacklist:
+            log.warning("worker_blacklisted", worker_id=worker_id, failures=failures)
+            self.blacklist.add(worker_id)
+        budget = int(self.config.get("max_restarts", DEFAULT_MAX_RESTARTS))
+        if self.restarts > budget:
+            self._fail(AppError("RestartBudgetExhausted", f"{reason}; gave up after {budget} restarts", where))
+            return False
+        return True
+
+    async def _recover(self, lost: ExecutorSlot, reason: str, worker_suspect: bool) -> None:
+        async with self._recovering:
+            where = f"executor {lost.executor_id}"
+            if self._ending or not self._count_failure(lost.worker_id, reason, where):
+                return
+            tasks = [t for t in lost.tasks if (t.processor, t.index) in self.unfinished]
+            log.warning("restarting_tasks", tasks=[self._task_name(t) for t in tasks], restarts=self.restarts,
+                        guarantee="at-most-once")
+            avoid = {lost.worker_id} if worker_suspect else set()
+            while tasks and not self._ending:
+                try:
+                    slot = await self._relaunch(tasks, self.blacklist | avoid)
+                    log.info("tasks_restarted", executor_id=slot.executor_id, worker_id=slot.worker_id)
+                    return
+                except AppFailure as failure:
+                    self._fail(failure.error)
+                    return
+                except RelaunchFailed as failure:
+                    log.warning("relaunch_failed", worker_id=failure.worker_id, error=str(failure))
+                    avoid.add(failure.worker_id)
+                    if not self._count_failure(failure.worker_id, f"{reason}; relaunching its tasks failed: "
+                                                                  f"{failure}", where):
+                        return
+
+    async def _relaunch(self, tasks: list[TaskId], avoid: set[str]) -> ExecutorSlot:
+        """Get a slot away from ``avoid`` (when the cluster has one), start an executor
+        there and run ``tasks`` on it as restarted tasks."""
+        allocated = None
+        for exclude in (avoid, self.blacklist):  # away from suspects if possible, else anywhere allowed
+            try:
+                allocated = await self.bus.request(
+                    subjects.RESOURCE_REQUEST,
+                    RequestResource(self.app_id, 1, priority=self.launch.priority, exclude_workers=sorted(exclude)),
+                    timeout=STARTUP_TIMEOUT_S + 5, expect=ResourceAllocated, retry_s=MASTER_RETRY_S)
+                break
+            except RequestError as exc:
+                if exclude == self.blacklist:
+                    raise AppFailure(AppError("RecoveryFailed", f"no slot for the lost tasks: {exc.message}",
+                                              "recovery")) from None
+        slot = ExecutorSlot(len(self.executors), allocated.allocations[0].worker_id)
+        slot.tasks = tasks
+        self.executors[slot.executor_id] = slot
+        try:
+            await self._launch_executor(slot)
+            await asyncio.wait_for(slot.registered, STARTUP_TIMEOUT_S)
+            await self._launch_tasks(slot, restart=True)
+            await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
+        except (RequestError, AppFailure, asyncio.TimeoutError) as exc:
+            slot.lost = slot.stopped = True
+            raise RelaunchFailed(slot.worker_id, exc) from None
+        self._failures[slot.worker_id] = 0  # a success on this worker ends its run of failures
+        return slot
+
+    async def on_worker_lost(self, msg: WorkerLost) -> None:
+        for slot in list(self.executors.values()):
+            if slot.worker_id == msg.worker_id and not slot.stopped:
+                self.executor_lost(slot, f"worker {msg.worker_id} was lost", worker_suspect=True)
 
     async def _launch_executor(self, slot: ExecutorSlot) -> None:
         launch = LaunchExecutor(
@@ -269,14 +385,11 @@ class AppMaster(Service):
         slot = self.executors.get(msg.executor_id)
         if slot is None or msg.kind != ExecutorKind.EXECUTOR:
             return
-        slot.stopped = True
         if self._ending:
+            slot.stopped = True
             return
-        reason = f"executor {msg.executor_id} on worker {msg.worker_id} exited with code {msg.exit_code}"
-        log.error("executor_lost", executor_id=msg.executor_id, exit_code=msg.exit_code)
-        if not slot.registered.done():
-            slot.registered.set_exception(AppFailure(AppError("ExecutorLost", reason, "starting executors")))
-        self._fail(AppError("ExecutorLost", reason, f"executor {msg.executor_id}"))
+        self.executor_lost(slot, f"executor {msg.executor_id} on worker {msg.worker_id} exited with code "
+                                 f"{msg.exit_code}")
 
     async def on_task_finished(self, msg: TaskFinished) -> None:
         key = (msg.counters.task.processor, msg.counters.task.index)
@@ -304,7 +417,8 @@ class AppMaster(Service):
                 log.warning("task_stalled", task=name, stall_timeout_s=self.clock.stall_after_s)
             self._stalled_logged = set(stalled)
         await self.bus.publish(subjects.APPMASTER_HEARTBEAT,
-                               AppMasterHeartbeat(self.app_id, len(self.executors), counters, clock, stalled))
+                               AppMasterHeartbeat(self.app_id, len(self.executors), counters, clock, stalled,
+                                                  self.restarts, sorted(self.blacklist)))
 
     def _task_name(self, task: TaskId) -> str:
         return f"{self.app.graph.processors[task.processor].name}[{task.index}]"
@@ -319,9 +433,9 @@ class AppMaster(Service):
                 if not registered or slot.stopped:
                     continue
                 silent = now - slot.last_heartbeat
-                if silent > EXECUTOR_TIMEOUT_S and not self._ending:
-                    reason = f"executor {slot.executor_id} on worker {slot.worker_id} sent no heartbeat for {silent:.0f} s"
-                    self._fail(AppError("ExecutorLost", reason, f"executor {slot.executor_id}"))
+                if silent > EXECUTOR_TIMEOUT_HEARTBEATS * self.heartbeat_interval and not self._ending:
+                    self.executor_lost(slot, f"executor {slot.executor_id} on worker {slot.worker_id} sent no "
+                                             f"heartbeat for {silent:.0f} s", worker_suspect=True)
                 elif silent > deadline and not slot.missed_logged:
                     slot.missed_logged = True
                     log.warning("executor_heartbeat_missed", executor_id=slot.executor_id, silent_s=round(silent, 1))

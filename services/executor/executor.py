@@ -81,7 +81,8 @@ class Executor(Service):
             if not 0 <= task_id.processor < len(self.app.graph.processors):
                 raise RequestError(ErrorCode.BAD_REQUEST, f"no processor {task_id.processor} in this application")
             runner = TaskRunner(
-                self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done
+                self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
+                msg.start_ms, msg.restart, frozenset((t.processor, t.index) for t in msg.ended_inputs),
             )
             await runner.subscribe()
             self.runners.append(runner)

@@ -67,14 +67,16 @@ def split_message(data: bytes, src_processor: int, src_index: int, max_bytes: in
     ]
 
 
-def encode_credit(processor: int, index: int, frames: int) -> bytes:
-    return _packer.pack([processor, index, frames])
+def encode_credit(processor: int, index: int, frames: int, reset: bool = False) -> bytes:
+    """A grant of ``frames`` more; with ``reset``, the receiver is a new incarnation (a
+    restarted task) and the sender's credit becomes exactly ``frames``."""
+    return _packer.pack([processor, index, frames, reset])
 
 
-def decode_credit(data: bytes) -> tuple[int, int, int]:
+def decode_credit(data: bytes) -> tuple[int, int, int, bool]:
     try:
-        processor, index, frames = msgpack.unpackb(data)
-        return int(processor), int(index), int(frames)
+        processor, index, frames, *rest = msgpack.unpackb(data)
+        return int(processor), int(index), int(frames), bool(rest and rest[0])
     except Exception as exc:
         raise DataPlaneError(f"malformed credit grant: {exc}") from None
 

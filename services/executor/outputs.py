@@ -51,8 +51,8 @@ class Channel:
         self.local: asyncio.Queue | None = None
         self.watermark = WATERMARK_MIN  # the last watermark sent on this channel
 
-    def grant(self, frames: int) -> None:
-        self.credit += frames
+    def grant(self, frames: int, reset: bool = False) -> None:
+        self.credit = frames if reset else self.credit + frames
         self.available.set()
 
     async def acquire(self) -> None:
@@ -90,10 +90,10 @@ class Outputs:
         for receiver, channel in self._by_receiver.items():
             channel.local = inboxes.get(receiver)
 
-    def grant(self, processor: int, index: int, frames: int) -> None:
+    def grant(self, processor: int, index: int, frames: int, reset: bool = False) -> None:
         channel = self._by_receiver.get((processor, index))
         if channel is not None:
-            channel.grant(frames)
+            channel.grant(frames, reset)
 
     async def send(self, records: list[Record], watermark: int) -> None:
         """Partition ``records`` over every out edge and send them, waiting for credit.

@@ -51,6 +51,9 @@ class TaskRunner:
         executor_id: int,
         config: DataPlaneConfig,
         on_done: Callable[[TaskRunner, AppError | None], Awaitable[None]],
+        start_ms: int = 0,
+        restart: bool = False,
+        ended_inputs: frozenset[tuple[int, int]] = frozenset(),
     ):
         graph = app.graph
         self.nc = nc
@@ -59,7 +62,8 @@ class TaskRunner:
         self.processor = graph.processors[task_id.processor]
         self.config = config
         self.on_done = on_done
-        self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id)
+        self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id, start_ms, restart)
+        self.restart = restart
         self.name = self.context.task_name
         self.task = self.processor.task_class(self.context)
         self.inputs = {
@@ -67,6 +71,9 @@ class TaskRunner:
             for edge in graph.inputs_of(self.processor)
             for i in range(edge.upstream.parallelism)
         }
+        for sender in ended_inputs & self.inputs.keys():  # upstream tasks that ended before a restart
+            self.inputs[sender].watermark = WATERMARK_MAX
+        self.ended_inputs = ended_inputs & self.inputs.keys()
         session = random.getrandbits(31)
         edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(self.processor)]
         self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, session, edges, config)
@@ -107,11 +114,11 @@ class TaskRunner:
 
         async def on_credit(msg):
             try:
-                receiver_processor, receiver_index, frames = decode_credit(msg.data)
+                receiver_processor, receiver_index, frames, reset = decode_credit(msg.data)
             except DataPlaneError as exc:
                 log.warning("credit_dropped", task=self.name, error=str(exc))
                 return
-            self.outputs.grant(receiver_processor, receiver_index, frames)
+            self.outputs.grant(receiver_processor, receiver_index, frames, reset)
 
         limit = dict(pending_msgs_limit=-1, pending_bytes_limit=-1)
         self._subs.append(await self.nc.subscribe(subjects.task_inbox(self.app_id, processor, index), cb=on_data, **limit))
@@ -125,6 +132,8 @@ class TaskRunner:
         try:
             self.task.on_start()
             started = True
+            if self.restart:
+                await self._reset_senders()
             if isinstance(self.task, DataSourceTask):
                 await self._run_source()
                 await self._advance(WATERMARK_MAX)  # the input ended: every window completes
@@ -168,8 +177,21 @@ class TaskRunner:
 
     # --- everything else -------------------------------------------------------
 
+    async def _reset_senders(self) -> None:
+        """A restarted task tells each live upstream task to start over with full credit
+        (what it had in flight to the lost task is gone: at-most-once)."""
+        window = self.config.credit_frames
+        for sender in self.inputs.keys() - self.ended_inputs:
+            local = self.local_senders.get(sender)
+            if local is not None:
+                local.outputs.grant(self.processor.id, self.task_id.index, window, reset=True)
+            else:
+                await self.nc.publish(subjects.task_credit(self.app_id, *sender),
+                                      encode_credit(self.processor.id, self.task_id.index, window, reset=True))
+
     async def _run_stream(self) -> None:
-        open_inputs = len(self.inputs)
+        await self._advance(min(s.watermark for s in self.inputs.values()))  # inputs that ended before a restart
+        open_inputs = len(self.inputs) - len(self.ended_inputs)
         inbox, task = self.inbox, self.task
         linger = self.config.linger_ms / 1000
         batch = self.config.batch_records
@@ -210,9 +232,11 @@ class TaskRunner:
         if frame is None:
             return False
         if frame.session != state.session:
+            # First contact, or the sender was restarted, or we were: sequence numbers
+            # start from this frame (loss is detected within a session).
             if state.session is not None:
                 log.warning("sender_new_session", task=self.name, sender=sender)
-            state.session, state.next_seq = frame.session, 1
+            state.session, state.next_seq = frame.session, frame.seq
         if frame.seq != state.next_seq:
             raise DataPlaneError(
                 f"{self.name}: frame {frame.seq} from {sender} arrived, expected {state.next_seq}: data lost"

@@ -52,6 +52,7 @@ from shared.messages import (
     TaskCounters,
     WorkerHeartbeat,
     WorkerRegistered,
+    WorkerLost,
     WorkerSummary,
 )
 from shared.service import Service, run_service
@@ -85,6 +86,8 @@ class AppLive:
     executors: int = 0
     clock: int | None = None
     stalled_tasks: list[str] = field(default_factory=list)
+    restarts: int = 0
+    blacklisted_workers: list[str] = field(default_factory=list)
     last_heartbeat: float = 0.0
     missed_logged: bool = False
 
@@ -348,6 +351,7 @@ class Master(Service):
             return
         live.tasks, live.executors, live.last_heartbeat = list(msg.tasks), msg.executors, time.time()
         live.clock, live.stalled_tasks = msg.clock, list(msg.stalled_tasks)
+        live.restarts, live.blacklisted_workers = msg.restarts, list(msg.blacklisted_workers)
         live.missed_logged = False
 
     async def on_appmaster_state(self, msg: ApplicationStateChanged) -> None:
@@ -368,7 +372,7 @@ class Master(Service):
         if msg.placement == Placement.WORKER and msg.worker_id not in self.workers:
             raise not_found(f"unknown worker id {msg.worker_id!r}")
         allocations = await self._allocate(msg.app_id, msg.slots, msg.placement, msg.worker_id, msg.priority,
-                                           msg.min_slots)
+                                           msg.min_slots, frozenset(msg.exclude_workers))
         return ResourceAllocated(msg.app_id, allocations)
 
     # --- internals -----------------------------------------------------------
@@ -384,7 +388,8 @@ class Master(Service):
         if live is None:
             return record.summary()
         return record.summary(executors=live.executors, tasks=live.tasks, clock=live.clock,
-                              stalled_tasks=live.stalled_tasks)
+                              stalled_tasks=live.stalled_tasks, restarts=live.restarts,
+                              blacklisted_workers=live.blacklisted_workers)
 
     @staticmethod
     def _check_version(what: str, version: int) -> None:
@@ -413,9 +418,10 @@ class Master(Service):
             except RequestError as exc:
                 log.warning("shutdown_request_failed", app_id=app_id, worker_id=worker_id, error=exc.message)
 
-    async def _allocate(self, app_id, slots, placement, worker_id, priority, min_slots) -> list[Allocation]:
+    async def _allocate(self, app_id, slots, placement, worker_id, priority, min_slots,
+                        exclude: frozenset[str] = frozenset()) -> list[Allocation]:
         try:
-            request = self.scheduler.request(app_id, slots, placement, worker_id, priority, min_slots)
+            request = self.scheduler.request(app_id, slots, placement, worker_id, priority, min_slots, exclude)
         except InvalidResourceRequest as exc:
             raise bad_request(str(exc)) from None
         except SchedulingError as exc:
@@ -448,8 +454,11 @@ class Master(Service):
     async def _worker_lost(self, worker: WorkerEntry, silent: float) -> None:
         """Forget a silent worker's slots; apps whose AppMaster ran there have FAILED."""
         worker.alive = False
-        self.scheduler.remove_worker(worker.worker_id)
-        log.error("worker_lost", worker_id=worker.worker_id, silent_s=round(silent, 1))
+        affected = self.scheduler.remove_worker(worker.worker_id)
+        log.error("worker_lost", worker_id=worker.worker_id, silent_s=round(silent, 1), apps=affected)
+        for app_id in affected:
+            await self.bus.publish(subjects.appmaster_worker_lost(app_id),
+                                   WorkerLost(worker.worker_id, f"no heartbeat for {silent:.0f} s"))
         for record in list(self.apps.values()):
             if record.appmaster_worker == worker.worker_id and record.state not in AppState.TERMINAL:
                 reason = f"worker {worker.worker_id}, which ran the AppMaster, sent no heartbeat for {silent:.0f} s"

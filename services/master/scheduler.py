@@ -41,6 +41,7 @@ class ResourceRequest:
     worker_id: str = field(compare=False, default="")
     priority: int = field(compare=False, default=0)
     arrival: int = field(compare=False, default=0)
+    exclude: frozenset[str] = field(compare=False, default=frozenset())  # workers not to use (blacklisted)
 
     def __post_init__(self):
         self.sort_key = (-self.priority, self.arrival)
@@ -91,7 +92,7 @@ class Scheduler:
     # --- requests ---------------------------------------------------------------
 
     def request(self, app_id: int, slots: int, placement: str = Placement.ANY, worker_id: str = "",
-                priority: int = 0, min_slots: int = 0) -> ResourceRequest:
+                priority: int = 0, min_slots: int = 0, exclude: frozenset[str] = frozenset()) -> ResourceRequest:
         """Validate a request and queue it; :meth:`schedule` serves the queue."""
         if slots < 1:
             raise InvalidResourceRequest(f"a resource request needs at least 1 slot, got {slots}")
@@ -100,13 +101,17 @@ class Scheduler:
         if placement == Placement.WORKER and worker_id not in self._workers:
             raise InvalidResourceRequest(f"unknown worker {worker_id!r}")
         min_slots = min(max(min_slots, 1), slots) if min_slots else slots
-        capacity = self._capacity(placement, worker_id)
+        if placement == Placement.WORKER and worker_id in exclude:
+            raise InvalidResourceRequest(f"worker {worker_id!r} is both asked for and excluded")
+        capacity = self._capacity(placement, worker_id, exclude)
         if self._workers and min_slots > capacity:  # with no workers yet, wait for them
             raise SchedulingError(
                 f"app {app_id} asks for {min_slots} slot(s) with placement {placement}, "
                 f"but the cluster has only {capacity} there in all"
+                + (f" outside the excluded workers {sorted(exclude)}" if exclude else "")
             )
-        request = ResourceRequest(app_id, slots, min_slots, placement, worker_id, priority, next(self._arrivals))
+        request = ResourceRequest(app_id, slots, min_slots, placement, worker_id, priority, next(self._arrivals),
+                                  frozenset(exclude))
         self._waiting.append(request)
         self._waiting.sort()
         return request
@@ -156,12 +161,16 @@ class Scheduler:
 
     # --- placement --------------------------------------------------------------
 
-    def _capacity(self, placement: str, worker_id: str) -> int:
+    def _candidates(self, exclude: frozenset[str]) -> dict[str, _Worker]:
+        return {w: s for w, s in self._workers.items() if w not in exclude}
+
+    def _capacity(self, placement: str, worker_id: str, exclude: frozenset[str]) -> int:
         if placement == Placement.WORKER:
             return self._workers[worker_id].slots
+        candidates = self._candidates(exclude).values()
         if placement == Placement.ONE_WORKER:
-            return max((w.slots for w in self._workers.values()), default=0)
-        return self.total_slots
+            return max((w.slots for w in candidates), default=0)
+        return sum(w.slots for w in candidates)
 
     def _place(self, request: ResourceRequest) -> list[Allocation] | None:
         if request.placement == Placement.WORKER:
@@ -169,15 +178,16 @@ class Scheduler:
             if worker is None or worker.free < request.min_slots:
                 return None
             return [Allocation(request.worker_id, min(worker.free, request.slots))]
+        candidates = self._candidates(request.exclude)
         if request.placement == Placement.ONE_WORKER:
-            best = max(self._workers.items(), key=lambda kv: kv[1].free, default=None)
+            best = max(candidates.items(), key=lambda kv: kv[1].free, default=None)
             if best is None or best[1].free < request.min_slots:
                 return None
             return [Allocation(best[0], min(best[1].free, request.slots))]
-        if self.free_slots < request.min_slots:
-            return None
         # ANY: one slot at a time to the worker with the most free slots, to spread load.
-        free = {w: max(s.free, 0) for w, s in self._workers.items()}
+        free = {w: max(s.free, 0) for w, s in candidates.items()}
+        if sum(free.values()) < request.min_slots:
+            return None
         taken: collections.Counter[str] = collections.Counter()
         for _ in range(min(request.slots, sum(free.values()))):
             worker_id = max(free, key=lambda w: (free[w], -taken[w]))

@@ -84,3 +84,11 @@ def test_a_cluster_without_workers_yet_queues_requests_until_one_registers():
     scheduler.add_worker("late", 2)
     [(_, allocations)] = scheduler.schedule()
     assert allocations == [Allocation("late", 1)]
+
+
+def test_excluded_workers_get_no_slots():
+    scheduler = make(a=4, b=4)
+    [(_, allocations)] = serve(scheduler, 1, 3, exclude=frozenset({"a"}))
+    assert allocations == [Allocation("b", 3)]
+    with pytest.raises(SchedulingError, match="outside the excluded workers"):
+        scheduler.request(2, 5, exclude=frozenset({"b"}))  # a alone has only 4

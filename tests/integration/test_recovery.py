@@ -1,0 +1,134 @@
+"""Recovery from process failures on a running app (real processes, SIGKILL): a lost
+executor or worker is replaced and its tasks restarted (at-most-once); repeated failures
+blacklist a worker; an exhausted restart budget fails the app."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import structlog
+
+from gearbus.artifact import pack
+from shared import subjects
+from shared.messages import AppState
+from tests.conftest import EXAMPLES, wait_until
+from tests.integration.test_cluster import children_of, wait_exited, wait_state
+
+log = structlog.get_logger()
+TICKER = os.path.join(EXAMPLES, "ticker.py")
+
+
+def processes_of(cluster) -> list[tuple[int, str, str]]:
+    """(pid, worker id, "executor" | "appmaster") of every process the workers run."""
+    found = []
+    for worker_id, worker in cluster.workers.items():
+        if worker.poll() is not None:
+            continue
+        for pid in children_of(worker.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    command = f.read().decode()
+            except OSError:
+                continue
+            kind = "appmaster" if "services.appmaster" in command else "executor"
+            found.append((pid, worker_id, kind))
+    return found
+
+
+def ticks(path) -> list[int]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["n"] for line in f if line.endswith("\n")]
+
+
+async def flowing_beyond(client, path, beyond: int, timeout: float = 30) -> list[int]:
+    async def probe():
+        seen = ticks(path)
+        return seen if seen and max(seen) > beyond else None
+
+    return await wait_until(client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
+
+
+async def restarts_reach(client, app_id: int, count: int, timeout: float = 30):
+    async def probe():
+        status = await client.status(app_id)
+        return status if status.restarts >= count else None
+
+    return await wait_until(client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
+
+
+async def start_ticker(client, output, **config) -> int:
+    app_id = await client.submit(pack(TICKER), ["--output", str(output), "--rate", "200"], config=config)
+    await wait_state(client, app_id, AppState.ACTIVE)
+    await flowing_beyond(client, output, 50)
+    return app_id
+
+
+def assert_at_most_once(seen: list[int]) -> None:
+    assert len(seen) == len(set(seen)), "a number was written twice"
+
+
+async def test_a_killed_executor_is_replaced_and_the_app_goes_on(cluster, client, tmp_path):
+    output = tmp_path / "ticks.jsonl"
+    app_id = await start_ticker(client, output)
+    victim = next(pid for pid, _, kind in processes_of(cluster) if kind == "executor")
+    before = max(ticks(output))
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    status = await restarts_reach(client, app_id, 1)
+    seen = await flowing_beyond(client, output, before + 200)
+    log.info("executor_recovery_measured", seconds=round(time.monotonic() - killed_at, 3))
+    assert status.state == AppState.ACTIVE and status.restarts == 1
+    assert_at_most_once(seen)
+    await client.kill(app_id)
+
+
+async def test_a_worker_that_keeps_failing_is_blacklisted(cluster, client, tmp_path):
+    output = tmp_path / "ticks.jsonl"
+    app_id = await start_ticker(client, output, executors=1, blacklist_after=1)
+    [(victim, worker_id, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+    os.kill(victim, signal.SIGKILL)
+    status = await restarts_reach(client, app_id, 1)
+    assert status.blacklisted_workers == [worker_id]
+    await flowing_beyond(client, output, max(ticks(output)) + 100)
+    [(_, new_worker, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+    assert new_worker != worker_id
+    await client.kill(app_id)
+
+
+async def test_a_lost_worker_has_its_executors_relaunched_elsewhere(cluster, client, tmp_path):
+    output = tmp_path / "ticks.jsonl"
+    app_id = await start_ticker(client, output)
+    processes = processes_of(cluster)
+    appmaster_worker = next(w for _, w, kind in processes if kind == "appmaster")
+    victim = next((w for _, w, kind in processes if kind == "executor" and w != appmaster_worker), None)
+    assert victim is not None, f"expected an executor away from the AppMaster's worker: {processes}"
+    before = max(ticks(output))
+    cluster.workers[victim].send_signal(signal.SIGKILL)
+    await wait_exited(cluster.workers[victim].pid, 10)
+    status = await restarts_reach(client, app_id, 1)
+    seen = await flowing_beyond(client, output, before + 200)
+    assert status.state == AppState.ACTIVE
+    assert_at_most_once(seen)
+    assert all(w != victim for _, w, _ in processes_of(cluster))
+    await client.kill(app_id)
+
+
+async def test_an_exhausted_restart_budget_fails_the_app_with_the_last_error(cluster, client, tmp_path):
+    output = tmp_path / "ticks.jsonl"
+    app_id = await start_ticker(client, output, executors=1, max_restarts=1)
+    for kill in range(2):
+        [(victim, _, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+        os.kill(victim, signal.SIGKILL)
+        await wait_exited(victim, 10)
+        if kill == 0:  # the first loss is survived: wait for the replacement to run
+            await restarts_reach(client, app_id, 1)
+            await flowing_beyond(client, output, max(ticks(output)) + 50)
+    final = await client.wait(app_id, timeout=30)
+    assert final.state == AppState.FAILED
+    assert final.error.error_type == "RestartBudgetExhausted"
+    assert "gave up after 1 restarts" in final.error.message and "exited with code -9" in final.error.message
