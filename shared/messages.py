@@ -445,6 +445,8 @@ class LaunchExecutor(Message):
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     app_name: str = ""
     priority: int = 0  # the app's scheduling priority, for the AppMaster's resource requests
+    attempt: int = 0  # AppMasters: 0 for the first, n for the n-th relaunch (it adopts the running executors)
+    start_ms: int = 0  # when the app was submitted (epoch ms): the app's clock origin for every AppMaster
 
 
 class ExecutorLaunched(Message):
@@ -521,6 +523,8 @@ class RegisterExecutor(Message):
     worker_id: str
     pid: int
     protocol_version: int = PROTOCOL_VERSION
+    tasks: list[TaskId] = dataclasses.field(default_factory=list)  # when re-registering: the tasks it runs
+    finished: list[TaskId] = dataclasses.field(default_factory=list)  # ... and those of them that have ended
 
 
 class ExecutorRegistered(Message):

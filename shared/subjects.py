@@ -74,6 +74,11 @@ def appmaster_task_failed(app_id: int) -> str:
     return f"appmaster.{app_id}.task.failed"
 
 
+def executor_reregister(app_id: int) -> str:
+    """A relaunched AppMaster asks every executor of its app to register with it."""
+    return f"executor.{app_id}.reregister"
+
+
 def executor_control(app_id: int, executor_id: int) -> str:
     """LaunchTasks and StartAllTasks from the AppMaster to one executor."""
     return f"executor.{app_id}.{executor_id}.control"

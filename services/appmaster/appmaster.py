@@ -56,6 +56,7 @@ STARTUP_TIMEOUT_S = 60.0
 EXECUTOR_TIMEOUT_HEARTBEATS = 5  # an executor silent this many heartbeat intervals is lost (hung or host lost)
 DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app survives
 DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": failures on one worker before avoiding it
+ADOPTION_WINDOW_HEARTBEATS = 2  # a relaunched AppMaster waits this long for the running executors
 MASTER_RETRY_S = 30.0  # how long requests to the master are retried while it fails over
 DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s"  # an executor silent this long is lost (hung process or lost host)
 
@@ -113,6 +114,8 @@ class AppMaster(Service):
         self.blacklist: set[str] = set()
         self._failures: collections.Counter[str] = collections.Counter()
         self._recovering = asyncio.Lock()
+        self.adopting = False
+        self._finished_on_adoption: set[tuple[int, int]] = set()
         self._ending = False
 
     # --- lifecycle -------------------------------------------------------------
@@ -120,7 +123,7 @@ class AppMaster(Service):
     async def setup(self) -> None:
         self.outcome = asyncio.get_running_loop().create_future()
         await self.bus.serve(subjects.appmaster_executor_register(self.app_id), {RegisterExecutor: self.on_register})
-        await self.bus.listen(subjects.appmaster_executor_heartbeat(self.app_id), {ExecutorHeartbeat: self.on_heartbeat})
+        await self.bus.serve(subjects.appmaster_executor_heartbeat(self.app_id), {ExecutorHeartbeat: self.on_heartbeat})
         await self.bus.listen(subjects.appmaster_executor_stopped(self.app_id), {ExecutorStopped: self.on_stopped})
         await self.bus.listen(subjects.appmaster_task_finished(self.app_id), {TaskFinished: self.on_task_finished})
         await self.bus.listen(subjects.appmaster_task_failed(self.app_id), {TaskFailed: self.on_task_failed})
@@ -151,7 +154,10 @@ class AppMaster(Service):
         """Run the app from planning to its end, then report and stop everything."""
         state, error = AppState.SUCCEEDED, None
         try:
-            await self.start_app()
+            if self.launch.attempt:
+                await self.adopt_app()
+            else:
+                await self.start_app()
             await self._report(AppState.ACTIVE, None)
             log.info("app_active", executors=len(self.executors), tasks=len(self.unfinished))
             await self.outcome
@@ -167,16 +173,21 @@ class AppMaster(Service):
         await self.stop_executors("app ended" if state == AppState.SUCCEEDED else "app failed")
         self.stop()
 
-    async def start_app(self) -> None:
+    async def _load(self) -> Application:
         try:
-            self.app = await fetch_application(self.bus, self.launch)
+            return await fetch_application(self.bus, self.launch)
         except Exception as exc:
             raise AppFailure(AppError(type(exc).__name__, str(exc), "loading the application",
                                      traceback.format_exc())) from None
+
+    def _plan_tasks(self) -> list[TaskId]:
+        return [TaskId(p.id, i) for p in self.app.graph.processors for i in range(p.parallelism)]
+
+    async def start_app(self) -> None:
+        self.app = await self._load()
         config = self.config = {**self.app.config, **self.launch.config}
-        self.start_ms = int(time.time() * 1000)
-        graph = self.app.graph
-        tasks = [TaskId(p.id, i) for p in graph.processors for i in range(p.parallelism)]
+        self.start_ms = self.launch.start_ms or int(time.time() * 1000)
+        tasks = self._plan_tasks()
         wanted = max(1, min(int(config.get("executors", DEFAULT_EXECUTORS)), len(tasks)))
         allocated = await self.bus.request(
             subjects.RESOURCE_REQUEST,
@@ -213,11 +224,30 @@ class AppMaster(Service):
             if slot.tasks:
                 await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
 
+    async def adopt_app(self) -> None:
+        """A relaunched AppMaster: the executors still running register with it (with the
+        tasks they host); tasks nobody reports are restarted elsewhere."""
+        self.app = await self._load()
+        self.config = {**self.app.config, **self.launch.config}
+        self.start_ms = self.launch.start_ms or int(time.time() * 1000)
+        tasks = self._plan_tasks()
+        self.adopting = True
+        await self.bus.publish(subjects.executor_reregister(self.app_id), ReRegister("the AppMaster was relaunched"))
+        await asyncio.sleep(ADOPTION_WINDOW_HEARTBEATS * self.heartbeat_interval)  # executors answer within it
+        self.adopting = False
+        hosted = {(t.processor, t.index) for slot in self.executors.values() for t in slot.tasks}
+        self.unfinished = {(t.processor, t.index) for t in tasks} - self._finished_on_adoption
+        self.clock = ClockService([self._task_name(t) for t in tasks],
+                                  float(self.config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
+        orphans = [t for t in tasks if (t.processor, t.index) not in hosted and (t.processor, t.index) in self.unfinished]
+        log.info("app_adopted", executors=len(self.executors), orphaned_tasks=len(orphans))
+        if orphans:
+            lost = ExecutorSlot(-1, "")
+            lost.tasks = orphans
+            await self._recover(lost, "their executors did not survive the AppMaster", worker_suspect=False)
+
     async def _launch_tasks(self, slot: ExecutorSlot, restart: bool) -> None:
-        finished = [] if not restart else [
-            TaskId(p.id, i) for p in self.app.graph.processors for i in range(p.parallelism)
-            if (p.id, i) not in self.unfinished
-        ]
+        finished = [t for t in self._plan_tasks() if (t.processor, t.index) not in self.unfinished] if restart else []
         await self.bus.request(
             subjects.executor_control(self.app_id, slot.executor_id),
             LaunchTasks(slot.tasks, self.app.graph.digest(), self.start_ms, restart, finished),
@@ -359,6 +389,10 @@ class AppMaster(Service):
 
     async def on_register(self, msg: RegisterExecutor) -> ExecutorRegistered:
         slot = self.executors.get(msg.executor_id)
+        if slot is None and self.adopting:  # an executor of the previous AppMaster
+            slot = self.executors[msg.executor_id] = ExecutorSlot(msg.executor_id, msg.worker_id)
+            slot.tasks = list(msg.tasks)
+            self._finished_on_adoption |= {(t.processor, t.index) for t in msg.finished}
         if slot is None:
             raise RequestError(ErrorCode.NOT_FOUND, f"app {self.app_id} launched no executor {msg.executor_id}")
         if slot.registered.done():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import structlog
 
@@ -22,6 +23,7 @@ from shared.messages import (
     LaunchExecutor,
     LaunchTasks,
     RegisterExecutor,
+    ReRegister,
     StartAllTasks,
     TaskFailed,
     TaskFinished,
@@ -30,6 +32,9 @@ from shared.messages import (
 from shared.service import Service, run_service
 
 log = structlog.get_logger()
+
+DEFAULT_APPMASTER_TIMEOUT_S = 30.0  # app config "appmaster_timeout_s": then an orphaned executor stops
+EXIT_APPMASTER_GONE = 3
 
 
 class Executor(Service):
@@ -45,6 +50,7 @@ class Executor(Service):
         self.config: DataPlaneConfig | None = None
         self.runners: list[TaskRunner] = []
         self.heartbeat_interval = 1.0
+        self._appmaster_seen = time.monotonic()
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -55,13 +61,26 @@ class Executor(Service):
             subjects.executor_control(self.app_id, self.executor_id),
             {LaunchTasks: self.on_launch_tasks, StartAllTasks: self.on_start_all_tasks},
         )
+        await self.bus.listen(subjects.executor_reregister(self.app_id), {ReRegister: self.on_reregister})
+        await self.register()
+        self.spawn(self.heartbeat_loop(), "heartbeat")
+
+    async def register(self) -> None:
+        """Register with the AppMaster; with a relaunched one, say which tasks run here."""
+        hosted = [r.task_id for r in self.runners]
+        finished = [r.task_id for r in self.runners if r.finished]
         registered = await self.bus.request(
             subjects.appmaster_executor_register(self.app_id),
-            RegisterExecutor(self.app_id, self.executor_id, self.worker_id, os.getpid()),
+            RegisterExecutor(self.app_id, self.executor_id, self.worker_id, os.getpid(), tasks=hosted,
+                             finished=finished),
             expect=ExecutorRegistered,
         )
         self.heartbeat_interval = registered.heartbeat_interval_s
-        self.spawn(self.heartbeat_loop(), "heartbeat")
+        self._appmaster_seen = time.monotonic()
+
+    async def on_reregister(self, msg: ReRegister) -> None:
+        log.info("reregistering_with_appmaster", reason=msg.reason)
+        self.spawn(self.register(), "reregister")
 
     async def shutdown(self) -> None:
         for runner in self.runners:
@@ -107,12 +126,22 @@ class Executor(Service):
             )
 
     async def heartbeat_loop(self) -> None:
+        """Heartbeats are requests: an AppMaster that stays silent past the deadline is
+        gone for good, and an executor without one stops itself."""
         subject = subjects.appmaster_executor_heartbeat(self.app_id)
+        deadline = float({**self.app.config, **self.launch.config}.get("appmaster_timeout_s",
+                                                                        DEFAULT_APPMASTER_TIMEOUT_S))
         while True:
-            await self.bus.publish(
-                subject,
-                ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners]),
-            )
+            beat = ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners])
+            try:
+                await self.bus.request(subject, beat, timeout=max(self.heartbeat_interval, 0.5))
+                self._appmaster_seen = time.monotonic()
+            except RequestError as exc:
+                silent = time.monotonic() - self._appmaster_seen
+                if silent > deadline:
+                    log.error("appmaster_gone", silent_s=round(silent, 1), error=exc.message)
+                    self.stop(exit_code=EXIT_APPMASTER_GONE)
+                    return
             await asyncio.sleep(self.heartbeat_interval)
 
 

@@ -61,6 +61,7 @@ log = structlog.get_logger()
 
 APPMASTER_EXECUTOR_ID = -1
 STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
+DEFAULT_APPMASTER_RESTARTS = 3  # app config "appmaster_restarts": AppMaster relaunches before the app fails
 
 
 def now_ms() -> int:
@@ -101,7 +102,8 @@ class Master(Service):
         self.lease_ttl_s = lease_ttl_s
         self.lease: LeaderLease | None = None
         self._office: list = []  # the subscriptions a leader holds
-        self._office_task: asyncio.Task | None = None
+        self._office_tasks: set[asyncio.Task] = set()
+        self._appmaster_attempts: dict[int, int] = {}
         self.elected_at = 0.0
         self.heartbeat_interval = heartbeat_interval
         self.worker_timeout = worker_timeout
@@ -174,7 +176,7 @@ class Master(Service):
             await listen(subjects.EXECUTOR_STOPPED, {ExecutorStopped: self.on_executor_stopped}, guard=guard),
         ]
         await self.bus.nc.flush()
-        self._office_task = self.spawn(self.watch_heartbeats(), "watch-heartbeats")
+        self._spawn_office_work(self.watch_heartbeats(), "watch-heartbeats")
         await self.bus.publish(subjects.MASTER_ELECTED, MasterElected(self.node_id, self.lease.term))
         log.info("leader_elected", term=self.lease.term, apps=len(self.apps), workers_known=len(self.workers),
                  took_ms=round((time.monotonic() - started) * 1000, 1))
@@ -186,13 +188,19 @@ class Master(Service):
         log.warning("leader_stepped_down", term=self.lease.term)
         office, self._office = self._office, []
         await self.bus.drop(office)
-        if self._office_task is not None:
-            self._office_task.cancel()
-            self._office_task = None
+        for task in self._office_tasks:
+            task.cancel()
+        self._office_tasks.clear()
         for future in [*self._waiting_resources.values(), *self._appmaster_registered.values()]:
             if not future.done():
                 future.set_exception(RequestError(ErrorCode.UNAVAILABLE, "the master lost the lead", True))
         self.apps, self.live, self.workers, self.scheduler = {}, {}, {}, Scheduler()
+
+    def _spawn_office_work(self, coro, name: str) -> None:
+        """Background work of the leader only: cancelled when it steps down."""
+        task = self.spawn(coro, name)
+        self._office_tasks.add(task)
+        task.add_done_callback(self._office_tasks.discard)
 
     async def shutdown(self) -> None:
         await self._leave_office()
@@ -225,13 +233,7 @@ class Master(Service):
         registered = asyncio.get_running_loop().create_future()
         self._appmaster_registered[app_id] = registered
         try:
-            allocation = (await self._allocate(app_id, 1, Placement.ANY, "", msg.priority, 1))[0]
-            launch = LaunchExecutor(
-                app_id=app_id, executor_id=APPMASTER_EXECUTOR_ID, kind=ExecutorKind.APPMASTER,
-                artifact=msg.artifact, entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args),
-                config=dict(msg.config), app_name=msg.name, priority=msg.priority,
-            )
-            await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
+            await self._launch_appmaster(record, attempt=0)
             await asyncio.wait_for(registered, self.appmaster_register_timeout)
         except Exception as exc:
             reason = exc.message if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}"
@@ -246,6 +248,44 @@ class Master(Service):
         finally:
             self._appmaster_registered.pop(app_id, None)
         return SubmitApplicationResult(app_id)
+
+    async def _launch_appmaster(self, record: ApplicationRecord, attempt: int, avoid: str = "") -> str:
+        """Start the app's AppMaster on a worker (away from ``avoid`` when another has room)."""
+        exclude = frozenset({avoid}) if avoid and any(
+            w.alive and w.worker_id != avoid for w in self.workers.values()) else frozenset()
+        allocation = (await self._allocate(record.app_id, 1, Placement.ANY, "", record.priority, 1, exclude))[0]
+        launch = LaunchExecutor(
+            app_id=record.app_id, executor_id=APPMASTER_EXECUTOR_ID, kind=ExecutorKind.APPMASTER,
+            artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind, args=list(record.args),
+            config=dict(record.config), app_name=record.name, priority=record.priority, attempt=attempt,
+            start_ms=record.submitted_ms,
+        )
+        await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
+        return allocation.worker_id
+
+    async def _relaunch_appmaster(self, app_id: int, reason: str, avoid: str) -> None:
+        """The AppMaster of a running app is gone: start a new one, which adopts the
+        executors still running (bounded attempts; then the app has failed)."""
+        record = self.apps.get(app_id)
+        if record is None or record.state in AppState.TERMINAL:
+            return
+        attempt = self._appmaster_attempts[app_id] = self._appmaster_attempts.get(app_id, 0) + 1
+        limit = int(record.config.get("appmaster_restarts", DEFAULT_APPMASTER_RESTARTS))
+        self.live.pop(app_id, None)
+        if attempt > limit:
+            await self._set_state(app_id, AppState.FAILED,
+                                  AppError("AppMasterLost", f"{reason}; gave up after {limit} relaunches", "master"))
+            await self._stop_app_processes(app_id, "AppMaster lost")
+            return
+        log.warning("relaunching_appmaster", app_id=app_id, attempt=attempt, reason=reason)
+        try:
+            worker_id = await self._launch_appmaster(record, attempt, avoid)
+        except RequestError as exc:
+            await self._set_state(app_id, AppState.FAILED, AppError(
+                "AppMasterLost", f"{reason}; relaunching it failed: {exc.message}", "master"))
+            await self._stop_app_processes(app_id, "AppMaster lost")
+            return
+        log.info("appmaster_relaunched", app_id=app_id, worker_id=worker_id, attempt=attempt)
 
     async def on_kill(self, msg: KillApplication) -> None:
         record = self._app(msg.app_id)
@@ -322,8 +362,8 @@ class Master(Service):
         if future is not None and not future.done():
             future.set_exception(RequestError(ErrorCode.INTERNAL, reason))
             return
-        await self._set_state(msg.app_id, AppState.FAILED, AppError("AppMasterExited", reason, "master"))
-        await self._stop_app_processes(msg.app_id, "AppMaster exited")
+        self._spawn_office_work(self._relaunch_appmaster(msg.app_id, reason, msg.worker_id),
+                                f"relaunch-appmaster-{msg.app_id}")
 
     # --- appmasters --------------------------------------------------------------
 
@@ -462,8 +502,8 @@ class Master(Service):
         for record in list(self.apps.values()):
             if record.appmaster_worker == worker.worker_id and record.state not in AppState.TERMINAL:
                 reason = f"worker {worker.worker_id}, which ran the AppMaster, sent no heartbeat for {silent:.0f} s"
-                await self._set_state(record.app_id, AppState.FAILED, AppError("WorkerLost", reason, "master"))
-                await self._stop_app_processes(record.app_id, "AppMaster's worker lost")
+                self._spawn_office_work(self._relaunch_appmaster(record.app_id, reason, worker.worker_id),
+                                        f"relaunch-appmaster-{record.app_id}")
 
     async def _fail_orphaned_submissions(self) -> None:
         """An app left PENDING by a previous leader (it died mid-submission) whose

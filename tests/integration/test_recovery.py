@@ -132,3 +132,28 @@ async def test_an_exhausted_restart_budget_fails_the_app_with_the_last_error(clu
     assert final.state == AppState.FAILED
     assert final.error.error_type == "RestartBudgetExhausted"
     assert "gave up after 1 restarts" in final.error.message and "exited with code -9" in final.error.message
+
+
+async def test_a_killed_appmaster_is_relaunched_and_adopts_the_running_executors(cluster, client, tmp_path):
+    output = tmp_path / "ticks.jsonl"
+    app_id = await start_ticker(client, output)
+    [(appmaster, old_worker, _)] = [p for p in processes_of(cluster) if p[2] == "appmaster"]
+    executors_before = sorted(pid for pid, _, kind in processes_of(cluster) if kind == "executor")
+    before = max(ticks(output))
+    killed_at = time.monotonic()
+    os.kill(appmaster, signal.SIGKILL)
+
+    async def relaunched():
+        running = [p for p in processes_of(cluster) if p[2] == "appmaster" and p[0] != appmaster]
+        return running if running and (await client.status(app_id)).executors else None
+
+    await wait_until(client, subjects.APPMASTER_HEARTBEAT, relaunched)
+    log.info("appmaster_relaunch_measured", seconds=round(time.monotonic() - killed_at, 3))
+    seen = await flowing_beyond(client, output, before + 200)
+    status = await client.status(app_id)
+    assert status.state == AppState.ACTIVE and status.restarts == 0
+    assert sorted(pid for pid, _, kind in processes_of(cluster) if kind == "executor") == executors_before
+    assert sorted(seen) == list(range(len(seen))), "the executors kept running: no gap, no duplicate"
+    await client.kill(app_id)
+    final = await client.wait(app_id, timeout=10)
+    assert final.state == AppState.TERMINATED
