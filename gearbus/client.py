@@ -28,6 +28,7 @@ from shared.messages import (
 )
 
 SUBMIT_TIMEOUT_S = 180.0  # the master may wait 60 s for a slot, then 60 s for the AppMaster
+QUERY_ATTEMPT_S = 5.0  # a status/list/info/kill not answered this fast is asked again
 
 
 class Client:
@@ -42,9 +43,12 @@ class Client:
     async def __aexit__(self, *exc) -> None:
         await self.bus.close()
 
-    async def _request(self, subject, message, expect=(), timeout: float | None = None):
-        """A request to the master, retried while no master answers (fail-over)."""
-        return await self.bus.request(subject, message, timeout or self.timeout, expect=expect, retry_s=self.timeout)
+    async def _request(self, subject, message, expect=(), timeout: float | None = None, idempotent: bool = True):
+        """A request to the master, retried while no master answers (fail-over); a query
+        is also asked again when a reply does not come within a few seconds."""
+        attempt = timeout or (min(QUERY_ATTEMPT_S, self.timeout) if idempotent else self.timeout)
+        return await self.bus.request(subject, message, attempt, expect=expect, retry_s=self.timeout,
+                                      idempotent=idempotent)
 
     async def upload(self, artifact: Artifact) -> str:
         """Put the artifact in the object store unless an identical one is there."""
@@ -52,7 +56,7 @@ class Client:
         try:
             store = await js.object_store(subjects.ARTIFACT_BUCKET)
         except nats.js.errors.BucketNotFoundError:
-            store = await js.create_object_store(subjects.ARTIFACT_BUCKET)
+            store = await js.create_object_store(subjects.ARTIFACT_BUCKET, replicas=self.bus.replicas)
         try:
             await store.get_info(artifact.name)
         except nats.js.errors.NotFoundError:
@@ -67,7 +71,8 @@ class Client:
             artifact_kind=artifact.kind, args=list(args), user=getpass.getuser(), priority=priority,
             config=dict(config or {}),
         )
-        result = await self._request(subjects.APP_SUBMIT, message, SubmitApplicationResult, SUBMIT_TIMEOUT_S)
+        result = await self._request(subjects.APP_SUBMIT, message, SubmitApplicationResult, SUBMIT_TIMEOUT_S,
+                                     idempotent=False)
         return result.app_id
 
     async def status(self, app_id: int) -> AppSummary:

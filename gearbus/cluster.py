@@ -10,11 +10,12 @@ import sys
 import tempfile
 import time
 
-from gearbus.natsserver import NatsServer
+from gearbus.natsserver import NatsCluster, NatsServer
 
 
 class LocalCluster:
-    def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None, nats: NatsServer | None = None,
+    def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None,
+                 nats: NatsServer | NatsCluster | None = None,
                  heartbeat_interval: float = 1.0, masters: int = 1):
         self.num_workers = workers
         self.slots = slots
@@ -31,10 +32,15 @@ class LocalCluster:
     def url(self) -> str:
         return self.nats.url
 
+    @property
+    def urls(self) -> list[str]:
+        return self.nats.urls
+
     def _spawn(self, name: str, *args: str) -> subprocess.Popen:
         log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
         env = dict(os.environ, GEARBUS_LOG_LEVEL=os.environ.get("GEARBUS_LOG_LEVEL", "info"))
-        return subprocess.Popen([sys.executable, "-m", *args, "--nats", self.url], stdout=log, stderr=log,
+        servers = [option for url in self.urls for option in ("--nats", url)]
+        return subprocess.Popen([sys.executable, "-m", *args, *servers], stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL, env=env)
 
     def start_master(self, master_id: str = "master-0") -> subprocess.Popen:

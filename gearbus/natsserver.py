@@ -37,8 +37,12 @@ class NatsServer:
     """A nats-server child process with JetStream in a temporary directory."""
 
     def __init__(self, port: int | None = None, jetstream: bool = True, store_dir: str | None = None,
-                 max_payload: int = 8 * 1024 * 1024, log_path: str | None = None):
+                 max_payload: int = 8 * 1024 * 1024, log_path: str | None = None, name: str = "",
+                 cluster_port: int | None = None, routes: tuple[int, ...] = ()):
         self.port = port or free_port()
+        self.name = name or f"gearbus-{self.port}"
+        self.cluster_port = cluster_port
+        self.routes = routes
         self.jetstream = jetstream
         self._own_dir = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="gearbus-js-")
@@ -50,12 +54,19 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def urls(self) -> list[str]:
+        return [self.url]
+
     def start(self, timeout: float = 10.0) -> NatsServer:
         config_path = os.path.join(self.store_dir, "nats.conf")
         with open(config_path, "w") as f:
-            f.write(f"listen: 127.0.0.1:{self.port}\nmax_payload: {self.max_payload}\n")
+            f.write(f"server_name: {self.name}\nlisten: 127.0.0.1:{self.port}\nmax_payload: {self.max_payload}\n")
             if self.jetstream:
                 f.write(f'jetstream {{ store_dir: "{self.store_dir}" }}\n')
+            if self.cluster_port:
+                routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.routes)
+                f.write(f"cluster {{ name: gearbus, listen: 127.0.0.1:{self.cluster_port}, routes: [{routes}] }}\n")
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen([find_binary(), "-c", config_path], stdout=out, stderr=out,
                                         stdin=subprocess.DEVNULL)
@@ -83,6 +94,45 @@ class NatsServer:
             shutil.rmtree(self.store_dir, ignore_errors=True)
 
     def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class NatsCluster:
+    """Several nats-servers routed into one JetStream cluster, on loopback."""
+
+    def __init__(self, size: int = 3, base_dir: str | None = None):
+        self.base_dir = base_dir or tempfile.mkdtemp(prefix="gearbus-cluster-")
+        cluster_ports = [free_port() for _ in range(size)]
+        self.servers = []
+        for i, cluster_port in enumerate(cluster_ports):
+            store = os.path.join(self.base_dir, f"n{i}")
+            os.makedirs(store, exist_ok=True)
+            self.servers.append(NatsServer(store_dir=store, name=f"n{i}", cluster_port=cluster_port,
+                                           routes=tuple(p for p in cluster_ports if p != cluster_port),
+                                           log_path=os.path.join(self.base_dir, f"n{i}.log")))
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    @property
+    def url(self) -> str:
+        return self.servers[0].url
+
+    def start(self) -> NatsCluster:
+        for server in self.servers:
+            server.start()
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> NatsCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 import nats
 import nats.errors
+import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 
@@ -104,6 +105,30 @@ class Bus:
     def js(self):
         return self.nc.jetstream()
 
+    @property
+    def replicas(self) -> int:
+        """Replicas for JetStream buckets: 3 on a cluster of three or more servers."""
+        return 3 if len(self.nc.servers) >= 3 else 1
+
+    async def jetstream_ready(self, timeout: float = 30.0) -> None:
+        """Wait until JetStream answers (a new cluster elects its meta leader first);
+        a server without JetStream is a clear error."""
+        loop = asyncio.get_running_loop()
+        deadline, unavailable_since = loop.time() + timeout, None
+        while True:
+            try:
+                await self.js.account_info()
+                return
+            except nats.js.errors.ServiceUnavailableError:
+                unavailable_since = unavailable_since or loop.time()
+                if loop.time() - unavailable_since > min(3.0, timeout):
+                    raise RuntimeError(f"the NATS server at {self.servers} has no JetStream enabled "
+                                       "(start nats-server with -js)") from None
+            except (nats.errors.TimeoutError, TimeoutError):
+                if loop.time() > deadline:
+                    raise RuntimeError(f"JetStream at {self.servers} did not answer within {timeout:g} s") from None
+            await asyncio.sleep(0.2)
+
     async def publish(self, subject: str, message: Message) -> None:
         await self.nc.publish(subject, message.encode())
 
@@ -114,11 +139,13 @@ class Bus:
         timeout: float = 10.0,
         expect: type[M] | tuple[type[Message], ...] = (),
         retry_s: float = 0.0,
+        idempotent: bool = False,
     ) -> M:
         """Send a request and return the decoded reply; ErrorReply raises RemoteError.
 
         With ``retry_s``, a request nobody serves (a master fail-over) is retried with
-        backoff for that long before "no responders" is final.
+        backoff for that long before "no responders" is final; an ``idempotent`` one is
+        also retried when a reply does not come (its server stepped down mid-request).
         """
         loop = asyncio.get_running_loop()
         deadline, delay = loop.time() + retry_s, 0.02
@@ -130,10 +157,11 @@ class Bus:
                 if loop.time() + delay > deadline:
                     waited = f" within {retry_s:g} s" if retry_s else ""
                     raise NoResponders(f"nobody serves {subject} (no master answered{waited})") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
             except nats.errors.TimeoutError:
-                raise RequestTimeout(f"no reply on {subject} within {timeout:g} s") from None
+                if not idempotent or loop.time() + delay > deadline:
+                    raise RequestTimeout(f"no reply on {subject} within {timeout:g} s") from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
         answer = decode(reply.data)
         if isinstance(answer, ErrorReply):
             raise RemoteError(answer.code, answer.message, answer.retryable)

@@ -253,6 +253,7 @@ class TaskCounters(Struct):
     finished: bool = False
     messages_dropped: int = 0
     late_records: int = 0
+    frames_lost: int = 0
 
 
 class AppError(Struct):

@@ -40,7 +40,7 @@ class Service:
     async def shutdown(self) -> None:
         """Role-specific graceful shutdown, before background tasks are cancelled."""
 
-    async def start(self, timeout: float = 30.0) -> None:
+    async def start(self, timeout: float = 90.0) -> None:
         if self._started:
             return
         self._started = True

@@ -84,6 +84,7 @@ class TaskRunner:
         self.records_in = 0
         self.frames_in = 0
         self.dropped = 0
+        self.frames_lost = 0
         self.finished = False
         self._subs = []
 
@@ -97,6 +98,7 @@ class TaskRunner:
             watermark=self.watermark,
             finished=self.finished,
             messages_dropped=self.dropped,
+            frames_lost=self.frames_lost,
             late_records=getattr(self.task, "late_records", 0),
         )
 
@@ -238,10 +240,8 @@ class TaskRunner:
                 log.warning("sender_new_session", task=self.name, sender=sender)
             state.session, state.next_seq = frame.session, frame.seq
         if frame.seq != state.next_seq:
-            raise DataPlaneError(
-                f"{self.name}: frame {frame.seq} from {sender} arrived, expected {state.next_seq}: data lost"
-            )
-        state.next_seq += 1
+            await self._lost(sender, state, frame.seq)
+        state.next_seq = frame.seq + 1
         self.frames_in += 1
         records = frame.records
         if records:
@@ -252,6 +252,19 @@ class TaskRunner:
             state.watermark = frame.watermark
             await self._advance(min(s.watermark for s in self.inputs.values()))
         return frame.eos
+
+    async def _lost(self, sender: tuple[int, int], state: _Input, seq: int) -> None:
+        """Frames went missing (e.g. while a NATS server failed over): count them, give
+        their credit back so the sender does not starve, and go on (at-most-once; with
+        checkpoints this becomes a recovery)."""
+        missing = seq - state.next_seq
+        if missing < 0:
+            raise DataPlaneError(f"{self.name}: frame {seq} from {sender} arrived after {state.next_seq - 1}: "
+                                 "frames out of order")
+        self.frames_lost += missing
+        log.warning("frames_lost", task=self.name, sender=sender, frames=missing, guarantee="at-most-once")
+        state.unacked += missing - 1  # the arriving frame itself is counted by _consumed
+        await self._consumed(sender, state)
 
     def _drop(self, reason: str) -> bool:
         """Log and count a message that is not a frame from one of our senders: it is

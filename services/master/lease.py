@@ -64,8 +64,9 @@ class LeaseLost(RequestError):
 
 
 class LeaderLease:
-    def __init__(self, js, master_id: str, ttl_s: int = 1, registry_ttl_s: int = 3):
+    def __init__(self, js, master_id: str, ttl_s: int = 1, registry_ttl_s: int = 3, replicas: int = 1):
         self.js = js
+        self.replicas = replicas
         self.master_id = master_id
         self.ttl_s = ttl_s
         self.registry_ttl_s = registry_ttl_s
@@ -84,7 +85,7 @@ class LeaderLease:
             await self.js.key_value(subjects.MASTERS_BUCKET)
         except nats.js.errors.BucketNotFoundError:
             await self.js.create_key_value(bucket=subjects.MASTERS_BUCKET, history=1,
-                                           limit_marker_ttl=self.ttl_s)
+                                           limit_marker_ttl=self.ttl_s, replicas=self.replicas)
         key = subjects.master_registry_key(self.master_id)
         current = await self._last(key)
         if _live(current) and not _stale_here(msgpack.unpackb(current.data)):

@@ -10,6 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
+import nats.errors
 import nats.js.errors
 import structlog
 
@@ -61,6 +62,8 @@ log = structlog.get_logger()
 
 APPMASTER_EXECUTOR_ID = -1
 STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
+MASTERS_LOOKUP_S = 2.0
+SETUP_DEADLINE_S = 60.0  # how long a master waits at start for JetStream (a new cluster elects leaders)
 DEFAULT_APPMASTER_RESTARTS = 3  # app config "appmaster_restarts": AppMaster relaunches before the app fails
 
 
@@ -121,16 +124,22 @@ class Master(Service):
 
     async def setup(self) -> None:
         js = self.bus.js
-        try:
-            await js.account_info()
-        except nats.js.errors.Error as exc:
-            raise RuntimeError(f"the NATS server at {self.bus.servers} has no JetStream enabled: {exc}") from exc
-        try:
-            await js.object_store(subjects.ARTIFACT_BUCKET)
-        except nats.js.errors.BucketNotFoundError:
-            await js.create_object_store(subjects.ARTIFACT_BUCKET)
-        self.lease = LeaderLease(js, self.node_id, self.lease_ttl_s)
-        await self.lease.open()
+        await self.bus.jetstream_ready(SETUP_DEADLINE_S)
+        self.lease = LeaderLease(js, self.node_id, self.lease_ttl_s, replicas=self.bus.replicas)
+        deadline = time.monotonic() + SETUP_DEADLINE_S
+        while True:  # streams of a new cluster may take a moment to get leaders
+            try:
+                try:
+                    await js.object_store(subjects.ARTIFACT_BUCKET)
+                except nats.js.errors.BucketNotFoundError:
+                    await js.create_object_store(subjects.ARTIFACT_BUCKET, replicas=self.bus.replicas)
+                await self.lease.open()
+                break
+            except (nats.errors.TimeoutError, TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"JetStream did not serve the master's buckets within "
+                                       f"{SETUP_DEADLINE_S:g} s: {exc!r}") from None
+                await asyncio.sleep(0.5)
         self.spawn(self.campaign(), "election")
 
     async def campaign(self) -> None:
@@ -139,19 +148,27 @@ class Master(Service):
         while True:
             change = await self.lease.step()
             if change == "elected":
-                await self._take_office()
+                try:
+                    await self._take_office()
+                except (nats.errors.Error, nats.js.errors.Error, TimeoutError, RequestError) as exc:
+                    log.error("taking_office_failed", error=repr(exc))  # KV unavailable: try again later
+                    await self.lease.release()
+                    await self._leave_office()
             elif change == "deposed" or (self._office and not self.lease.valid()):
                 await self._leave_office()
             now = time.monotonic()
             if now >= registry_due:
-                await self.lease.refresh_registration()
-                registry_due = now + self.lease.registry_ttl_s / 3
+                try:
+                    await self.lease.refresh_registration()
+                    registry_due = now + self.lease.registry_ttl_s / 3
+                except (nats.errors.Error, nats.js.errors.Error, TimeoutError, RequestError) as exc:
+                    log.warning("master_registration_refresh_failed", error=repr(exc))
             await asyncio.sleep(self.lease.ttl_s / 4 if self.lease.term else STANDBY_POLL_S)
 
     async def _take_office(self) -> None:
         """Load the cluster state from KV, serve the request subjects, announce."""
         started = time.monotonic()
-        self.store = await StateStore.open(self.bus.js, self.lease)
+        self.store = await StateStore.open(self.bus.js, self.lease, self.bus.replicas)
         self.apps, known = await self.store.load()
         self.scheduler = Scheduler()
         self.live = {}
@@ -312,7 +329,11 @@ class Master(Service):
             slots, used = self.scheduler.usage(w.worker_id) if w.alive else (w.slots, 0)
             workers.append(WorkerSummary(w.worker_id, w.host, w.pid, slots, used, w.alive,
                                          int(w.last_heartbeat * 1000)))
-        return ClusterInfo(masters=await self.lease.masters(), leader=self.node_id, workers=workers)
+        try:
+            masters = await asyncio.wait_for(self.lease.masters(), MASTERS_LOOKUP_S)
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+            masters = [self.node_id]  # the registry is unreachable for now: at least the leader
+        return ClusterInfo(masters=masters, leader=self.node_id, workers=workers)
 
     # --- workers ---------------------------------------------------------------
 

@@ -78,11 +78,11 @@ class StateStore:
         self._revisions: dict[str, int] = {}
 
     @classmethod
-    async def open(cls, js, lease) -> StateStore:
+    async def open(cls, js, lease, replicas: int = 1) -> StateStore:
         try:
             kv = await js.key_value(subjects.STATE_BUCKET)
         except nats.js.errors.BucketNotFoundError:
-            kv = await js.create_key_value(bucket=subjects.STATE_BUCKET, history=1)
+            kv = await js.create_key_value(bucket=subjects.STATE_BUCKET, history=1, replicas=replicas)
         return cls(kv, lease)
 
     def _fence(self) -> None:
