@@ -15,6 +15,10 @@ documented "about 10 seconds".
 AppMaster relaunch: the same app, its AppMaster killed once per trial; measured from the
 kill until a relaunched AppMaster reports the running executors as its own (its first
 heartbeat naming them).
+
+KV outage: a three-server NATS cluster; once per trial the server leading the masters'
+KV stream is killed (and restarted after); measured from the kill until a master is
+elected again (the lease could not be renewed while the stream had no leader).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ sys.path.insert(0, REPO)
 from gearbus.artifact import pack  # noqa: E402
 from gearbus.client import Client  # noqa: E402
 from gearbus.cluster import LocalCluster  # noqa: E402
+from gearbus.natsserver import NatsCluster  # noqa: E402
 from shared import subjects  # noqa: E402
 from shared.bus import RequestError  # noqa: E402
 from shared.messages import AppMasterHeartbeat, QueryCluster, decode  # noqa: E402
@@ -160,6 +165,41 @@ async def measure_appmaster(client: Client, cluster, trials: int) -> list[float]
     return times
 
 
+async def measure_kv_outage(trials: int, workdir: str) -> list[float]:
+    nats_cluster = NatsCluster(3, base_dir=os.path.join(workdir, "nats"))
+    nats_cluster.start()
+    cluster = LocalCluster(workers=1, masters=2, log_dir=os.path.join(workdir, "kv-logs"), nats=nats_cluster)
+    cluster.start()
+    times = []
+    try:
+        async with Client(cluster.urls, timeout=60) as client:
+            await client.info()
+            js = client.bus.js
+            for trial in range(trials):
+                leader = (await js.stream_info("KV_" + subjects.MASTERS_BUCKET)).cluster.leader
+                victim = next(s for s in nats_cluster.servers if s.name == leader)
+                elected = asyncio.get_running_loop().create_future()
+
+                async def on_elected(msg):
+                    if not elected.done():
+                        elected.set_result(time.monotonic())
+
+                sub = await client.bus.nc.subscribe(subjects.MASTER_ELECTED, cb=on_elected)
+                killed_at = time.monotonic()
+                victim.process.send_signal(signal.SIGKILL)
+                times.append(await asyncio.wait_for(elected, 60) - killed_at)
+                await sub.unsubscribe()
+                victim.process.wait()
+                victim.start()  # back into the cluster for the next trial
+                await client.info()
+                print(f"trial {trial + 1}/{trials}: KV leader {leader} killed, a master led again after "
+                      f"{times[-1]:.3f} s", file=sys.stderr, flush=True)
+    finally:
+        cluster.stop()
+        nats_cluster.stop()
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
@@ -168,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gearbus-failover-") as workdir:
         times = asyncio.run(measure(opts.trials, opts.masters, workdir))
         recovery, relaunch = asyncio.run(measure_recovery(opts.trials, workdir))
+        outage = asyncio.run(measure_kv_outage(opts.trials, workdir))
     median = statistics.median(times)
     ttl = 1.0
     print(f"master fail-over, {len(times)} trials, {opts.masters} masters, lease TTL {ttl:g} s; "
@@ -189,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nAppMaster relaunch, {len(relaunch)} trials")
     print(f"{'s':<22}{'median':>8}{'min':>8}{'max':>8}")
     print(f"{'gearbus relaunch':<22}{statistics.median(relaunch):>8.3f}{min(relaunch):>8.3f}{max(relaunch):>8.3f}")
-    print("\nnot measured yet: the KV outage after losing the stream leader (nats-server clusters are not "
-          "supported yet)")
+    print(f"\nKV outage after losing the stream leader's server (3 nats-servers), {len(outage)} trials")
+    print(f"{'s':<22}{'median':>8}{'min':>8}{'max':>8}")
+    print(f"{'kill -> leader again':<22}{statistics.median(outage):>8.3f}{min(outage):>8.3f}{max(outage):>8.3f}")
     return 0
 
 

@@ -125,7 +125,10 @@ class Master(Service):
     async def setup(self) -> None:
         js = self.bus.js
         await self.bus.jetstream_ready(SETUP_DEADLINE_S)
-        self.lease = LeaderLease(js, self.node_id, self.lease_ttl_s, replicas=self.bus.replicas)
+        # Lease I/O gets a short timeout: a call stuck on an unavailable stream must not
+        # keep this master from seeing the stream come back.
+        lease_js = self.bus.nc.jetstream(timeout=max(self.lease_ttl_s / 2, 0.5))
+        self.lease = LeaderLease(lease_js, self.node_id, self.lease_ttl_s, replicas=self.bus.replicas)
         deadline = time.monotonic() + SETUP_DEADLINE_S
         while True:  # streams of a new cluster may take a moment to get leaders
             try:
