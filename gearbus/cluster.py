@@ -49,8 +49,9 @@ class LocalCluster:
         self.masters[master_id] = process
         return process
 
-    def start_worker(self, worker_id: str) -> subprocess.Popen:
-        process = self._spawn(worker_id, "services.worker", "--worker-id", worker_id, "--slots", str(self.slots))
+    def start_worker(self, worker_id: str, slots: int | None = None) -> subprocess.Popen:
+        process = self._spawn(worker_id, "services.worker", "--worker-id", worker_id, "--slots",
+                              str(slots or self.slots))
         self.workers[worker_id] = process
         return process
 

@@ -55,7 +55,7 @@ DEFAULT_EXECUTORS = 2
 STARTUP_TIMEOUT_S = 60.0
 EXECUTOR_TIMEOUT_HEARTBEATS = 5  # an executor silent this many heartbeat intervals is lost (hung or host lost)
 DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app survives
-DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": failures on one worker before avoiding it
+DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": executor failures on one worker before avoiding it
 ADOPTION_WINDOW_HEARTBEATS = 2  # a relaunched AppMaster waits this long for the running executors
 MASTER_RETRY_S = 30.0  # how long requests to the master are retried while it fails over
 DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s"  # an executor silent this long is lost (hung process or lost host)
@@ -334,7 +334,6 @@ class AppMaster(Service):
         except (RequestError, AppFailure, asyncio.TimeoutError) as exc:
             slot.lost = slot.stopped = True
             raise RelaunchFailed(slot.worker_id, exc) from None
-        self._failures[slot.worker_id] = 0  # a success on this worker ends its run of failures
         return slot
 
     async def on_worker_lost(self, msg: WorkerLost) -> None:

@@ -55,23 +55,25 @@ def flag(argv: list[str], name: str) -> str:
 def test_compose_file_declares_the_cluster():
     compose = load_compose()
     services = compose["services"]
-    assert set(services) == {"nats", "master", "worker-1", "worker-2"}
+    assert set(services) == {"nats", "master", "master-standby", "worker-1", "worker-2"}
 
     nats = services["nats"]
-    assert str(nats["image"]).startswith("nats:2.10")
+    version = str(nats["image"]).removeprefix("nats:").split(".")
+    assert int(version[0]) == 2 and int(version[1]) >= 11, "the leader lease needs per-message TTLs (2.11+)"
     nats_args = command_of(nats)
     assert "-js" in nats_args or "--jetstream" in nats_args
     assert nats.get("volumes"), "the JetStream store needs a volume"
 
     assert services["master"]["build"] == "."
-    for name in ("master", "worker-1", "worker-2"):
+    for name in ("master", "master-standby", "worker-1", "worker-2"):
         service = services[name]
         depends = service["depends_on"]
         assert "nats" in (depends if isinstance(depends, (list, dict)) else [depends])
         argv = command_of(service)
-        assert argv[:3] == ["python", "-m", "services.master" if name == "master" else "services.worker"]
+        assert argv[:3] == ["python", "-m", "services.master" if name.startswith("master") else "services.worker"]
         assert flag(argv, "--nats") == COMPOSE_NATS_URL
     assert flag(command_of(services["master"]), "--master-id") == "master-0"
+    assert flag(command_of(services["master-standby"]), "--master-id") == "master-1"
     for name in ("worker-1", "worker-2"):
         argv = command_of(services[name])
         assert flag(argv, "--worker-id") == name
@@ -129,7 +131,7 @@ def logs(log_dir, names) -> str:
 async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_path):
     services = load_compose()["services"]
     names = [name for name in services if name != "nats"]
-    assert sorted(names) == ["master", "worker-1", "worker-2"]
+    assert sorted(names) == ["master", "master-standby", "worker-1", "worker-2"]
     expected_workers = {
         flag(command_of(services[name]), "--worker-id"): int(flag(command_of(services[name]), "--slots"))
         for name in names if name.startswith("worker")

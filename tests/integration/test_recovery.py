@@ -12,9 +12,10 @@ import time
 import structlog
 
 from gearbus.artifact import pack
+from gearbus.client import Client
 from shared import subjects
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, wait_until
+from tests.conftest import EXAMPLES, wait_for_workers, wait_until
 from tests.integration.test_cluster import children_of, wait_exited, wait_state
 
 log = structlog.get_logger()
@@ -87,7 +88,29 @@ async def test_a_killed_executor_is_replaced_and_the_app_goes_on(cluster, client
     await client.kill(app_id)
 
 
-async def test_a_worker_that_keeps_failing_is_blacklisted(cluster, client, tmp_path):
+async def test_a_worker_whose_executors_keep_failing_is_blacklisted(cluster_factory, tmp_path):
+    """Worker "big" has the most free slots, so replacements land there until it has
+    failed blacklist_after (2) times in a row; then the app moves to "small"."""
+    cluster = cluster_factory(workers=0, slots=4)
+    cluster.start_worker("big", slots=4)
+    cluster.start_worker("small", slots=1)
+    output = tmp_path / "ticks.jsonl"
+    async with Client(cluster.url, timeout=30) as client:
+        await wait_for_workers(client, 2)
+        app_id = await start_ticker(client, output, executors=1, blacklist_after=2)
+        for kill in range(2):
+            [(victim, worker_id, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+            assert worker_id == "big"
+            os.kill(victim, signal.SIGKILL)
+            status = await restarts_reach(client, app_id, kill + 1)
+            await flowing_beyond(client, output, max(ticks(output)) + 50)
+        assert status.blacklisted_workers == ["big"]
+        [(_, worker_id, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+        assert worker_id == "small"
+        await client.kill(app_id)
+
+
+async def test_a_worker_is_blacklisted_at_once_with_blacklist_after_1(cluster, client, tmp_path):
     output = tmp_path / "ticks.jsonl"
     app_id = await start_ticker(client, output, executors=1, blacklist_after=1)
     [(victim, worker_id, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
