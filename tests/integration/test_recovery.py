@@ -4,7 +4,6 @@ blacklist a worker; an exhausted restart budget fails the app."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -17,6 +16,7 @@ from shared import subjects
 from shared.messages import AppState
 from tests.conftest import EXAMPLES, wait_for_workers, wait_until
 from tests.integration.test_cluster import children_of, wait_exited, wait_state
+from tests.integration.test_master_ha import read_ticks
 
 log = structlog.get_logger()
 TICKER = os.path.join(EXAMPLES, "ticker.py")
@@ -39,16 +39,9 @@ def processes_of(cluster) -> list[tuple[int, str, str]]:
     return found
 
 
-def ticks(path) -> list[int]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line)["n"] for line in f if line.endswith("\n")]
-
-
 async def flowing_beyond(client, path, beyond: int, timeout: float = 30) -> list[int]:
     async def probe():
-        seen = ticks(path)
+        seen = read_ticks(path)
         return seen if seen and max(seen) > beyond else None
 
     return await wait_until(client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
@@ -77,7 +70,7 @@ async def test_a_killed_executor_is_replaced_and_the_app_goes_on(cluster, client
     output = tmp_path / "ticks.jsonl"
     app_id = await start_ticker(client, output)
     victim = next(pid for pid, _, kind in processes_of(cluster) if kind == "executor")
-    before = max(ticks(output))
+    before = max(read_ticks(output))
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     status = await restarts_reach(client, app_id, 1)
@@ -103,7 +96,7 @@ async def test_a_worker_whose_executors_keep_failing_is_blacklisted(cluster_fact
             assert worker_id == "big"
             os.kill(victim, signal.SIGKILL)
             status = await restarts_reach(client, app_id, kill + 1)
-            await flowing_beyond(client, output, max(ticks(output)) + 50)
+            await flowing_beyond(client, output, max(read_ticks(output)) + 50)
         assert status.blacklisted_workers == ["big"]
         [(_, worker_id, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
         assert worker_id == "small"
@@ -117,7 +110,7 @@ async def test_a_worker_is_blacklisted_at_once_with_blacklist_after_1(cluster, c
     os.kill(victim, signal.SIGKILL)
     status = await restarts_reach(client, app_id, 1)
     assert status.blacklisted_workers == [worker_id]
-    await flowing_beyond(client, output, max(ticks(output)) + 100)
+    await flowing_beyond(client, output, max(read_ticks(output)) + 100)
     [(_, new_worker, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
     assert new_worker != worker_id
     await client.kill(app_id)
@@ -130,7 +123,7 @@ async def test_a_lost_worker_has_its_executors_relaunched_elsewhere(cluster, cli
     appmaster_worker = next(w for _, w, kind in processes if kind == "appmaster")
     victim = next((w for _, w, kind in processes if kind == "executor" and w != appmaster_worker), None)
     assert victim is not None, f"expected an executor away from the AppMaster's worker: {processes}"
-    before = max(ticks(output))
+    before = max(read_ticks(output))
     cluster.workers[victim].send_signal(signal.SIGKILL)
     await wait_exited(cluster.workers[victim].pid, 10)
     status = await restarts_reach(client, app_id, 1)
@@ -150,7 +143,7 @@ async def test_an_exhausted_restart_budget_fails_the_app_with_the_last_error(clu
         await wait_exited(victim, 10)
         if kill == 0:  # the first loss is survived: wait for the replacement to run
             await restarts_reach(client, app_id, 1)
-            await flowing_beyond(client, output, max(ticks(output)) + 50)
+            await flowing_beyond(client, output, max(read_ticks(output)) + 50)
     final = await client.wait(app_id, timeout=30)
     assert final.state == AppState.FAILED
     assert final.error.error_type == "RestartBudgetExhausted"
@@ -162,7 +155,7 @@ async def test_a_killed_appmaster_is_relaunched_and_adopts_the_running_executors
     app_id = await start_ticker(client, output)
     [(appmaster, old_worker, _)] = [p for p in processes_of(cluster) if p[2] == "appmaster"]
     executors_before = sorted(pid for pid, _, kind in processes_of(cluster) if kind == "executor")
-    before = max(ticks(output))
+    before = max(read_ticks(output))
     killed_at = time.monotonic()
     os.kill(appmaster, signal.SIGKILL)
 
