@@ -64,8 +64,8 @@ def pack(path: str | os.PathLike) -> Artifact:
         return Artifact(f.read(), "module", os.path.splitext(os.path.basename(path))[0])
 
 
-def build_application(module, args: list[str], origin: str, runner: str = "cluster") -> Application:
-    """Call the module's ``application(args)``; plan a Pipeline for ``runner``."""
+def call_application(module, args: list[str], origin: str) -> Pipeline | Application:
+    """Call the module's ``application(args)`` and check what it returns."""
     factory = getattr(module, ENTRY_FUNCTION, None)
     if not callable(factory):
         raise ArtifactError(f"{origin} does not define {ENTRY_FUNCTION}(args) -> gearbus.Pipeline or Application")
@@ -73,13 +73,17 @@ def build_application(module, args: list[str], origin: str, runner: str = "clust
         app = factory(list(args))
     except SystemExit as exc:  # argparse and friends exit on bad arguments
         raise ArtifactError(f"{origin}: application arguments rejected (exit code {exc.code})") from None
-    if isinstance(app, Pipeline):
-        return plan(app, runner)
-    if not isinstance(app, Application):
+    if not isinstance(app, (Pipeline, Application)):
         raise ArtifactError(
             f"{origin}: {ENTRY_FUNCTION}() returned {type(app).__name__}, expected gearbus.Pipeline or Application"
         )
     return app
+
+
+def build_application(module, args: list[str], origin: str, runner: str = "cluster") -> Application:
+    """Call the module's ``application(args)``; plan a Pipeline for ``runner``."""
+    app = call_application(module, args, origin)
+    return plan(app, runner) if isinstance(app, Pipeline) else app
 
 
 def import_file(path: str):
@@ -101,6 +105,20 @@ def import_file(path: str):
 def load_local(path: str, args: list[str], runner: str = "cluster") -> Application:
     """Import a local file or package and build its Application (the CLI's pre-check)."""
     path = os.path.abspath(path)
+    return build_application(import_local(path), args, path, runner)
+
+
+def load_pipeline(path: str, args: list[str]) -> Pipeline:
+    """Import a local file or package and return the DSL Pipeline it builds."""
+    path = os.path.abspath(path)
+    app = call_application(import_local(path), args, path)
+    if not isinstance(app, Pipeline):
+        raise ArtifactError(f"{path} builds a low-level Application; this runner runs DSL pipelines (gearbus.Pipeline)")
+    return app
+
+
+def import_local(path: str):
+    """Import a local .py file or package directory."""
     if not os.path.exists(path):
         raise ArtifactError(f"application file {path} does not exist")
     if os.path.isdir(path):
@@ -111,7 +129,7 @@ def load_local(path: str, args: list[str], runner: str = "cluster") -> Applicati
             raise ArtifactError(f"importing package {path} failed: {type(exc).__name__}: {exc}") from exc
     else:
         module = import_file(path)
-    return build_application(module, args, path, runner)
+    return module
 
 
 def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: str | None = None) -> Application:

@@ -17,6 +17,7 @@ from gearbus.artifact import ArtifactError, load_local
 from gearbus.client import Client
 from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
+from gearbus.runners.spark import SparkRunner, SparkUnavailable
 from shared.bus import RequestError
 from shared.messages import AppState, AppSummary, ClusterInfo
 
@@ -84,8 +85,11 @@ def error_text(app: AppSummary) -> str:
 async def _run(args) -> int:
     loop = asyncio.get_running_loop()
     started = loop.time()
-    if args.runner == "test":
-        result = TestRunner().run(args.app, args.app_args, raise_on_failure=False)
+    if args.runner in ("test", "spark"):
+        if args.runner == "spark":
+            result = SparkRunner(args.spark_master).run(args.app, args.app_args)
+        else:
+            result = TestRunner().run(args.app, args.app_args, raise_on_failure=False)
         app = AppSummary(app_id=0, name=result.name, state=result.state, submitted_ms=0, error=result.error)
         return _report_run(args, app, {"total_s": round(loop.time() - started, 3)})
     if args.runner == "local":
@@ -212,8 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--request-timeout", type=float, default=10.0, help="seconds to wait for the master")
 
     run = sub.add_parser("run", help="run an app (default: on an embedded cluster) and wait for it")
-    run.add_argument("--runner", choices=("test", "local", "cluster"), default="local",
-                     help="test: in this process; local: an embedded cluster (default); cluster: --nats URL")
+    run.add_argument("--runner", choices=("test", "local", "cluster", "spark"), default="local",
+                     help="test: in this process; local: an embedded cluster (default); cluster: --nats URL; "
+                          "spark: PySpark (--spark-master)")
+    run.add_argument("--spark-master", default="local[*]",
+                     help="Spark master URL for --runner spark (default local[*]; e.g. spark://host:7077)")
     run.add_argument("--nats", default=os.environ.get("GEARBUS_NATS_URL", DEFAULT_URL),
                      help="NATS URL of the cluster for --runner cluster")
     run.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
@@ -264,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.handler(args)
         return asyncio.run(result) if asyncio.iscoroutine(result) else result
-    except (ArtifactError, GraphError) as exc:
+    except (ArtifactError, GraphError, SparkUnavailable) as exc:
         print(f"gearbus {args.command}: {exc}", file=sys.stderr)
         return 2
     except RequestError as exc:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gearbus.api.dsl import Pipeline
 from gearbus.api.graph import Application
-from gearbus.artifact import Artifact, load_local, pack
+from gearbus.artifact import Artifact, load_local, load_pipeline as load_pipeline_file, pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.planner import plan
@@ -54,6 +54,11 @@ class TestRunner:
                 raise
             return RunResult(AppState.FAILED, error=failure.error, name=application.name)
         return RunResult(AppState.SUCCEEDED, name=application.name)
+
+
+def load_pipeline(app: Pipeline | str, args: Sequence[str] = ()) -> Pipeline:
+    """A Pipeline object as it is, or the one an app file builds from ``args``."""
+    return app if isinstance(app, Pipeline) else load_pipeline_file(app, list(args))
 
 
 def _resolve(app, args, runner: str) -> Application:
