@@ -3,7 +3,7 @@
 #
 #   docker build -t gearbus .
 #   docker run --rm gearbus                       # prints help
-#   docker compose up                             # nats + master + two workers (compose.yaml)
+#   docker compose up                             # nats + two masters + two workers (compose.yaml)
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

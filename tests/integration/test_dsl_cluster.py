@@ -10,7 +10,6 @@ import re
 import sys
 import textwrap
 
-import pytest
 
 from gearbus.artifact import pack
 from gearbus.client import Client
