@@ -46,17 +46,14 @@ The replay must fall inside that window (JetStream's default is two minutes).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import nats
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -77,6 +74,20 @@ except ImportError:  # pragma: no cover - older pyspark: Trigger.AvailableNow is
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
 
+from gearbus.connectors.jetstream import (  # noqa: E402  (after the pyspark imports above)
+    PUBLISH_WINDOW,
+    JetStreamError,
+    Publisher as _Publisher,
+    api as _api,
+    connect as _connect,
+    dedup_id,
+    ensure_stream,
+    publish_messages,
+    run_fresh as _run,
+    stream_info as _stream_info,
+    stream_state,
+)
+
 log = logging.getLogger(__name__)
 
 FORMAT = "jetstream"
@@ -93,20 +104,12 @@ ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")  # what the Python Data S
 PARALLELISM_ENV = "GEARBUS_SPARK_DEFAULT_PARALLELISM"
 
 DEFAULT_SERVERS = "nats://127.0.0.1:4222"
-API_TIMEOUT = 5.0            # s, a JetStream API request
 CHUNK_ROWS = 10_000          # rows per Arrow batch handed to Spark
 PULL_BATCH = 2_000           # messages per MSG.NEXT pull request
 PULL_IN_FLIGHT = 4           # pull requests kept outstanding
 PULL_EXPIRES_S = 5.0         # a pull request's server-side expiry
 IDLE_S = 2.0                 # no message for this long: recreate the consumer from the last sequence
 STALL_S = 30.0               # no progress for this long: fail the task
-PUBLISH_WINDOW = 4_096       # unacknowledged publishes per writer task
-ACK_TIMEOUT_S = 5.0          # no ack for this long: republish (same Nats-Msg-Id)
-PUBLISH_RETRIES = 5
-
-
-class JetStreamError(RuntimeError):
-    """A JetStream API error, or a stream that cannot be read or written as asked."""
 
 
 # --------------------------------------------------------------------------- options
@@ -152,87 +155,6 @@ def default_partitions(options: Any = None) -> int:
     if value < 1:
         raise ValueError(f"jetstream option 'partitions' must be >= 1, got {value}")
     return value
-
-
-# --------------------------------------------------------------------------- connections
-
-
-def _run(coro):
-    """Run a coroutine on a fresh event loop (the planning process and the workers have none)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
-
-
-async def _quiet_error_cb(error: Exception) -> None:
-    # Slow-consumer drops surface as consumer-sequence gaps (handled); connection errors
-    # surface in the calls that fail. nats-py's default logs a traceback for each.
-    log.debug("nats: %s", error)
-
-
-async def _connect(servers: list[str], name: str = "gearbus-spark"):
-    return await nats.connect(servers=servers, name=name, connect_timeout=5, allow_reconnect=True,
-                              max_reconnect_attempts=10, reconnect_time_wait=0.5, error_cb=_quiet_error_cb)
-
-
-async def _api(nc, subject: str, payload: dict | None = None, timeout: float = API_TIMEOUT) -> dict:
-    try:
-        msg = await nc.request(subject, json.dumps(payload).encode() if payload is not None else b"", timeout=timeout)
-    except nats.errors.NoRespondersError:
-        raise JetStreamError(f"no JetStream responded to {subject} (is JetStream enabled on the server?)") from None
-    except nats.errors.TimeoutError:
-        raise JetStreamError(f"JetStream API request {subject} timed out after {timeout:g} s") from None
-    reply = json.loads(msg.data)
-    if "error" in reply:
-        err = reply["error"]
-        raise JetStreamError(f"{subject}: {err.get('description', err)} (code {err.get('err_code', err.get('code'))})")
-    return reply
-
-
-async def _stream_info(nc, stream: str) -> dict:
-    return await _api(nc, f"$JS.API.STREAM.INFO.{stream}")
-
-
-def stream_state(servers: str | list[str], stream: str) -> dict:
-    """The stream's state (``messages``, ``first_seq``, ``last_seq``, ...), on a short-lived connection."""
-    servers = servers.split(",") if isinstance(servers, str) else servers
-
-    async def go():
-        nc = await _connect(servers)
-        try:
-            return (await _stream_info(nc, stream))["state"]
-        finally:
-            await nc.close()
-
-    return _run(go())
-
-
-def ensure_stream(servers: str | list[str], stream: str, subjects: list[str],
-                  duplicate_window_s: float = 120.0, storage: str = "file") -> dict:
-    """Create the stream if it does not exist (subjects, duplicate window); return its info."""
-    servers = servers.split(",") if isinstance(servers, str) else servers
-
-    async def go():
-        nc = await _connect(servers)
-        try:
-            return await _ensure_stream(nc, stream, subjects, duplicate_window_s, storage)
-        finally:
-            await nc.close()
-
-    return _run(go())
-
-
-async def _ensure_stream(nc, stream: str, subjects: list[str], duplicate_window_s: float, storage: str) -> dict:
-    try:
-        return await _stream_info(nc, stream)
-    except JetStreamError as e:
-        if "not found" not in str(e):
-            raise
-    config = {"name": stream, "subjects": subjects, "storage": storage, "retention": "limits",
-              "duplicate_window": int(duplicate_window_s * 1e9), "num_replicas": 1}
-    return await _api(nc, f"$JS.API.STREAM.CREATE.{stream}", config)
 
 
 # --------------------------------------------------------------------------- reading
@@ -562,117 +484,6 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def dedup_id(subject: str, data: bytes) -> str:
-    """The Nats-Msg-Id of a row without an ``id`` column: a hash of its subject and data."""
-    return hashlib.blake2b(subject.encode() + b"\x00" + data, digest_size=16).hexdigest()
-
-
-class _Publisher:
-    """Publishes with reply subjects under one inbox (one wildcard subscription for the acks),
-    at most ``window`` unacknowledged; republishes (same id) what is not acked in time."""
-
-    def __init__(self, nc, window: int = PUBLISH_WINDOW, ack_timeout: float = ACK_TIMEOUT_S,
-                 retries: int = PUBLISH_RETRIES):
-        self.nc, self.window, self.ack_timeout, self.retries = nc, window, ack_timeout, retries
-        self.unacked: dict[int, tuple[str, bytes, str | None]] = {}
-        self.next_id = 0
-        self.published = 0
-        self.duplicates = 0
-        self.error: JetStreamError | None = None
-        self.space = asyncio.Event()
-        self.target = 0               # wake the waiting publisher when this few are unacknowledged
-        self.acked = 0
-
-    async def open(self) -> _Publisher:
-        self.prefix = self.nc.new_inbox()
-        self.sub = await self.nc.subscribe(self.prefix + ".*", cb=self._on_ack, pending_msgs_limit=1_000_000,
-                                           pending_bytes_limit=1 << 30)
-        return self
-
-    async def _on_ack(self, msg) -> None:
-        entry = self.unacked.pop(int(msg.subject.rpartition(".")[2]), None)
-        if entry is None:  # the ack of a message already acked (it was republished)
-            return
-        data = msg.data
-        if not data and msg.headers and msg.headers.get("Status") == "503":
-            self.error = self.error or JetStreamError(f"no JetStream stream captures subject {entry[0]!r}")
-        elif b'"error"' in data:
-            err = json.loads(data)["error"]
-            self.error = self.error or JetStreamError(f"publishing to {entry[0]!r}: {err.get('description', err)}")
-        elif b'"duplicate"' in data:
-            self.duplicates += 1
-        else:
-            self.published += 1
-        self.acked += 1
-        if len(self.unacked) <= self.target or self.error:
-            self.space.set()
-
-    async def _send(self, i: int, subject: str, data: bytes, msg_id: str | None) -> None:
-        await self.nc.publish(subject, data, reply=f"{self.prefix}.{i}",
-                              headers={"Nats-Msg-Id": msg_id} if msg_id else None)
-
-    async def publish(self, subject: str, data: bytes, msg_id: str | None) -> None:
-        if len(self.unacked) >= self.window:
-            await self._wait(self.window // 2)
-        i = self.next_id
-        self.next_id += 1
-        self.unacked[i] = (subject, data, msg_id)
-        await self._send(i, subject, data, msg_id)
-
-    async def _wait(self, at_most: int) -> None:
-        """Until at most ``at_most`` publishes are unacknowledged; republish (same ids) when no
-        ack at all comes for ``ack_timeout``."""
-        tries = 0
-        while True:
-            if self.error:
-                raise self.error
-            if len(self.unacked) <= at_most:
-                return
-            mark = self.acked
-            self.target = at_most
-            self.space.clear()
-            try:
-                await asyncio.wait_for(self.space.wait(), self.ack_timeout)
-                continue
-            except TimeoutError:
-                if self.acked != mark:
-                    continue  # slow, but acks come
-            tries += 1
-            if tries > self.retries:
-                raise JetStreamError(f"{len(self.unacked)} publishes not acknowledged after {tries} tries "
-                                     f"of {self.ack_timeout:g} s")
-            log.warning("republishing %d unacknowledged messages (try %d)", len(self.unacked), tries)
-            for i, (subject, data, msg_id) in list(self.unacked.items()):
-                await self._send(i, subject, data, msg_id)
-            await self.nc.flush()
-
-    async def drain(self) -> None:
-        await self.nc.flush()
-        await self._wait(0)
-        if self.error:
-            raise self.error
-
-
-def publish_messages(servers: str | list[str], subject: str, payloads: Iterable[bytes],
-                     msg_ids: Iterable[str] | None = None) -> tuple[int, int]:
-    """Publish payloads to a JetStream subject with acks; (stored, duplicates). For tests and benchmarks."""
-    servers = servers.split(",") if isinstance(servers, str) else servers
-
-    async def go():
-        nc = await _connect(servers, name="gearbus-publish")
-        try:
-            pub = await _Publisher(nc).open()
-            ids = iter(msg_ids) if msg_ids is not None else None
-            for data in payloads:
-                await pub.publish(subject, data, next(ids) if ids is not None else None)
-            await pub.drain()
-            return pub.published, pub.duplicates
-        finally:
-            await nc.close()
-
-    return _run(go())
 
 
 @dataclass

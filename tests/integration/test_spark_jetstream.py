@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from gearbus.connectors import jetstream
 from gearbus.connectors import spark_jetstream as sj
 from gearbus.natsserver import NatsServer
 from tests.integration.spark_session import shared_spark
@@ -36,7 +37,7 @@ def new_stream(server, prefix: str, duplicate_window_s: float = 120.0) -> tuple[
     """A fresh stream (name, subject prefix) on the shared server."""
     tag = uuid.uuid4().hex[:8]
     name, subject = f"{prefix}_{tag}".upper(), f"{prefix}.{tag}".lower()
-    sj.ensure_stream(server.url, name, [f"{subject}.>"], duplicate_window_s)
+    jetstream.ensure_stream(server.url, name, [f"{subject}.>"], duplicate_window_s)
     return name, subject
 
 
@@ -45,7 +46,7 @@ def payloads(start: int, stop: int) -> list[bytes]:
 
 
 def publish(server, subject: str, data: list[bytes]) -> None:
-    stored, duplicates = sj.publish_messages(server.url, subject, data)
+    stored, duplicates = jetstream.publish_messages(server.url, subject, data)
     assert (stored, duplicates) == (len(data), 0)
 
 
@@ -64,7 +65,7 @@ def stream_source(spark, server, stream: str, **options):
 
 
 def messages(server, stream: str) -> int:
-    return int(sj.stream_state(server.url, stream)["messages"])
+    return int(jetstream.stream_state(server.url, stream)["messages"])
 
 
 # --------------------------------------------------------------------------- batch source

@@ -1,0 +1,277 @@
+"""JetStream from plain nats-py: stream management and acknowledged, deduplicated
+publishing, shared by the Spark connector and the bus's JetStream sink.
+
+Publishing uses plain publishes with reply subjects under one inbox (one wildcard
+subscription for the acks) rather than ``js.publish`` per message: measured here, ~70k
+messages/s against ~30k.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Iterable
+
+import nats
+
+from gearbus.api.task import DataSink, Record, TaskContext
+
+log = logging.getLogger(__name__)
+
+API_TIMEOUT = 5.0            # s, a JetStream API request
+PUBLISH_WINDOW = 4_096       # unacknowledged publishes per writer task
+ACK_TIMEOUT_S = 5.0          # no ack for this long: republish (same Nats-Msg-Id)
+PUBLISH_RETRIES = 5
+
+
+class JetStreamError(RuntimeError):
+    """A JetStream API error, or a stream that cannot be read or written as asked."""
+
+
+def run_fresh(coro):
+    """Run a coroutine on a fresh event loop (the planning process and the workers have none)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+async def _quiet_error_cb(error: Exception) -> None:
+    # Slow-consumer drops surface as consumer-sequence gaps (handled); connection errors
+    # surface in the calls that fail. nats-py's default logs a traceback for each.
+    log.debug("nats: %s", error)
+
+
+async def connect(servers: list[str], name: str = "gearbus-spark"):
+    return await nats.connect(servers=servers, name=name, connect_timeout=5, allow_reconnect=True,
+                              max_reconnect_attempts=10, reconnect_time_wait=0.5, error_cb=_quiet_error_cb)
+
+
+async def api(nc, subject: str, payload: dict | None = None, timeout: float = API_TIMEOUT) -> dict:
+    try:
+        msg = await nc.request(subject, json.dumps(payload).encode() if payload is not None else b"", timeout=timeout)
+    except nats.errors.NoRespondersError:
+        raise JetStreamError(f"no JetStream responded to {subject} (is JetStream enabled on the server?)") from None
+    except nats.errors.TimeoutError:
+        raise JetStreamError(f"JetStream API request {subject} timed out after {timeout:g} s") from None
+    reply = json.loads(msg.data)
+    if "error" in reply:
+        err = reply["error"]
+        raise JetStreamError(f"{subject}: {err.get('description', err)} (code {err.get('err_code', err.get('code'))})")
+    return reply
+
+
+async def stream_info(nc, stream: str) -> dict:
+    return await api(nc, f"$JS.API.STREAM.INFO.{stream}")
+
+
+def stream_state(servers: str | list[str], stream: str) -> dict:
+    """The stream's state (``messages``, ``first_seq``, ``last_seq``, ...), on a short-lived connection."""
+    servers = servers.split(",") if isinstance(servers, str) else servers
+
+    async def go():
+        nc = await connect(servers)
+        try:
+            return (await stream_info(nc, stream))["state"]
+        finally:
+            await nc.close()
+
+    return run_fresh(go())
+
+
+def ensure_stream(servers: str | list[str], stream: str, subjects: list[str],
+                  duplicate_window_s: float = 120.0, storage: str = "file") -> dict:
+    """Create the stream if it does not exist (subjects, duplicate window); return its info."""
+    servers = servers.split(",") if isinstance(servers, str) else servers
+
+    async def go():
+        nc = await connect(servers)
+        try:
+            return await ensure_stream_async(nc, stream, subjects, duplicate_window_s, storage)
+        finally:
+            await nc.close()
+
+    return run_fresh(go())
+
+
+async def ensure_stream_async(nc, stream: str, subjects: list[str], duplicate_window_s: float, storage: str) -> dict:
+    try:
+        return await stream_info(nc, stream)
+    except JetStreamError as e:
+        if "not found" not in str(e):
+            raise
+    config = {"name": stream, "subjects": subjects, "storage": storage, "retention": "limits",
+              "duplicate_window": int(duplicate_window_s * 1e9), "num_replicas": 1}
+    return await api(nc, f"$JS.API.STREAM.CREATE.{stream}", config)
+
+
+def dedup_id(subject: str, data: bytes) -> str:
+    """The Nats-Msg-Id of a row without an ``id`` column: a hash of its subject and data."""
+    return hashlib.blake2b(subject.encode() + b"\x00" + data, digest_size=16).hexdigest()
+
+
+class Publisher:
+    """Publishes with reply subjects under one inbox (one wildcard subscription for the acks),
+    at most ``window`` unacknowledged; republishes (same id) what is not acked in time."""
+
+    def __init__(self, nc, window: int = PUBLISH_WINDOW, ack_timeout: float = ACK_TIMEOUT_S,
+                 retries: int = PUBLISH_RETRIES):
+        self.nc, self.window, self.ack_timeout, self.retries = nc, window, ack_timeout, retries
+        self.unacked: dict[int, tuple[str, bytes, str | None]] = {}
+        self.next_id = 0
+        self.published = 0
+        self.duplicates = 0
+        self.error: JetStreamError | None = None
+        self.space = asyncio.Event()
+        self.target = 0               # wake the waiting publisher when this few are unacknowledged
+        self.acked = 0
+
+    async def open(self) -> Publisher:
+        self.prefix = self.nc.new_inbox()
+        self.sub = await self.nc.subscribe(self.prefix + ".*", cb=self._on_ack, pending_msgs_limit=1_000_000,
+                                           pending_bytes_limit=1 << 30)
+        return self
+
+    async def _on_ack(self, msg) -> None:
+        entry = self.unacked.pop(int(msg.subject.rpartition(".")[2]), None)
+        if entry is None:  # the ack of a message already acked (it was republished)
+            return
+        data = msg.data
+        if not data and msg.headers and msg.headers.get("Status") == "503":
+            self.error = self.error or JetStreamError(f"no JetStream stream captures subject {entry[0]!r}")
+        elif b'"error"' in data:
+            err = json.loads(data)["error"]
+            self.error = self.error or JetStreamError(f"publishing to {entry[0]!r}: {err.get('description', err)}")
+        elif b'"duplicate"' in data:
+            self.duplicates += 1
+        else:
+            self.published += 1
+        self.acked += 1
+        if len(self.unacked) <= self.target or self.error:
+            self.space.set()
+
+    async def _send(self, i: int, subject: str, data: bytes, msg_id: str | None) -> None:
+        await self.nc.publish(subject, data, reply=f"{self.prefix}.{i}",
+                              headers={"Nats-Msg-Id": msg_id} if msg_id else None)
+
+    async def publish(self, subject: str, data: bytes, msg_id: str | None) -> None:
+        if len(self.unacked) >= self.window:
+            await self._wait(self.window // 2)
+        i = self.next_id
+        self.next_id += 1
+        self.unacked[i] = (subject, data, msg_id)
+        await self._send(i, subject, data, msg_id)
+
+    async def _wait(self, at_most: int) -> None:
+        """Until at most ``at_most`` publishes are unacknowledged; republish (same ids) when no
+        ack at all comes for ``ack_timeout``."""
+        tries = 0
+        while True:
+            if self.error:
+                raise self.error
+            if len(self.unacked) <= at_most:
+                return
+            mark = self.acked
+            self.target = at_most
+            self.space.clear()
+            try:
+                await asyncio.wait_for(self.space.wait(), self.ack_timeout)
+                continue
+            except TimeoutError:
+                if self.acked != mark:
+                    continue  # slow, but acks come
+            tries += 1
+            if tries > self.retries:
+                raise JetStreamError(f"{len(self.unacked)} publishes not acknowledged after {tries} tries "
+                                     f"of {self.ack_timeout:g} s")
+            log.warning("republishing %d unacknowledged messages (try %d)", len(self.unacked), tries)
+            for i, (subject, data, msg_id) in list(self.unacked.items()):
+                await self._send(i, subject, data, msg_id)
+            await self.nc.flush()
+
+    async def drain(self) -> None:
+        await self.nc.flush()
+        await self._wait(0)
+        if self.error:
+            raise self.error
+
+
+def publish_messages(servers: str | list[str], subject: str, payloads: Iterable[bytes],
+                     msg_ids: Iterable[str] | None = None) -> tuple[int, int]:
+    """Publish payloads to a JetStream subject with acks; (stored, duplicates). For tests and benchmarks."""
+    servers = servers.split(",") if isinstance(servers, str) else servers
+
+    async def go():
+        nc = await connect(servers, name="gearbus-publish")
+        try:
+            pub = await Publisher(nc).open()
+            ids = iter(msg_ids) if msg_ids is not None else None
+            for data in payloads:
+                await pub.publish(subject, data, next(ids) if ids is not None else None)
+            await pub.drain()
+            return pub.published, pub.duplicates
+        finally:
+            await nc.close()
+
+    return run_fresh(go())
+
+
+
+
+class JetStreamSink(DataSink):
+    """A bus sink that publishes each record's value, as JSON, to a JetStream subject with
+    acknowledgement, so other engines (Spark's ``jetstream`` source) can read what the bus
+    produces. Each message's ``Nats-Msg-Id`` comes from ``id_fn(value)`` (default: a hash
+    of subject and data), so a task restarted after a failure does not store duplicates.
+
+    Tasks run in the executor's event loop while ``write`` is synchronous, so each sink
+    task keeps its own NATS connection on a thread of its own.
+    """
+
+    def __init__(self, servers: str | list[str], subject: str, stream: str | None = None, id_fn=None,
+                 duplicate_window_s: float = 120.0):
+        self.servers = servers.split(",") if isinstance(servers, str) else list(servers)
+        self.subject = subject
+        self.stream = stream
+        self.id_fn = id_fn
+        self.duplicate_window_s = duplicate_window_s
+
+    def open(self, context: TaskContext) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream-sink", daemon=True)
+        self._thread.start()
+        self._call(self._connect())
+        if self.stream:
+            self._call(ensure_stream_async(self._nc, self.stream, [self.subject], self.duplicate_window_s, "file"))
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _connect(self) -> None:
+        self._nc = await connect(self.servers, name="gearbus-jetstream-sink")
+        self._publisher = await Publisher(self._nc).open()
+
+    def write(self, records: list[Record]) -> None:
+        self._call(self._publish(records))
+
+    async def _publish(self, records: list[Record]) -> None:
+        subject, id_fn = self.subject, self.id_fn
+        for record in records:
+            data = json.dumps(record.value, ensure_ascii=False, separators=(",", ":")).encode()
+            await self._publisher.publish(subject, data, str(id_fn(record.value)) if id_fn else dedup_id(subject, data))
+        await self._publisher.drain()
+
+    def close(self) -> None:
+        if getattr(self, "_loop", None) is None:
+            return
+        try:
+            self._call(self._nc.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()
+            self._loop = None

@@ -1,0 +1,46 @@
+"""Bus apps write into JetStream (for Spark's jetstream source to read): acknowledged,
+and deduplicated by ids taken from the data, so running the same work again stores nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gearbus.artifact import pack
+from gearbus.connectors import jetstream
+from shared.messages import AppState
+
+APP = '''
+from gearbus import Pipeline
+from gearbus.connectors.jetstream import JetStreamSink
+
+def reading(n):
+    return {"sensor": f"s{n % 4}", "temp": n % 30, "ts": 1_700_000_000_000 + n * 250}
+
+def application(args):
+    url, count = args
+    p = Pipeline("to-jetstream", parallelism=2)
+    (p.from_collection(range(int(count)), parallelism=2)
+      .map(reading, name="reading")
+      .sink(JetStreamSink(url, "readings.raw", stream="READINGS"), parallelism=2, name="publish"))
+    return p
+'''
+
+
+async def test_a_bus_app_writes_into_a_jetstream_stream_without_duplicates(cluster, client, tmp_path):
+    app = tmp_path / "to_jetstream.py"
+    app.write_text(APP)
+    for _ in range(2):  # the second run publishes the same data again: all of it deduplicated
+        app_id = await client.submit(pack(str(app)), [cluster.url, "2000"])
+        final = await client.wait(app_id, timeout=60)
+        assert final.state == AppState.SUCCEEDED, final.error
+        state = await asyncio.get_running_loop().run_in_executor(None, jetstream.stream_state, cluster.url,
+                                                                 "READINGS")
+        assert state["messages"] == 2000
+    sub = await client.bus.js.subscribe("readings.raw", ordered_consumer=True)
+    seen = set()
+    for _ in range(2000):
+        msg = await sub.next_msg(timeout=10)
+        seen.add(json.loads(msg.data)["ts"])
+    await sub.unsubscribe()
+    assert seen == {1_700_000_000_000 + n * 250 for n in range(2000)}
