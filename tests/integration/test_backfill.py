@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 from gearbus.artifact import pack
 from gearbus.connectors import jetstream
 from shared.messages import AppState
-from tests.conftest import EXAMPLES
-from tests.integration.spark_session import shared_spark
+from tests.conftest import EXAMPLES, REPO
 from tests.integration.test_jetstream_sink import APP
 
 BASE = 1_700_000_000_000
-
-
-def load_backfill():
-    spec = importlib.util.spec_from_file_location("backfill", os.path.join(EXAMPLES, "backfill.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 async def read_all(client, subject: str, count: int) -> list[dict]:
@@ -41,14 +34,15 @@ async def test_spark_averages_what_the_bus_wrote_and_publishes_them_back(cluster
     assert (await client.wait(app_id, timeout=60)).state == AppState.SUCCEEDED
 
     loop = asyncio.get_running_loop()
-    backfill = load_backfill()
     checkpoint = str(tmp_path / "checkpoint")
 
     def run_once():
-        query = backfill.build_query(shared_spark(), cluster.url, "READINGS", "sensors.averages", "SENSOR_AVERAGES",
-                                     checkpoint, available_now=True)
-        query.awaitTermination(180)
-        assert query.exception() is None, query.exception()
+        """The example as a user runs it, in its own process and Spark session."""
+        done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "backfill.py"), "--nats", cluster.url,
+                               "--stream", "READINGS", "--checkpoint", checkpoint, "--available-now",
+                               "--spark-master", "local[2]"],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
 
     await loop.run_in_executor(None, run_once)
     stored = (await loop.run_in_executor(None, jetstream.stream_state, cluster.url, "SENSOR_AVERAGES"))["messages"]
