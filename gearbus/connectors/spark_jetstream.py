@@ -77,14 +77,14 @@ except ImportError:  # pragma: no cover - older pyspark: Trigger.AvailableNow is
 from gearbus.connectors.jetstream import (  # noqa: E402  (after the pyspark imports above)
     PUBLISH_WINDOW,
     JetStreamError,
-    Publisher as _Publisher,
-    api as _api,
-    connect as _connect,
+    Publisher,
+    api,
+    connect,
     dedup_id,
     ensure_stream,
     publish_messages,
-    run_fresh as _run,
-    stream_info as _stream_info,
+    run_fresh,
+    stream_info,
     stream_state,
 )
 
@@ -221,7 +221,7 @@ class _RangeReader:
         self.stamps: list[int] = []
 
     async def open(self) -> None:
-        self.nc = await _connect(self.servers, name=f"gearbus-spark-read-{self.stream}")
+        self.nc = await connect(self.servers, name=f"gearbus-spark-read-{self.stream}")
         await self._new_consumer()
 
     async def _new_consumer(self) -> None:
@@ -249,7 +249,7 @@ class _RangeReader:
         self.sub = await self.nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=1_000_000,
                                            pending_bytes_limit=1 << 30)
         self.inbox = inbox
-        info = await _api(self.nc, f"$JS.API.CONSUMER.CREATE.{self.stream}",
+        info = await api(self.nc, f"$JS.API.CONSUMER.CREATE.{self.stream}",
                           {"stream_name": self.stream, "config": config})
         self.consumer = info["name"]
         self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
@@ -269,7 +269,7 @@ class _RangeReader:
         if self.consumer is not None:
             name, self.consumer = self.consumer, None
             try:
-                await _api(self.nc, f"$JS.API.CONSUMER.DELETE.{self.stream}.{name}", timeout=2.0)
+                await api(self.nc, f"$JS.API.CONSUMER.DELETE.{self.stream}.{name}", timeout=2.0)
             except Exception:  # noqa: BLE001 - inactive_threshold removes it
                 pass
 
@@ -525,12 +525,12 @@ class _WriterBase:
                 info = ensure_stream(self.servers, str(stream), [self.subject], window_s)
             else:
                 async def get():
-                    nc = await _connect(self.servers)
+                    nc = await connect(self.servers)
                     try:
-                        return await _stream_info(nc, str(stream))
+                        return await stream_info(nc, str(stream))
                     finally:
                         await nc.close()
-                info = _run(get())
+                info = run_fresh(get())
             if int(info["config"].get("duplicate_window", 0)) <= 0:
                 raise JetStreamError(f"stream {stream} has no duplicate window: a replayed batch would be stored twice")
 
@@ -538,8 +538,8 @@ class _WriterBase:
         loop = asyncio.new_event_loop()
         nc = None
         try:
-            nc = loop.run_until_complete(_connect(self.servers, name="gearbus-spark-write"))
-            pub = loop.run_until_complete(_Publisher(nc, window=self.window).open())
+            nc = loop.run_until_complete(connect(self.servers, name="gearbus-spark-write"))
+            pub = loop.run_until_complete(Publisher(nc, window=self.window).open())
             for batch in iterator:
                 loop.run_until_complete(self._publish_batch(pub, batch))
             loop.run_until_complete(pub.drain())
@@ -549,7 +549,7 @@ class _WriterBase:
                 loop.run_until_complete(nc.close())
             loop.close()
 
-    async def _publish_batch(self, pub: _Publisher, batch: pa.RecordBatch) -> None:
+    async def _publish_batch(self, pub: Publisher, batch: pa.RecordBatch) -> None:
         datas = _column(batch, self.data_name).to_pylist()
         subjects = (_column(batch, self.subject_name).to_pylist() if self.subject_name
                     else [self.subject] * len(datas))
