@@ -16,7 +16,7 @@ from gearbus.api.dsl import Pipeline, Step
 from gearbus.api.graph import Application, Graph, GraphError, Processor
 from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, Partitioner, ShufflePartitioner
 from gearbus.api.windows import GlobalWindows, WindowOperator
-from gearbus.chain import (
+from gearbus.runtime.chain import (
     ChainSourceTask,
     ChainTask,
     CombineOp,

@@ -254,6 +254,23 @@ class TaskCounters(Struct):
     messages_dropped: int = 0
     late_records: int = 0
     frames_lost: int = 0
+    stale_frames: int = 0  # frames of another attempt (a replaced task's), dropped unread
+    dead_letters: int = 0  # source messages that did not decode (sent to the dead-letter subject)
+    epoch: int = 0
+
+
+class CheckpointStats(Struct):
+    """The app's checkpoints, for ``gearbus status``."""
+
+    interval_ms: int = 0  # 0: periodic checkpoints are off (bounded apps still end with one)
+    last_id: int = 0  # the latest completed checkpoint, 0 for none
+    last_completed_ms: int = 0  # when it completed (epoch ms)
+    last_duration_ms: int = 0
+    last_size_bytes: int = 0
+    completed: int = 0
+    failed: int = 0  # abandoned, declined or not stored
+    last_failure: str = ""
+    epoch: int = 0  # the app's attempt: the number of rollbacks to a checkpoint so far
 
 
 class AppError(Struct):
@@ -288,8 +305,11 @@ class AppSummary(Struct):
     tasks: list[TaskCounters] = dataclasses.field(default_factory=list)
     clock: int | None = None  # the application clock (epoch ms), once the AppMaster reported one
     stalled_tasks: list[str] = dataclasses.field(default_factory=list)
-    restarts: int = 0  # executors lost and replaced; their tasks restarted at-most-once
+    restarts: int = 0  # executors lost and replaced; the app rolled back to its last checkpoint
     blacklisted_workers: list[str] = dataclasses.field(default_factory=list)
+    guarantee: str = ""  # "exactly-once", "at-least-once", "at-most-once" or "none"
+    guarantee_detail: str = ""  # which step makes it weaker than exactly-once
+    checkpoints: CheckpointStats | None = None
 
 
 class Allocation(Struct):
@@ -322,6 +342,7 @@ class ErrorCode:
     CONFLICT = "conflict"  # duplicate id, app already finished
     UNAVAILABLE = "unavailable"  # no resources now, not ready; retry later
     INTERNAL = "internal"  # a handler raised; the message says what
+    FENCED = "fenced"  # the sender was declared lost and replaced: it must stop
 
 
 class Ack(Message):
@@ -461,6 +482,7 @@ class ShutdownExecutor(Message):
     app_id: int
     executor_id: int | None = None
     reason: str = ""
+    force: bool = False  # SIGKILL at once: the executor was declared lost (it may be hung or stopped)
 
 
 class ExecutorStopped(Message):
@@ -496,6 +518,9 @@ class AppMasterHeartbeat(Message):
     stalled_tasks: list[str] = dataclasses.field(default_factory=list)
     restarts: int = 0
     blacklisted_workers: list[str] = dataclasses.field(default_factory=list)
+    guarantee: str = ""
+    guarantee_detail: str = ""
+    checkpoints: CheckpointStats | None = None
 
 
 class RequestResource(Message):
@@ -535,11 +560,14 @@ class ExecutorRegistered(Message):
 
 
 class LaunchTasks(Message):
+    """Run ``tasks`` in attempt ``epoch``; tasks of an older attempt on this executor stop
+    first. ``restore_checkpoint``: the completed checkpoint to restore from (0: fresh)."""
+
     tasks: list[TaskId]
     dag_digest: str
     start_ms: int = 0  # when the app started (epoch ms): sources that follow the clock resume from it
-    restart: bool = False  # the tasks replace lost ones: they reset their senders' credit
-    ended_inputs: list[TaskId] = dataclasses.field(default_factory=list)  # upstream tasks that already ended
+    epoch: int = 0
+    restore_checkpoint: int = 0
 
 
 class TaskRegistered(Message):
@@ -560,9 +588,58 @@ class ExecutorHeartbeat(Message):
 class TaskFinished(Message):
     executor_id: int
     counters: TaskCounters
+    epoch: int = 0
 
 
 class TaskFailed(Message):
     executor_id: int
     task: TaskId
     error: AppError
+    epoch: int = 0
+    recoverable: bool = False  # lost frames, a broken connection: roll back rather than fail the app
+
+
+class TaskEnded(Message):
+    """Every input of the task ended and its end-of-stream went downstream; it waits for
+    the final checkpoint before it finishes."""
+
+    executor_id: int
+    task: TaskId
+    epoch: int
+
+
+class TriggerCheckpoint(Message):
+    """Broadcast to the app's executors: source tasks of ``epoch`` inject the barrier."""
+
+    checkpoint_id: int
+    epoch: int
+
+
+class TaskCheckpointed(Message):
+    """A task stored its snapshot for a checkpoint (in the checkpoint object store)."""
+
+    executor_id: int
+    task: TaskId
+    checkpoint_id: int
+    epoch: int
+    size_bytes: int
+    ended: bool = False
+
+
+class CheckpointDeclined(Message):
+    """A task could not store its snapshot for a checkpoint."""
+
+    executor_id: int
+    task: TaskId
+    checkpoint_id: int
+    epoch: int
+    reason: str
+
+
+class CheckpointComplete(Message):
+    """Broadcast to the app's executors: every task acknowledged the checkpoint and its
+    record is stored; tasks of ``epoch`` commit what they sealed up to it."""
+
+    checkpoint_id: int
+    epoch: int
+    final: bool = False

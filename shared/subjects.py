@@ -26,6 +26,7 @@ MASTER_ELECTED = "master.elected"
 STATE_BUCKET = "gearbus_state"
 ARTIFACT_BUCKET = "gearbus_artifacts"
 MASTERS_BUCKET = "gearbus_masters"  # the leader lease and the registry of running masters
+CHECKPOINT_BUCKET = "gearbus_checkpoints"  # object store of task snapshots, and KV of completed checkpoints
 
 
 def app_state_events(app_id: int) -> str:
@@ -72,6 +73,45 @@ def appmaster_task_finished(app_id: int) -> str:
 
 def appmaster_task_failed(app_id: int) -> str:
     return f"appmaster.{app_id}.task.failed"
+
+
+def appmaster_task_ended(app_id: int) -> str:
+    return f"appmaster.{app_id}.task.ended"
+
+
+def appmaster_checkpoint_ack(app_id: int) -> str:
+    """TaskCheckpointed and CheckpointDeclined from executors."""
+    return f"appmaster.{app_id}.checkpoint.ack"
+
+
+def checkpoint_trigger(app_id: int) -> str:
+    """The AppMaster asks every executor of the app to inject a checkpoint's barriers."""
+    return f"executor.{app_id}.checkpoint.trigger"
+
+
+def checkpoint_complete(app_id: int) -> str:
+    """The AppMaster tells every executor of the app that a checkpoint completed."""
+    return f"executor.{app_id}.checkpoint.complete"
+
+
+def checkpoint_object(app_id: int, checkpoint_id: int, processor: int, index: int) -> str:
+    """The name of one task's snapshot in the checkpoint object store."""
+    return f"app{app_id}/cp{checkpoint_id}/{processor}.{index}"
+
+
+def checkpoint_key(app_id: int, checkpoint_id: int) -> str:
+    """One completed checkpoint's record in the checkpoint KV bucket."""
+    return f"app{app_id}.cp{checkpoint_id}"
+
+
+def checkpoint_latest_key(app_id: int) -> str:
+    """The id and record of the app's latest completed checkpoint."""
+    return f"app{app_id}.latest"
+
+
+def checkpoint_epoch_key(app_id: int) -> str:
+    """The app's current attempt (epoch), kept for a relaunched AppMaster."""
+    return f"app{app_id}.epoch"
 
 
 def executor_reregister(app_id: int) -> str:

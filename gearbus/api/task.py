@@ -33,8 +33,14 @@ class TaskContext:
     """What a task knows about where it runs."""
 
     def __init__(self, app_id: int, app_name: str, processor, index: int, executor_id: int,
-                 app_start_ms: int = 0, restarted: bool = False):
+                 app_start_ms: int = 0, restarted: bool = False, epoch: int = 0,
+                 nats_servers: list[str] | None = None):
         self.app_id = app_id
+        #: The attempt of the whole application this task belongs to: 0 at the start, n after
+        #: the n-th rollback to a checkpoint. Frames and writes carry it; older ones are dropped.
+        self.epoch = epoch
+        #: The cluster's NATS URLs (empty in the TestRunner): connectors use them by default.
+        self.nats_servers: list[str] = list(nats_servers or [])
         #: When the application started (epoch ms; 0 when unknown): a source that follows the
         #: clock uses it to resume at the right place after a restart.
         self.app_start_ms = app_start_ms
@@ -90,6 +96,24 @@ class Task:
     def on_stop(self) -> None:
         """Called when the task stops, whether it ended, failed or was killed."""
 
+    def snapshot(self) -> Any:
+        """The task's state at a checkpoint barrier (any picklable value; None when it
+        holds none). Everything the task needs to resume exactly must be in it."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Resume from what :meth:`snapshot` returned; called after :meth:`on_start`,
+        before the first record, when the application recovers from a checkpoint."""
+
+    def prepare_checkpoint(self, checkpoint_id: int) -> None:
+        """Called at a checkpoint barrier just before :meth:`snapshot`: a task that writes
+        out seals what it wrote since the previous barrier (a sink's pre-commit)."""
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Called once checkpoint ``checkpoint_id`` is complete everywhere: a task that
+        writes out commits what it sealed up to it. Runs off the event loop (it may block)
+        while the task goes on with later records."""
+
     def emit(self, value: Any, key: Any = None, timestamp: int | None = None) -> None:
         """Send a record downstream; its time defaults to that of the latest input record."""
         self.output.append(new_record(Record, (value, self.current_time if timestamp is None else timestamp, key)))
@@ -102,7 +126,14 @@ class Task:
 
 
 class DataSource:
-    """A source of records for a source processor; one instance per task."""
+    """A source of records for a source processor; one instance per task.
+
+    A *replayable* source records its read position in :meth:`snapshot` and goes back to
+    it in :meth:`restore`, so a recovery re-reads exactly what followed the checkpoint.
+    """
+
+    #: True when snapshot/restore make the source re-read exactly (files, JetStream).
+    replayable = False
 
     def open(self, context: TaskContext) -> None:
         """Prepare to read this task's share of the input."""
@@ -116,18 +147,57 @@ class DataSource:
         """How long to wait before reading again after :meth:`read` returned ``[]``."""
         return 0.01
 
+    def watermark(self) -> int | None:
+        """The source's own watermark (e.g. the minimum over its partitions), or None to
+        let the task derive it from the timestamps read (``max_out_of_orderness_ms``)."""
+        return None
+
+    def snapshot(self) -> Any:
+        """The read position (picklable), taken at a checkpoint barrier."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Go back to a position :meth:`snapshot` returned; called after :meth:`open`."""
+
     def close(self) -> None:
         """Release what :meth:`open` acquired."""
 
 
 class DataSink:
-    """A destination of records for a sink processor; one instance per task."""
+    """A destination of records for a sink processor; one instance per task.
+
+    A *transactional* sink commits in two phases, so its output is exactly-once: what
+    :meth:`write` receives between two checkpoint barriers becomes one transaction,
+    sealed by :meth:`pre_commit` at the barrier (and kept in :meth:`snapshot`), and made
+    visible by :meth:`commit` once the checkpoint is complete. A commit repeated after a
+    crash must change nothing (the same ids, the same bytes).
+    """
+
+    #: True when writes become visible only through commit (exactly-once).
+    transactional = False
 
     def open(self, context: TaskContext) -> None:
         """Prepare to write this task's records."""
 
     def write(self, records: list[Record]) -> None:
         raise NotImplementedError
+
+    def pre_commit(self, checkpoint_id: int) -> None:
+        """Seal what was written since the previous barrier as the transaction of
+        ``checkpoint_id``; called at the barrier, just before :meth:`snapshot`."""
+
+    def commit(self, checkpoint_id: int) -> None:
+        """Make every sealed transaction up to ``checkpoint_id`` durable and visible,
+        idempotently. May block (it runs off the task's event loop)."""
+
+    def snapshot(self) -> Any:
+        """The sink's state at a barrier, with its sealed, uncommitted transactions."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Resume from a completed checkpoint's state; called after :meth:`open`. Its
+        sealed transactions belong to a completed checkpoint: commit them (idempotently)
+        and discard anything written after it."""
 
     def close(self) -> None:
         """Flush and release; called when the input has ended."""

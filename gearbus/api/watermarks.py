@@ -19,6 +19,13 @@ class WatermarkGenerator:
     def current(self) -> int:
         raise NotImplementedError
 
+    def snapshot(self):
+        """What the generator has observed, for a checkpoint."""
+        return None
+
+    def restore(self, state) -> None:
+        """Continue from :meth:`snapshot`'s state."""
+
 
 class BoundedOutOfOrderness(WatermarkGenerator):
     """Records may arrive up to ``max_delay_ms`` behind the newest one seen: the
@@ -33,6 +40,12 @@ class BoundedOutOfOrderness(WatermarkGenerator):
     def observe(self, max_timestamp: int) -> None:
         if max_timestamp > self._max:
             self._max = max_timestamp
+
+    def snapshot(self) -> int:
+        return self._max
+
+    def restore(self, state: int) -> None:
+        self._max = state
 
     def current(self) -> int:
         if self._max == WATERMARK_MIN:

@@ -12,7 +12,10 @@ import traceback
 import structlog
 
 from gearbus.api.graph import Application
+from gearbus.runtime.guarantee import delivery_guarantee
+from services.appmaster import checkpoints as cp
 from services.appmaster.clock import ClockService
+from services.checkpoint_store import CheckpointStore
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
 from shared import subjects
 from shared.bus import RequestError, RequestTimeout
@@ -23,6 +26,9 @@ from shared.messages import (
     AppMasterRegistered,
     ApplicationStateChanged,
     AppState,
+    CheckpointComplete,
+    CheckpointDeclined,
+    CheckpointStats,
     ErrorCode,
     ExecutorHeartbeat,
     ExecutorKind,
@@ -40,11 +46,14 @@ from shared.messages import (
     ResourceAllocated,
     ShutdownExecutor,
     StartAllTasks,
+    TaskCheckpointed,
     TaskCounters,
+    TaskEnded,
     TaskFailed,
     TaskFinished,
     TaskId,
     TaskRegistered,
+    TriggerCheckpoint,
     WorkerLost,
 )
 from shared.service import Service, run_service
@@ -58,7 +67,12 @@ DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app 
 DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": executor failures on one worker before avoiding it
 ADOPTION_WINDOW_HEARTBEATS = 2  # a relaunched AppMaster waits this long for the running executors
 MASTER_RETRY_S = 30.0  # how long requests to the master are retried while it fails over
-DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s"  # an executor silent this long is lost (hung process or lost host)
+DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s": a task whose watermark stands still this long is stalled
+DEFAULT_CHECKPOINT_INTERVAL_MS = 1000  # app config "checkpoint_interval_ms"; 0 turns periodic checkpoints off
+DEFAULT_CHECKPOINT_TIMEOUT_MS = 60_000  # app config "checkpoint_timeout_ms": then a checkpoint is abandoned
+DEFAULT_CHECKPOINTS_KEPT = 3  # app config "checkpoints_kept"
+DEFAULT_CHECKPOINT_FAILURES = 10  # app config "checkpoint_failures_tolerated": consecutive, then the app fails
+FENCE_TIMEOUT_S = 5.0  # how long to wait for a worker to kill an executor declared lost
 
 
 class AppFailure(Exception):
@@ -91,6 +105,7 @@ class ExecutorSlot:
         self.missed_logged = False
         self.stopped = False
         self.lost = False
+        self.suspect = False  # lost with its worker perhaps: place its tasks elsewhere
 
 
 class AppMaster(Service):
@@ -110,23 +125,34 @@ class AppMaster(Service):
         self._stalled_logged: set[str] = set()
         self.config: dict = {}
         self.start_ms = 0
+        self.epoch = 0
         self.restarts = 0
         self.blacklist: set[str] = set()
         self._failures: collections.Counter[str] = collections.Counter()
         self._recovering = asyncio.Lock()
+        self._rollback_queued = False
         self.adopting = False
-        self._finished_on_adoption: set[tuple[int, int]] = set()
         self._ending = False
+        self.store: CheckpointStore | None = None
+        self.coordinator: cp.CheckpointCoordinator | None = None
+        self.checkpoint_interval_ms = DEFAULT_CHECKPOINT_INTERVAL_MS
+        self._checkpoint_failure = ""
+        self._last_completed_ms = 0
+        self.guarantee = ("", "")
 
     # --- lifecycle -------------------------------------------------------------
 
     async def setup(self) -> None:
         self.outcome = asyncio.get_running_loop().create_future()
+        self.store = CheckpointStore(self.bus.js, self.app_id)
         await self.bus.serve(subjects.appmaster_executor_register(self.app_id), {RegisterExecutor: self.on_register})
         await self.bus.serve(subjects.appmaster_executor_heartbeat(self.app_id), {ExecutorHeartbeat: self.on_heartbeat})
         await self.bus.listen(subjects.appmaster_executor_stopped(self.app_id), {ExecutorStopped: self.on_stopped})
         await self.bus.listen(subjects.appmaster_task_finished(self.app_id), {TaskFinished: self.on_task_finished})
         await self.bus.listen(subjects.appmaster_task_failed(self.app_id), {TaskFailed: self.on_task_failed})
+        await self.bus.listen(subjects.appmaster_task_ended(self.app_id), {TaskEnded: self.on_task_ended})
+        await self.bus.listen(subjects.appmaster_checkpoint_ack(self.app_id),
+                              {TaskCheckpointed: self.on_checkpointed, CheckpointDeclined: self.on_declined})
         await self.bus.listen(subjects.appmaster_worker_lost(self.app_id), {WorkerLost: self.on_worker_lost})
         await self.register()
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
@@ -159,7 +185,9 @@ class AppMaster(Service):
             else:
                 await self.start_app()
             await self._report(AppState.ACTIVE, None)
-            log.info("app_active", executors=len(self.executors), tasks=len(self.unfinished))
+            log.info("app_active", executors=len(self.executors), tasks=len(self.unfinished),
+                     guarantee=self.guarantee[0])
+            self.spawn(self.checkpoint_loop(), "checkpoints")
             await self.outcome
         except AppFailure as failure:
             state, error = AppState.FAILED, failure.error
@@ -183,11 +211,35 @@ class AppMaster(Service):
     def _plan_tasks(self) -> list[TaskId]:
         return [TaskId(p.id, i) for p in self.app.graph.processors for i in range(p.parallelism)]
 
-    async def start_app(self) -> None:
+    async def _prepare(self, latest: cp.CheckpointMeta | None) -> list[TaskId]:
+        """Load the app and set up what every AppMaster attempt needs: config, clock origin,
+        checkpoint coordinator (continuing after ``latest``), guarantee."""
         self.app = await self._load()
         config = self.config = {**self.app.config, **self.launch.config}
         self.start_ms = self.launch.start_ms or int(time.time() * 1000)
         tasks = self._plan_tasks()
+        keys = [(t.processor, t.index) for t in tasks]
+        sources = [(p.id, i) for p in self.app.graph.processors if p.is_source for i in range(p.parallelism)]
+        try:
+            self.checkpoint_interval_ms = int(config.get("checkpoint_interval_ms", DEFAULT_CHECKPOINT_INTERVAL_MS))
+            self.coordinator = cp.CheckpointCoordinator(
+                keys, sources, interval_s=self.checkpoint_interval_ms / 1000,
+                timeout_s=int(config.get("checkpoint_timeout_ms", DEFAULT_CHECKPOINT_TIMEOUT_MS)) / 1000,
+                keep=int(config.get("checkpoints_kept", DEFAULT_CHECKPOINTS_KEPT)),
+                max_consecutive_failures=int(config.get("checkpoint_failures_tolerated", DEFAULT_CHECKPOINT_FAILURES)),
+                epoch=self.epoch, restored_from=latest)
+        except (TypeError, ValueError) as exc:
+            raise AppFailure(AppError("ConfigError", f"checkpoint configuration: {exc}", "planning tasks")) from None
+        self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
+        self.unfinished = set(keys)
+        self.clock = ClockService([self._task_name(t) for t in tasks],
+                                  float(config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
+        return tasks
+
+    async def start_app(self) -> None:
+        tasks = await self._prepare(None)
+        await self.store.put_epoch(self.epoch)
+        config = self.config
         wanted = max(1, min(int(config.get("executors", DEFAULT_EXECUTORS)), len(tasks)))
         allocated = await self.bus.request(
             subjects.RESOURCE_REQUEST,
@@ -214,67 +266,153 @@ class AppMaster(Service):
             # by_index puts task i of every processor together (Flink's slot sharing), so
             # co-located partitions stay in one process; round_robin spreads processors.
             slots[(task.index if placement == "by_index" else n) % len(slots)].tasks.append(task)
-        for slot in slots:
-            if slot.tasks:
-                await self._launch_tasks(slot, restart=False)
-        self.unfinished = {(t.processor, t.index) for t in tasks}
-        self.clock = ClockService([self._task_name(t) for t in tasks],
-                                  float(config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
-        for slot in slots:
-            if slot.tasks:
-                await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
+        await self._run_attempt(restore_checkpoint=0)
 
     async def adopt_app(self) -> None:
         """A relaunched AppMaster: the executors still running register with it (with the
-        tasks they host); tasks nobody reports are restarted elsewhere."""
-        self.app = await self._load()
-        self.config = {**self.app.config, **self.launch.config}
-        self.start_ms = self.launch.start_ms or int(time.time() * 1000)
-        tasks = self._plan_tasks()
+        tasks they host), then the whole app rolls back to the last completed checkpoint
+        in a new attempt (what the lost AppMaster was doing is unknown); tasks nobody
+        hosts any more get new executors."""
+        record = await self.store.latest()
+        latest = cp.CheckpointMeta.from_dict(record) if record else None
+        self.epoch = await self.store.get_epoch() + 1
+        tasks = await self._prepare(latest)
         self.adopting = True
         await self.bus.publish(subjects.executor_reregister(self.app_id), ReRegister("the AppMaster was relaunched"))
         await asyncio.sleep(ADOPTION_WINDOW_HEARTBEATS * self.heartbeat_interval)  # executors answer within it
         self.adopting = False
-        hosted = {(t.processor, t.index) for slot in self.executors.values() for t in slot.tasks}
-        self.unfinished = {(t.processor, t.index) for t in tasks} - self._finished_on_adoption
-        self.clock = ClockService([self._task_name(t) for t in tasks],
-                                  float(self.config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
-        orphans = [t for t in tasks if (t.processor, t.index) not in hosted and (t.processor, t.index) in self.unfinished]
-        log.info("app_adopted", executors=len(self.executors), orphaned_tasks=len(orphans))
+        hosted = {(t.processor, t.index) for slot in self._live_slots() for t in slot.tasks}
+        orphans = [t for t in tasks if (t.processor, t.index) not in hosted]
+        log.info("app_adopted", executors=len(self.executors), orphaned_tasks=len(orphans),
+                 restore_checkpoint=latest.checkpoint_id if latest else 0, epoch=self.epoch)
+        await self.store.put_epoch(self.epoch)
         if orphans:
             lost = ExecutorSlot(-1, "")
             lost.tasks = orphans
-            await self._recover(lost, "their executors did not survive the AppMaster", worker_suspect=False)
+            await self._place_lost_tasks([lost], set())
+        await self._run_attempt(latest.checkpoint_id if latest else 0)
 
-    async def _launch_tasks(self, slot: ExecutorSlot, restart: bool) -> None:
-        finished = [t for t in self._plan_tasks() if (t.processor, t.index) not in self.unfinished] if restart else []
+    def _live_slots(self) -> list[ExecutorSlot]:
+        return [slot for slot in self.executors.values() if not slot.lost]
+
+    async def _run_attempt(self, restore_checkpoint: int) -> None:
+        """Launch every live executor's tasks in the current epoch (replacing older ones),
+        restored from ``restore_checkpoint``; start them once all are subscribed."""
+        slots = self._live_slots()
+        await asyncio.gather(*(self._launch_tasks(slot, restore_checkpoint) for slot in slots))
+        for slot in slots:
+            await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
+        self._act(self.coordinator.start(time.monotonic()))
+
+    async def _launch_tasks(self, slot: ExecutorSlot, restore_checkpoint: int) -> None:
         await self.bus.request(
             subjects.executor_control(self.app_id, slot.executor_id),
-            LaunchTasks(slot.tasks, self.app.graph.digest(), self.start_ms, restart, finished),
+            LaunchTasks(slot.tasks, self.app.graph.digest(), self.start_ms, self.epoch, restore_checkpoint),
             expect=TaskRegistered,
         )
+
+    # --- checkpoints -----------------------------------------------------------------
+
+    async def checkpoint_loop(self) -> None:
+        """Feed the coordinator the clock; it decides when to checkpoint or give up."""
+        period = max(min(self.checkpoint_interval_ms / 4000, 0.25), 0.01) if self.checkpoint_interval_ms > 0 else 0.25
+        while not self._ending:
+            if not self._recovering.locked():
+                self._act(self.coordinator.tick(time.monotonic()))
+            await asyncio.sleep(period)
+
+    def _act(self, actions: list) -> None:
+        """Carry out what the coordinator decided."""
+        for action in actions:
+            kind = type(action)
+            if kind is cp.TriggerCheckpoint:
+                self.spawn(self.bus.publish(subjects.checkpoint_trigger(self.app_id),
+                                            TriggerCheckpoint(action.checkpoint_id, action.epoch)),
+                           f"trigger-{action.checkpoint_id}")
+            elif kind is cp.StoreCheckpoint:
+                self.spawn(self._store_checkpoint(action.meta), f"store-{action.meta.checkpoint_id}")
+            elif kind is cp.NotifyComplete:
+                log.info("checkpoint_completed", checkpoint_id=action.checkpoint_id, final=action.final)
+                self._last_completed_ms = int(time.time() * 1000)
+                self.spawn(self.bus.publish(subjects.checkpoint_complete(self.app_id),
+                                            CheckpointComplete(action.checkpoint_id, action.epoch, action.final)),
+                           f"complete-{action.checkpoint_id}")
+            elif kind is cp.PruneCheckpoints:
+                self.spawn(self._prune(action.checkpoint_ids), "prune-checkpoints")
+            elif kind is cp.AbandonCheckpoint:
+                self._checkpoint_failure = f"checkpoint {action.checkpoint_id}: {action.reason}"
+                log.warning("checkpoint_abandoned", checkpoint_id=action.checkpoint_id, reason=action.reason)
+                self.spawn(self._prune((action.checkpoint_id,)), f"discard-{action.checkpoint_id}")
+            elif kind is cp.FailApplication:
+                self._fail(AppError("CheckpointsFailing", action.reason, "checkpoint coordinator"))
+
+    async def _store_checkpoint(self, meta: cp.CheckpointMeta) -> None:
+        try:
+            await self.store.put_record(meta.to_dict())
+        except Exception as exc:
+            self._act(self.coordinator.store_failed(meta.checkpoint_id, f"{type(exc).__name__}: {exc}",
+                                                    time.monotonic()))
+            return
+        self._act(self.coordinator.stored(meta.checkpoint_id, time.monotonic()))
+
+    async def _prune(self, checkpoint_ids) -> None:
+        tasks = [(t.processor, t.index) for t in self._plan_tasks()]
+        for checkpoint_id in checkpoint_ids:
+            try:
+                await self.store.delete(checkpoint_id, tasks)
+            except Exception as exc:
+                log.warning("checkpoint_prune_failed", checkpoint_id=checkpoint_id, error=repr(exc))
+
+    async def on_checkpointed(self, msg: TaskCheckpointed) -> None:
+        self._act(self.coordinator.ack(msg.checkpoint_id, msg.epoch, (msg.task.processor, msg.task.index),
+                                       msg.size_bytes, msg.ended, time.monotonic()))
+
+    async def on_declined(self, msg: CheckpointDeclined) -> None:
+        self._act(self.coordinator.decline(msg.checkpoint_id, msg.epoch, (msg.task.processor, msg.task.index),
+                                           msg.reason, time.monotonic()))
+
+    async def on_task_ended(self, msg: TaskEnded) -> None:
+        if msg.epoch == self.epoch and self.coordinator is not None:
+            self._act(self.coordinator.task_ended((msg.task.processor, msg.task.index), time.monotonic()))
 
     # --- recovery ------------------------------------------------------------------
 
     def executor_lost(self, slot: ExecutorSlot, reason: str, worker_suspect: bool = False) -> None:
-        """An executor is gone while the app runs: restart its tasks elsewhere.
+        """An executor is gone (or declared gone) while the app runs: fence it, then roll
+        the whole app back to the last completed checkpoint in a new attempt.
         ``worker_suspect``: its worker may be gone too (it went silent), so avoid it."""
         if self._ending or slot.lost:
             return
         slot.lost = slot.stopped = True
+        slot.suspect = worker_suspect
         log.error("executor_lost", executor_id=slot.executor_id, worker_id=slot.worker_id, reason=reason)
         if not slot.registered.done():
             slot.registered.set_exception(AppFailure(AppError("ExecutorLost", reason, "starting executors")))
         if self.app is None or self.clock is None:  # still starting: the start-up fails instead
             self._fail(AppError("ExecutorLost", reason, f"executor {slot.executor_id}"))
             return
-        self.spawn(self._recover(slot, reason, worker_suspect), f"recover-executor-{slot.executor_id}")
+        self.spawn(self._fence(slot, reason), f"fence-executor-{slot.executor_id}")
+        self.spawn(self._rollback(reason, slot.worker_id, f"executor {slot.executor_id}"),
+                   f"recover-executor-{slot.executor_id}")
+
+    async def _fence(self, slot: ExecutorSlot, reason: str) -> None:
+        """Have the worker kill the lost executor (it may only be hung or stopped); if the
+        worker cannot be reached, the executor's next heartbeat is answered "fenced"."""
+        if not slot.worker_id:
+            return
+        try:
+            await self.bus.request(subjects.worker_shutdown(slot.worker_id),
+                                   ShutdownExecutor(self.app_id, slot.executor_id, f"fenced: {reason}", force=True),
+                                   timeout=FENCE_TIMEOUT_S)
+        except RequestError as exc:
+            log.warning("fence_kill_failed", executor_id=slot.executor_id, worker_id=slot.worker_id,
+                        error=exc.message)
 
     def _count_failure(self, worker_id: str, reason: str, where: str) -> bool:
         """Record a failure on ``worker_id``; False once the restart budget is spent."""
         self.restarts += 1
         failures = self._failures[worker_id] = self._failures[worker_id] + 1
-        if failures >= int(self.config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)) \
+        if worker_id and failures >= int(self.config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)) \
                 and worker_id not in self.blacklist:
             log.warning("worker_blacklisted", worker_id=worker_id, failures=failures)
             self.blacklist.add(worker_id)
@@ -284,33 +422,63 @@ class AppMaster(Service):
             return False
         return True
 
-    async def _recover(self, lost: ExecutorSlot, reason: str, worker_suspect: bool) -> None:
+    async def _rollback(self, reason: str, worker_id: str, where: str) -> None:
+        """Global recovery: a new epoch; lost executors' tasks get new executors; every
+        task restarts from the last completed checkpoint (sources rewind, sinks re-commit
+        what it sealed, frames of the old epoch are dropped everywhere)."""
+        if self._ending or not self._count_failure(worker_id, reason, where):
+            return
+        if self._rollback_queued:  # a rollback that has not begun yet covers this failure too
+            return
+        self._rollback_queued = True
         async with self._recovering:
-            where = f"executor {lost.executor_id}"
-            if self._ending or not self._count_failure(lost.worker_id, reason, where):
+            self._rollback_queued = False
+            if self._ending:
                 return
-            tasks = [t for t in lost.tasks if (t.processor, t.index) in self.unfinished]
-            log.warning("restarting_tasks", tasks=[self._task_name(t) for t in tasks], restarts=self.restarts,
-                        guarantee="at-most-once")
-            avoid = {lost.worker_id} if worker_suspect else set()
-            while tasks and not self._ending:
+            self.epoch += 1
+            self._act(self.coordinator.restart(self.epoch, time.monotonic()))
+            latest = self.coordinator.latest()
+            restore = latest.checkpoint_id if latest else 0
+            log.warning("rolling_back", reason=reason, epoch=self.epoch, restore_checkpoint=restore,
+                        restarts=self.restarts)
+            self.unfinished = {(t.processor, t.index) for t in self._plan_tasks()}
+            while not self._ending:
                 try:
-                    slot = await self._relaunch(tasks, self.blacklist | avoid)
-                    log.info("tasks_restarted", executor_id=slot.executor_id, worker_id=slot.worker_id)
+                    await self.store.put_epoch(self.epoch)
+                    lost = [slot for slot in self.executors.values() if slot.lost and slot.tasks]
+                    await self._place_lost_tasks(lost, {s.worker_id for s in lost if s.suspect})
+                    await self._run_attempt(restore)
+                    log.info("rolled_back", epoch=self.epoch, restore_checkpoint=restore)
                     return
                 except AppFailure as failure:
                     self._fail(failure.error)
                     return
                 except RelaunchFailed as failure:
                     log.warning("relaunch_failed", worker_id=failure.worker_id, error=str(failure))
-                    avoid.add(failure.worker_id)
                     if not self._count_failure(failure.worker_id, f"{reason}; relaunching its tasks failed: "
                                                                   f"{failure}", where):
                         return
+                except RequestError as exc:  # an executor failed while tasks were being launched
+                    log.warning("rollback_interrupted", error=exc.message)
+                    if not self._count_failure("", f"{reason}; then {exc.message}", where):
+                        return
+                    self.epoch += 1
+                    self._act(self.coordinator.restart(self.epoch, time.monotonic()))
+
+    async def _place_lost_tasks(self, lost: list[ExecutorSlot], avoid: set[str]) -> None:
+        """Give the tasks of lost executors to new executors (one per lost executor)."""
+        for slot in lost:
+            tasks, slot.tasks = slot.tasks, []
+            try:
+                await self._relaunch(tasks, self.blacklist | avoid)
+            except RelaunchFailed as failure:
+                slot.tasks = tasks  # still to place, on the next try
+                avoid.add(failure.worker_id)
+                raise
 
     async def _relaunch(self, tasks: list[TaskId], avoid: set[str]) -> ExecutorSlot:
-        """Get a slot away from ``avoid`` (when the cluster has one), start an executor
-        there and run ``tasks`` on it as restarted tasks."""
+        """Get a slot away from ``avoid`` (when the cluster has one) and start an executor
+        there for ``tasks``."""
         allocated = None
         for exclude in (avoid, self.blacklist):  # away from suspects if possible, else anywhere allowed
             try:
@@ -323,17 +491,17 @@ class AppMaster(Service):
                 if exclude == self.blacklist:
                     raise AppFailure(AppError("RecoveryFailed", f"no slot for the lost tasks: {exc.message}",
                                               "recovery")) from None
-        slot = ExecutorSlot(len(self.executors), allocated.allocations[0].worker_id)
+        slot = ExecutorSlot(max(self.executors, default=-1) + 1, allocated.allocations[0].worker_id)
         slot.tasks = tasks
         self.executors[slot.executor_id] = slot
         try:
             await self._launch_executor(slot)
             await asyncio.wait_for(slot.registered, STARTUP_TIMEOUT_S)
-            await self._launch_tasks(slot, restart=True)
-            await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
         except (RequestError, AppFailure, asyncio.TimeoutError) as exc:
             slot.lost = slot.stopped = True
+            slot.tasks = []
             raise RelaunchFailed(slot.worker_id, exc) from None
+        log.info("executor_replaced", executor_id=slot.executor_id, worker_id=slot.worker_id, tasks=len(tasks))
         return slot
 
     async def on_worker_lost(self, msg: WorkerLost) -> None:
@@ -391,9 +559,10 @@ class AppMaster(Service):
         if slot is None and self.adopting:  # an executor of the previous AppMaster
             slot = self.executors[msg.executor_id] = ExecutorSlot(msg.executor_id, msg.worker_id)
             slot.tasks = list(msg.tasks)
-            self._finished_on_adoption |= {(t.processor, t.index) for t in msg.finished}
         if slot is None:
             raise RequestError(ErrorCode.NOT_FOUND, f"app {self.app_id} launched no executor {msg.executor_id}")
+        if slot.lost:
+            raise RequestError(ErrorCode.FENCED, f"executor {msg.executor_id} was declared lost and replaced")
         if slot.registered.done():
             raise RequestError(
                 ErrorCode.CONFLICT,
@@ -409,10 +578,13 @@ class AppMaster(Service):
         slot = self.executors.get(msg.executor_id)
         if slot is None:
             return
+        if slot.lost:
+            raise RequestError(ErrorCode.FENCED, f"executor {msg.executor_id} was declared lost and replaced: stop")
         slot.last_heartbeat = time.time()
         slot.missed_logged = False
         for c in msg.tasks:
-            slot.counters[(c.task.processor, c.task.index)] = c
+            if c.epoch == self.epoch:
+                slot.counters[(c.task.processor, c.task.index)] = c
 
     async def on_stopped(self, msg: ExecutorStopped) -> None:
         slot = self.executors.get(msg.executor_id)
@@ -425,6 +597,8 @@ class AppMaster(Service):
                                  f"{msg.exit_code}")
 
     async def on_task_finished(self, msg: TaskFinished) -> None:
+        if msg.epoch != self.epoch:
+            return
         key = (msg.counters.task.processor, msg.counters.task.index)
         slot = self.executors.get(msg.executor_id)
         if slot is not None:
@@ -435,11 +609,34 @@ class AppMaster(Service):
             self.outcome.set_result(None)
 
     async def on_task_failed(self, msg: TaskFailed) -> None:
-        log.error("task_failed", task=f"{msg.task.processor}.{msg.task.index}", error=msg.error.message)
+        if msg.epoch != self.epoch:
+            return
+        task = f"{msg.task.processor}.{msg.task.index}"
+        if msg.recoverable:
+            log.warning("task_failed_recovering", task=task, error=msg.error.message)
+            slot = self.executors.get(msg.executor_id)
+            self.spawn(self._rollback(f"task {task} failed: {msg.error.message}", slot.worker_id if slot else "",
+                                      f"task {task}"), f"recover-task-{task}")
+            return
+        log.error("task_failed", task=task, error=msg.error.message)
         self._fail(msg.error)
 
+    def _checkpoint_stats(self) -> CheckpointStats | None:
+        if self.coordinator is None:
+            return None
+        stats, latest = self.coordinator.stats(), self.coordinator.latest()
+        return CheckpointStats(
+            interval_ms=self.checkpoint_interval_ms,
+            last_id=latest.checkpoint_id if latest else 0,
+            last_completed_ms=self._last_completed_ms if latest and stats.latest_completed_at is not None else 0,
+            last_duration_ms=int(latest.duration_s * 1000) if latest else 0,
+            last_size_bytes=latest.size_bytes if latest else 0,
+            completed=stats.completed, failed=stats.failed, last_failure=self._checkpoint_failure,
+            epoch=self.epoch,
+        )
+
     async def _send_heartbeat(self) -> None:
-        counters = [c for slot in self.executors.values() for c in slot.counters.values()]
+        counters = [c for slot in self.executors.values() if not slot.lost for c in slot.counters.values()]
         clock, stalled = None, []
         if self.clock is not None:
             now = time.monotonic()
@@ -450,8 +647,9 @@ class AppMaster(Service):
                 log.warning("task_stalled", task=name, stall_timeout_s=self.clock.stall_after_s)
             self._stalled_logged = set(stalled)
         await self.bus.publish(subjects.APPMASTER_HEARTBEAT,
-                               AppMasterHeartbeat(self.app_id, len(self.executors), counters, clock, stalled,
-                                                  self.restarts, sorted(self.blacklist)))
+                               AppMasterHeartbeat(self.app_id, len(self._live_slots()), counters, clock, stalled,
+                                                  self.restarts, sorted(self.blacklist), *self.guarantee,
+                                                  self._checkpoint_stats()))
 
     def _task_name(self, task: TaskId) -> str:
         return f"{self.app.graph.processors[task.processor].name}[{task.index}]"

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import time
 
 import structlog
 
 from gearbus.api.graph import Application
+from gearbus.runtime.chain import failure_report
+from gearbus.runtime.core import Snapshot
+from gearbus.runtime.tasks import DataSourceTask
+from services.checkpoint_store import CheckpointStore
 from services.executor.outputs import DataPlaneConfig
 from services.executor.task_runner import TaskRunner
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
@@ -17,6 +22,8 @@ from shared.bus import RequestError
 from shared.logging import configure
 from shared.messages import (
     AppError,
+    CheckpointComplete,
+    CheckpointDeclined,
     ErrorCode,
     ExecutorHeartbeat,
     ExecutorRegistered,
@@ -25,9 +32,12 @@ from shared.messages import (
     RegisterExecutor,
     ReRegister,
     StartAllTasks,
+    TaskCheckpointed,
+    TaskEnded,
     TaskFailed,
     TaskFinished,
     TaskRegistered,
+    TriggerCheckpoint,
 )
 from shared.service import Service, run_service
 
@@ -35,6 +45,7 @@ log = structlog.get_logger()
 
 DEFAULT_APPMASTER_TIMEOUT_S = 30.0  # app config "appmaster_timeout_s": then an orphaned executor stops
 EXIT_APPMASTER_GONE = 3
+EXIT_FENCED = 4
 
 
 class Executor(Service):
@@ -42,13 +53,17 @@ class Executor(Service):
 
     def __init__(self, servers, launch: LaunchExecutor, worker_id: str):
         super().__init__(servers, node_id=f"app{launch.app_id}-executor{launch.executor_id}")
+        self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.launch = launch
         self.app_id = launch.app_id
         self.executor_id = launch.executor_id
         self.worker_id = worker_id
         self.app: Application | None = None
         self.config: DataPlaneConfig | None = None
+        self.epoch = -1  # the attempt whose tasks run here (-1: none launched yet)
         self.runners: list[TaskRunner] = []
+        self._running: dict[TaskRunner, asyncio.Task] = {}
+        self.store: CheckpointStore | None = None
         self.heartbeat_interval = 1.0
         self._appmaster_seen = time.monotonic()
 
@@ -57,22 +72,24 @@ class Executor(Service):
     async def setup(self) -> None:
         self.app = await fetch_application(self.bus, self.launch)
         self.config = DataPlaneConfig.from_config({**self.app.config, **self.launch.config})
+        self.store = CheckpointStore(self.bus.js, self.app_id)
         await self.bus.serve(
             subjects.executor_control(self.app_id, self.executor_id),
             {LaunchTasks: self.on_launch_tasks, StartAllTasks: self.on_start_all_tasks},
         )
         await self.bus.listen(subjects.executor_reregister(self.app_id), {ReRegister: self.on_reregister})
+        await self.bus.listen(subjects.checkpoint_trigger(self.app_id), {TriggerCheckpoint: self.on_trigger})
+        await self.bus.listen(subjects.checkpoint_complete(self.app_id), {CheckpointComplete: self.on_complete})
         await self.register()
         self.spawn(self.heartbeat_loop(), "heartbeat")
 
     async def register(self) -> None:
         """Register with the AppMaster; with a relaunched one, say which tasks run here."""
-        hosted = [r.task_id for r in self.runners]
-        finished = [r.task_id for r in self.runners if r.finished]
         registered = await self.bus.request(
             subjects.appmaster_executor_register(self.app_id),
-            RegisterExecutor(self.app_id, self.executor_id, self.worker_id, os.getpid(), tasks=hosted,
-                             finished=finished),
+            RegisterExecutor(self.app_id, self.executor_id, self.worker_id, os.getpid(),
+                             tasks=[r.task_id for r in self.runners],
+                             finished=[r.task_id for r in self.runners if r.finished]),
             expect=ExecutorRegistered,
         )
         self.heartbeat_interval = registered.heartbeat_interval_s
@@ -83,12 +100,13 @@ class Executor(Service):
         self.spawn(self.register(), "reregister")
 
     async def shutdown(self) -> None:
-        for runner in self.runners:
-            await runner.close()
+        await self._stop_runners()
 
     # --- handlers --------------------------------------------------------------
 
     async def on_launch_tasks(self, msg: LaunchTasks) -> TaskRegistered:
+        """Run ``msg.tasks`` in attempt ``msg.epoch``, restored from its checkpoint. The tasks
+        of an older attempt stop first; the same launch again changes nothing."""
         digest = self.app.graph.digest()
         if msg.dag_digest != digest:
             raise RequestError(
@@ -99,35 +117,119 @@ class Executor(Service):
         for task_id in msg.tasks:
             if not 0 <= task_id.processor < len(self.app.graph.processors):
                 raise RequestError(ErrorCode.BAD_REQUEST, f"no processor {task_id.processor} in this application")
+        if msg.epoch < self.epoch:
+            raise RequestError(ErrorCode.CONFLICT, f"executor {self.executor_id} already runs attempt {self.epoch}; "
+                                                   f"launch of attempt {msg.epoch} refused")
+        if msg.epoch == self.epoch:
+            return TaskRegistered(self.executor_id, [r.task_id for r in self.runners])
+        await self._stop_runners()
+        self.epoch = msg.epoch
+        runners = []
+        for task_id in msg.tasks:
+            envelope = None
+            if msg.restore_checkpoint:
+                data = await self.store.get_snapshot(msg.restore_checkpoint, (task_id.processor, task_id.index))
+                envelope = pickle.loads(data)
             runner = TaskRunner(
                 self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
-                msg.start_ms, msg.restart, frozenset((t.processor, t.index) for t in msg.ended_inputs),
+                self.on_snapshot, self.on_task_ended, msg.start_ms, msg.epoch, envelope, self.servers,
             )
             await runner.subscribe()
-            self.runners.append(runner)
-        hosted = {(r.task_id.processor, r.task_id.index): r for r in self.runners}
-        for runner in self.runners:
+            runners.append(runner)
+        self.runners = runners
+        hosted = {(r.task_id.processor, r.task_id.index): r for r in runners}
+        for runner in runners:
             runner.link_local(hosted)
         await self.bus.nc.flush()
+        log.info("tasks_launched", epoch=msg.epoch, tasks=len(runners), restore_checkpoint=msg.restore_checkpoint)
         return TaskRegistered(self.executor_id, list(msg.tasks))
+
+    async def _stop_runners(self) -> None:
+        """Stop the tasks of the current attempt and close their subscriptions."""
+        for runner in self.runners:
+            await runner.close()
+            await runner.stop()
+        running = [task for task in self._running.values() if not task.done()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=5)
+        self._running.clear()
+        self.runners = []
 
     async def on_start_all_tasks(self, msg: StartAllTasks) -> None:
         for runner in self.runners:
-            self.spawn(runner.run(), f"task-{runner.name}")
+            if runner not in self._running:
+                self._running[runner] = self.spawn(runner.run(), f"task-{runner.name}")
 
-    async def on_task_done(self, runner: TaskRunner, error: AppError | None) -> None:
+    async def on_trigger(self, msg: TriggerCheckpoint) -> None:
+        if msg.epoch != self.epoch:
+            return
+        for runner in self.runners:
+            if isinstance(runner.task, DataSourceTask):
+                runner.inject(msg.checkpoint_id)
+
+    async def on_complete(self, msg: CheckpointComplete) -> None:
+        if msg.epoch != self.epoch:
+            return
+        for runner in self.runners:
+            self.spawn(self._commit(runner, msg.checkpoint_id, msg.final), f"commit-{runner.name}")
+
+    async def _commit(self, runner: TaskRunner, checkpoint_id: int, final: bool) -> None:
+        try:
+            await runner.checkpoint_complete(checkpoint_id, final)
+        except Exception as exc:
+            error = failure_report(exc, runner.context)
+            log.error("commit_failed", task=runner.name, checkpoint_id=checkpoint_id, error=error.message)
+            await runner.stop()
+            await self.on_task_done(runner, error, True)
+
+    def on_snapshot(self, runner: TaskRunner, snapshot: Snapshot) -> None:
+        """Serialise now (the task goes on changing its state), store and acknowledge in
+        the background."""
+        try:
+            data = pickle.dumps(snapshot.state, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            self.spawn(self._decline(runner, snapshot.checkpoint_id, f"the state of {runner.name} cannot be "
+                                                                     f"serialised: {type(exc).__name__}: {exc}"),
+                       f"decline-{runner.name}")
+            return
+        self.spawn(self._store_snapshot(runner, snapshot, data), f"snapshot-{runner.name}")
+
+    async def _store_snapshot(self, runner: TaskRunner, snapshot: Snapshot, data: bytes) -> None:
+        task = (runner.task_id.processor, runner.task_id.index)
+        try:
+            await self.store.put_snapshot(snapshot.checkpoint_id, task, data)
+        except Exception as exc:
+            await self._decline(runner, snapshot.checkpoint_id, f"storing the snapshot of {runner.name} failed: "
+                                                                f"{type(exc).__name__}: {exc}")
+            return
+        await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
+                               TaskCheckpointed(self.executor_id, runner.task_id, snapshot.checkpoint_id,
+                                                runner.epoch, len(data), snapshot.ended))
+
+    async def _decline(self, runner: TaskRunner, checkpoint_id: int, reason: str) -> None:
+        log.warning("checkpoint_declined", task=runner.name, checkpoint_id=checkpoint_id, reason=reason)
+        await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
+                               CheckpointDeclined(self.executor_id, runner.task_id, checkpoint_id, runner.epoch,
+                                                  reason))
+
+    async def on_task_ended(self, runner: TaskRunner) -> None:
+        await self.bus.publish(subjects.appmaster_task_ended(self.app_id),
+                               TaskEnded(self.executor_id, runner.task_id, runner.epoch))
+
+    async def on_task_done(self, runner: TaskRunner, error: AppError | None, recoverable: bool) -> None:
         if error is None:
-            await self.bus.publish(
-                subjects.appmaster_task_finished(self.app_id), TaskFinished(self.executor_id, runner.counters())
-            )
+            await self.bus.publish(subjects.appmaster_task_finished(self.app_id),
+                                   TaskFinished(self.executor_id, runner.counters(), runner.epoch))
         else:
-            await self.bus.publish(
-                subjects.appmaster_task_failed(self.app_id), TaskFailed(self.executor_id, runner.task_id, error)
-            )
+            await self.bus.publish(subjects.appmaster_task_failed(self.app_id),
+                                   TaskFailed(self.executor_id, runner.task_id, error, runner.epoch, recoverable))
 
     async def heartbeat_loop(self) -> None:
         """Heartbeats are requests: an AppMaster that stays silent past the deadline is
-        gone for good, and an executor without one stops itself."""
+        gone for good, and an executor without one stops itself; one that answers
+        "fenced" has replaced this executor, which stops at once."""
         subject = subjects.appmaster_executor_heartbeat(self.app_id)
         deadline = float({**self.app.config, **self.launch.config}.get("appmaster_timeout_s",
                                                                         DEFAULT_APPMASTER_TIMEOUT_S))
@@ -137,6 +239,11 @@ class Executor(Service):
                 await self.bus.request(subject, beat, timeout=max(self.heartbeat_interval, 0.5))
                 self._appmaster_seen = time.monotonic()
             except RequestError as exc:
+                if exc.code == ErrorCode.FENCED:
+                    log.error("fenced", reason=exc.message)
+                    await self._stop_runners()
+                    self.stop(exit_code=EXIT_FENCED)
+                    return
                 silent = time.monotonic() - self._appmaster_seen
                 if silent > deadline:
                     log.error("appmaster_gone", silent_s=round(silent, 1), error=exc.message)

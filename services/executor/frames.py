@@ -1,59 +1,50 @@
 """Data-plane frames: the unit one task sends another over NATS.
 
-A frame is the msgpack array ``[src_processor, src_index, session, seq, watermark,
-eos, values, timestamps, keys]``: the records column by column (``keys`` is nil when no
-record has a key), values encoded by :mod:`shared.values` so tuples stay tuples.
-Control travels in band: the watermark rides every frame (it holds after the frame's
-records) and end-of-stream is a flag, so both stay in order with the records. Every NATS message starts with one byte: 0 for a whole frame;
-1 (more follow) or 2 (last) for a fragment of a frame larger than the server's
-max_payload, followed by the sender's processor and index (big-endian uint32 each).
+A frame is the msgpack array ``[src_processor, src_index, epoch, seq, watermark, eos,
+barrier, values, timestamps, keys]``: the records column by column (``keys`` is nil when
+no record has a key), values encoded by :mod:`shared.values` so tuples stay tuples.
+Control travels in band, in this order after the records: the watermark (which holds
+after them), a checkpoint barrier (0 for none), end-of-stream. ``epoch`` is the sender's
+attempt: receivers drop frames of any other. Every NATS message starts with one byte:
+0 for a whole frame; 1 (more follow) or 2 (last) for a fragment of a frame larger than
+the server's max_payload, followed by the sender's processor, index and epoch
+(big-endian uint32 each).
 """
 
 from __future__ import annotations
 
 import struct
 from operator import itemgetter
-from typing import NamedTuple
 
 import msgpack
 
 from gearbus.api.task import Record, new_record
+from gearbus.runtime.core import DataPlaneError, Frame
 from shared import values
 
 WHOLE, FRAGMENT, LAST_FRAGMENT = 0, 1, 2
-_FRAGMENT_HEADER = struct.Struct(">BII")
+_FRAGMENT_HEADER = struct.Struct(">BIII")
 _WHOLE_PREFIX = bytes([WHOLE])
+DEFAULT_MAX_REASSEMBLY_BYTES = 64 << 20
 
-
-class DataPlaneError(RuntimeError):
-    """A frame was malformed, lost or out of order."""
-
-
-class Frame(NamedTuple):
-    src_processor: int
-    src_index: int
-    session: int
-    seq: int
-    watermark: int
-    eos: bool
-    records: list[Record]
-
+__all__ = ["DataPlaneError", "Frame", "FrameReader", "decode_credit", "encode_credit", "encode_frame",
+           "split_message"]
 
 _packer = msgpack.Packer(use_bin_type=True)
 _value, _timestamp, _key = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
-def encode_frame(src_processor, src_index, session, seq, watermark, eos, records) -> bytes:
+def encode_frame(src_processor, src_index, epoch, seq, watermark, eos, barrier, records) -> bytes:
     """Encode a frame; a value that cannot travel raises shared.values.ValueTypeError."""
     keys = list(map(_key, records))
     if keys.count(None) == len(keys):
         keys = None
-    columns = [src_processor, src_index, session, seq, watermark, eos,
+    columns = [src_processor, src_index, epoch, seq, watermark, eos, barrier,
                list(map(_value, records)), list(map(_timestamp, records)), keys]
     return _WHOLE_PREFIX + values.pack(columns)
 
 
-def split_message(data: bytes, src_processor: int, src_index: int, max_bytes: int) -> list[bytes]:
+def split_message(data: bytes, src_processor: int, src_index: int, epoch: int, max_bytes: int) -> list[bytes]:
     """Cut an encoded frame into NATS messages of at most ``max_bytes`` each."""
     if len(data) <= max_bytes:
         return [data]
@@ -62,30 +53,38 @@ def split_message(data: bytes, src_processor: int, src_index: int, max_bytes: in
     parts = [body[i : i + step] for i in range(0, len(body), step)]
     last = len(parts) - 1
     return [
-        _FRAGMENT_HEADER.pack(LAST_FRAGMENT if n == last else FRAGMENT, src_processor, src_index) + part
+        _FRAGMENT_HEADER.pack(LAST_FRAGMENT if n == last else FRAGMENT, src_processor, src_index, epoch) + part
         for n, part in enumerate(parts)
     ]
 
 
-def encode_credit(processor: int, index: int, frames: int, reset: bool = False) -> bytes:
-    """A grant of ``frames`` more; with ``reset``, the receiver is a new incarnation (a
-    restarted task) and the sender's credit becomes exactly ``frames``."""
-    return _packer.pack([processor, index, frames, reset])
+def encode_credit(processor: int, index: int, epoch: int, frames: int) -> bytes:
+    """A grant of ``frames`` more from receiver (processor, index) in attempt ``epoch``."""
+    return _packer.pack([processor, index, epoch, frames])
 
 
-def decode_credit(data: bytes) -> tuple[int, int, int, bool]:
+def decode_credit(data: bytes) -> tuple[int, int, int, int]:
+    """(receiver processor, receiver index, epoch, frames); DataPlaneError when malformed."""
     try:
-        processor, index, frames, *rest = msgpack.unpackb(data)
-        return int(processor), int(index), int(frames), bool(rest and rest[0])
+        processor, index, epoch, frames = msgpack.unpackb(data)
+        if not all(type(v) is int for v in (processor, index, epoch, frames)) or frames < 0:
+            raise ValueError("expected four non-negative integers")
+        return processor, index, epoch, frames
     except Exception as exc:
         raise DataPlaneError(f"malformed credit grant: {exc}") from None
 
 
 class FrameReader:
-    """Turns the NATS messages of one inbox back into frames, reassembling fragments."""
+    """Turns the NATS messages of one inbox back into frames, reassembling fragments.
 
-    def __init__(self):
-        self._partial: dict[tuple[int, int], list[bytes]] = {}
+    Reassembly is per sender and attempt: fragments of another epoch, or a whole frame
+    from the same sender, discard what was pending (a dead attempt's leftovers are never
+    glued to a live one's frame), and a frame may not grow past ``max_bytes``.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_REASSEMBLY_BYTES):
+        self.max_bytes = max_bytes
+        self._partial: dict[tuple[int, int], tuple[int, list[bytes], int]] = {}
 
     def feed(self, data: bytes) -> tuple[tuple[int, int] | None, Frame | None]:
         """Return (sender, frame); frame is None while a fragmented frame is incomplete.
@@ -98,28 +97,41 @@ class FrameReader:
         kind = data[0]
         if kind == WHOLE:
             frame = self._decode(memoryview(data)[1:])
+            self._partial.pop((frame.src_processor, frame.src_index), None)
             return (frame.src_processor, frame.src_index), frame
         if kind not in (FRAGMENT, LAST_FRAGMENT) or len(data) < _FRAGMENT_HEADER.size:
             raise DataPlaneError(f"unknown data message kind {kind}")
-        _, processor, index = _FRAGMENT_HEADER.unpack_from(data)
+        _, processor, index, epoch = _FRAGMENT_HEADER.unpack_from(data)
         sender = (processor, index)
-        parts = self._partial.setdefault(sender, [])
-        parts.append(data[_FRAGMENT_HEADER.size :])
+        held_epoch, parts, size = self._partial.get(sender) or (epoch, [], 0)
+        if held_epoch != epoch:
+            parts, size = [], 0
+        part = data[_FRAGMENT_HEADER.size :]
+        size += len(part)
+        if size > self.max_bytes:
+            self._partial.pop(sender, None)
+            raise DataPlaneError(f"a fragmented frame from task {sender} grew past {self.max_bytes} bytes")
+        parts.append(part)
         if kind == FRAGMENT:
+            self._partial[sender] = (epoch, parts, size)
             return sender, None
-        del self._partial[sender]
-        return sender, self._decode(b"".join(parts))
+        self._partial.pop(sender, None)
+        frame = self._decode(b"".join(parts))
+        if (frame.src_processor, frame.src_index, frame.epoch) != (processor, index, epoch):
+            raise DataPlaneError(f"fragments from task {sender} epoch {epoch} carried a frame of "
+                                 f"task {(frame.src_processor, frame.src_index)} epoch {frame.epoch}")
+        return sender, frame
 
     @staticmethod
     def _decode(buffer) -> Frame:
         try:
-            src_processor, src_index, session, seq, watermark, eos, vals, stamps, keys = values.unpack(buffer)
+            src_processor, src_index, epoch, seq, watermark, eos, barrier, vals, stamps, keys = values.unpack(buffer)
             if len(vals) != len(stamps) or (keys is not None and len(keys) != len(vals)):
                 raise ValueError("the value, timestamp and key columns differ in length")
             if keys is None:
                 records = [new_record(Record, (v, t, None)) for v, t in zip(vals, stamps)]
             else:
                 records = [new_record(Record, r) for r in zip(vals, stamps, keys)]
-            return Frame(src_processor, src_index, session, seq, watermark, eos, records)
+            return Frame(src_processor, src_index, epoch, seq, watermark, eos, barrier, records)
         except Exception as exc:
             raise DataPlaneError(f"malformed data frame: {type(exc).__name__}: {exc}") from None

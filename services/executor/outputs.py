@@ -51,8 +51,10 @@ class Channel:
         self.local: asyncio.Queue | None = None
         self.watermark = WATERMARK_MIN  # the last watermark sent on this channel
 
-    def grant(self, frames: int, reset: bool = False) -> None:
-        self.credit = frames if reset else self.credit + frames
+    def grant(self, frames: int, window: int) -> None:
+        """More credit, never past the window (a confused or hostile grant cannot let a
+        sender flood its receiver)."""
+        self.credit = min(self.credit + frames, window)
         self.available.set()
 
     async def acquire(self) -> None:
@@ -65,12 +67,12 @@ class Channel:
 class Outputs:
     """All out edges of one task."""
 
-    def __init__(self, nc, app_id: int, processor: int, index: int, session: int, edges, config: DataPlaneConfig):
+    def __init__(self, nc, app_id: int, processor: int, index: int, epoch: int, edges, config: DataPlaneConfig):
         """``edges`` is a list of (partitioner, downstream processor id, downstream parallelism)."""
         self.nc = nc
         self.processor = processor
         self.index = index
-        self.session = session
+        self.epoch = epoch
         self.config = config
         self.max_message = max(nc.max_payload - 256, 1024)
         self.ports: list[tuple[Partitioner, list[Channel]]] = []
@@ -90,10 +92,13 @@ class Outputs:
         for receiver, channel in self._by_receiver.items():
             channel.local = inboxes.get(receiver)
 
-    def grant(self, processor: int, index: int, frames: int, reset: bool = False) -> None:
+    def grant(self, processor: int, index: int, epoch: int, frames: int) -> bool:
+        """Credit from a receiver; accepted only from a known receiver of this attempt."""
         channel = self._by_receiver.get((processor, index))
-        if channel is not None:
-            channel.grant(frames, reset)
+        if channel is None or epoch != self.epoch:
+            return False
+        channel.grant(frames, self.config.credit_frames)
+        return True
 
     async def send(self, records: list[Record], watermark: int) -> None:
         """Partition ``records`` over every out edge and send them, waiting for credit.
@@ -109,40 +114,48 @@ class Outputs:
                 if buckets and buckets[i]:
                     await self._send_records(channel, buckets[i], watermark)
                 elif watermark > channel.watermark:
-                    await self._publish(channel, watermark, False, [])
+                    await self._publish(channel, watermark, False, 0, [])
 
     async def finish(self, watermark: int) -> None:
         """Send end-of-stream, with the final watermark, to every receiver."""
         for _, channels in self.ports:
             for channel in channels:
-                await self._publish(channel, watermark, True, [])
+                await self._publish(channel, watermark, True, 0, [])
+
+    async def barrier(self, checkpoint_id: int) -> None:
+        """Pass checkpoint ``checkpoint_id``'s barrier to every receiver, behind everything sent."""
+        for _, channels in self.ports:
+            for channel in channels:
+                await self._publish(channel, channel.watermark, False, checkpoint_id, [])
 
     async def _send_records(self, channel: Channel, records: list[Record], watermark: int) -> None:
         step = self.config.batch_records
         for start in range(0, len(records), step):
             last = start + step >= len(records)
-            await self._publish(channel, watermark if last else channel.watermark, False, records[start : start + step])
+            await self._publish(channel, watermark if last else channel.watermark, False, 0,
+                                records[start : start + step])
 
-    async def _publish(self, channel: Channel, watermark: int, eos: bool, records: list[Record]) -> None:
+    async def _publish(self, channel: Channel, watermark: int, eos: bool, barrier: int, records: list[Record]) -> None:
         """Send one frame; ``watermark`` holds after its records."""
         seq = channel.seq + 1
-        data = encode_frame(self.processor, self.index, self.session, seq, watermark, eos, records)
+        data = encode_frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier, records)
         if channel.local is not None:
             # Handed over as objects, but encoded all the same: a value that cannot
             # travel fails here, whichever executor its receiver happens to be in.
             await channel.acquire()
             channel.seq, channel.watermark = seq, watermark
-            channel.local.put_nowait(Frame(self.processor, self.index, self.session, seq, watermark, eos, list(records)))
+            channel.local.put_nowait(Frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier,
+                                           list(records)))
             self.frames_out += 1
             self.records_out += len(records)
             return
         if len(data) > self.config.batch_bytes and len(records) > 1:
             half = len(records) // 2
-            await self._publish(channel, channel.watermark, False, records[:half])
-            await self._publish(channel, watermark, eos, records[half:])
+            await self._publish(channel, channel.watermark, False, 0, records[:half])
+            await self._publish(channel, watermark, eos, barrier, records[half:])
             return
         channel.seq, channel.watermark = seq, watermark
-        for message in split_message(data, self.processor, self.index, self.max_message):
+        for message in split_message(data, self.processor, self.index, self.epoch, self.max_message):
             await channel.acquire()
             await self.nc.publish(channel.subject, message)
         self.frames_out += 1

@@ -17,6 +17,7 @@ import structlog
 from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
 from services.master.lease import LeaderLease
 from services.master.store import ApplicationRecord, StateStore, WorkerRecord
+from services.checkpoint_store import ensure_buckets
 from shared import subjects
 from shared.bus import RequestError, bad_request, not_found
 from shared.logging import configure
@@ -25,6 +26,7 @@ from shared.messages import (
     Allocation,
     AppError,
     AppMasterHeartbeat,
+    CheckpointStats,
     AppMasterRegistered,
     ApplicationList,
     ApplicationStateChanged,
@@ -92,6 +94,9 @@ class AppLive:
     stalled_tasks: list[str] = field(default_factory=list)
     restarts: int = 0
     blacklisted_workers: list[str] = field(default_factory=list)
+    guarantee: str = ""
+    guarantee_detail: str = ""
+    checkpoints: CheckpointStats | None = None
     last_heartbeat: float = 0.0
     missed_logged: bool = False
 
@@ -136,6 +141,7 @@ class Master(Service):
                     await js.object_store(subjects.ARTIFACT_BUCKET)
                 except nats.js.errors.BucketNotFoundError:
                     await js.create_object_store(subjects.ARTIFACT_BUCKET, replicas=self.bus.replicas)
+                await ensure_buckets(js, self.bus.replicas)
                 await self.lease.open()
                 break
             except (nats.errors.TimeoutError, TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
@@ -416,6 +422,7 @@ class Master(Service):
         live.tasks, live.executors, live.last_heartbeat = list(msg.tasks), msg.executors, time.time()
         live.clock, live.stalled_tasks = msg.clock, list(msg.stalled_tasks)
         live.restarts, live.blacklisted_workers = msg.restarts, list(msg.blacklisted_workers)
+        live.guarantee, live.guarantee_detail, live.checkpoints = msg.guarantee, msg.guarantee_detail, msg.checkpoints
         live.missed_logged = False
 
     async def on_appmaster_state(self, msg: ApplicationStateChanged) -> None:
@@ -453,7 +460,8 @@ class Master(Service):
             return record.summary()
         return record.summary(executors=live.executors, tasks=live.tasks, clock=live.clock,
                               stalled_tasks=live.stalled_tasks, restarts=live.restarts,
-                              blacklisted_workers=live.blacklisted_workers)
+                              blacklisted_workers=live.blacklisted_workers, guarantee=live.guarantee,
+                              guarantee_detail=live.guarantee_detail, checkpoints=live.checkpoints)
 
     @staticmethod
     def _check_version(what: str, version: int) -> None:

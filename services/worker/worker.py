@@ -150,7 +150,10 @@ class Worker(Service):
         log.info("shutdown_requested", app_id=msg.app_id, executor_id=msg.executor_id, reason=msg.reason,
                  processes=len(targets))
         for child in targets:
-            self.spawn(self._stop_child(child), f"stop-{child.label}")
+            if msg.force:  # declared lost: it may be hung or stopped, and must not run on
+                self._kill_child(child)
+            else:
+                self.spawn(self._stop_child(child), f"stop-{child.label}")
 
     # --- children ----------------------------------------------------------------
 
@@ -164,6 +167,15 @@ class Worker(Service):
         if self.bus.nc.is_connected:
             await self.bus.publish(subjects.EXECUTOR_STOPPED, stopped)
             await self.bus.publish(subjects.appmaster_executor_stopped(child.app_id), stopped)
+
+    def _kill_child(self, child: Child) -> None:
+        if child.process.returncode is None:
+            log.warning("process_killed", app_id=child.app_id, executor_id=child.executor_id, pid=child.process.pid,
+                        reason="fenced")
+            try:
+                child.process.kill()
+            except ProcessLookupError:
+                pass
 
     async def _stop_child(self, child: Child) -> None:
         """SIGTERM, then SIGKILL after a grace period."""

@@ -30,7 +30,7 @@ from gearbus import (
 )
 from gearbus.api.graph import Application
 from gearbus.artifact import load_local
-from gearbus.chain import (
+from gearbus.runtime.chain import (
     ChainSourceTask,
     ChainTask,
     CombineOp,

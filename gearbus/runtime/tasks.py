@@ -14,7 +14,8 @@ _timestamp = itemgetter(1)
 class DataSourceTask(Task):
     """Drives a DataSource. The executor's source loop calls :meth:`read`; each batch
     goes through :meth:`on_batch` (which emits it unchanged unless overridden) and the
-    processor's watermark generator follows the batch's timestamps."""
+    processor's watermark generator follows the batch's timestamps, unless the source
+    keeps a watermark of its own (per partition, say)."""
 
     def on_start(self) -> None:
         processor = self.context.processor
@@ -40,30 +41,45 @@ class DataSourceTask(Task):
 
     @property
     def watermark(self) -> int:
-        return self.watermarks.current()
+        own = self.source.watermark()
+        return self.watermarks.current() if own is None else own
 
     def on_batch(self, records: list[Record]) -> None:
         self.output.extend(records)
+
+    def snapshot(self):
+        return {"source": self.source.snapshot(), "watermarks": self.watermarks.snapshot()}
+
+    def restore(self, state) -> None:
+        self.source.restore(state["source"])
+        self.watermarks.restore(state["watermarks"])
 
     def on_stop(self) -> None:
         self.source.close()
 
 
 class DataSinkTask(Task):
-    """Hands every record it receives to a DataSink."""
+    """Hands every record it receives to a DataSink, and the sink's two phases to it.
+    The sink stays open after the end of its input: the final checkpoint commits."""
 
     def on_start(self) -> None:
         self.sink = copy.deepcopy(self.context.processor.data_sink)  # one per task
         self.sink.open(self.context)
-        self._closed = False
 
     def on_batch(self, records: list[Record]) -> None:
         self.sink.write(records)
 
-    def on_end(self) -> None:
-        self._closed = True
-        self.sink.close()
+    def prepare_checkpoint(self, checkpoint_id: int) -> None:
+        self.sink.pre_commit(checkpoint_id)
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.sink.commit(checkpoint_id)
+
+    def snapshot(self):
+        return self.sink.snapshot()
+
+    def restore(self, state) -> None:
+        self.sink.restore(state)
 
     def on_stop(self) -> None:
-        if not self._closed:
-            self.sink.close()
+        self.sink.close()

@@ -16,7 +16,7 @@ from gearbus.api.task import Record, Task, new_record
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.api.windows import WindowOperator
-from gearbus.runtime_tasks import DataSourceTask
+from gearbus.runtime.tasks import DataSourceTask
 from shared.messages import AppError
 from shared.values import ValueTypeError
 
@@ -59,6 +59,10 @@ def failure_report(exc: BaseException, context) -> AppError:
     )
 
 
+class RestoreError(ValueError):
+    """A checkpoint's state does not fit the pipeline being restored."""
+
+
 class Op:
     """One chained step: transforms batches; may fire on watermarks and at the end."""
 
@@ -74,8 +78,21 @@ class Op:
     def on_watermark(self, watermark: int) -> list[Record]:
         return []
 
+    def snapshot(self):
+        """The step's state at a checkpoint barrier; None for a stateless step."""
+        return None
+
+    def restore(self, state) -> None:
+        """Continue from :meth:`snapshot`'s state."""
+
+    def prepare_checkpoint(self, checkpoint_id: int) -> None:
+        """A sink step seals its transaction (see DataSink.pre_commit)."""
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        """A sink step commits (see DataSink.commit)."""
+
     def close(self) -> None:
-        """Called when the input has ended."""
+        """Called when the task stops."""
 
     def _fail(self, values, each, exc: BaseException):
         """Replay ``each`` value by value to find the one the user code fails on."""
@@ -210,6 +227,13 @@ class CombineOp(Op):
     def on_watermark(self, watermark):
         return self._emit() if watermark == WATERMARK_MAX else []
 
+    def snapshot(self):
+        return {"partials": list(self.partials.items()), "newest": self.newest}
+
+    def restore(self, state) -> None:
+        self.partials = dict(state["partials"])
+        self.newest = state["newest"]
+
     def _emit(self) -> list[Record]:
         ts = self.newest
         out = [new_record(Record, (held, ts, key)) for key, held in self.partials.items()]
@@ -252,6 +276,24 @@ class WindowAggregateOp(Op):
         if self.late is not None:
             self.late.close()
 
+    def snapshot(self):
+        return {"operator": self.operator.snapshot(), "watermark": self.watermark,
+                "late": self.late.snapshot() if self.late is not None else None}
+
+    def restore(self, state) -> None:
+        self.operator.restore(state["operator"])
+        self.watermark = state["watermark"]
+        if self.late is not None:
+            self.late.restore(state["late"])
+
+    def prepare_checkpoint(self, checkpoint_id):
+        if self.late is not None:
+            self.late.prepare_checkpoint(checkpoint_id)
+
+    def checkpoint_complete(self, checkpoint_id):
+        if self.late is not None:
+            self.late.checkpoint_complete(checkpoint_id)
+
     def on_watermark(self, watermark):
         self.watermark = watermark
         try:
@@ -289,6 +331,18 @@ class SinkOp(Op):
                 raise StepError(self.step, _NO_VALUE, exc) from exc
         return []
 
+    def snapshot(self):
+        return self.sink.snapshot()
+
+    def restore(self, state) -> None:
+        self.sink.restore(state)
+
+    def prepare_checkpoint(self, checkpoint_id):
+        self.sink.pre_commit(checkpoint_id)
+
+    def checkpoint_complete(self, checkpoint_id):
+        self.sink.commit(checkpoint_id)
+
     def close(self):
         if self.sink is not None:
             self.sink.close()
@@ -318,9 +372,27 @@ class ChainTask(Task):
             carried = carried + op.on_watermark(watermark)
         self.output.extend(carried)
 
-    def on_end(self):
+    def snapshot(self):
+        """Each stateful step's state, by step name (so a changed pipeline can match it)."""
+        return {op.step: state for op in self.ops if (state := op.snapshot()) is not None}
+
+    def restore(self, state) -> None:
+        by_step = {op.step: op for op in self.ops}
+        unknown = sorted(set(state) - set(by_step))
+        if unknown:
+            raise RestoreError(f"the checkpoint holds state of step(s) {', '.join(map(repr, unknown))}, "
+                               f"which processor {self.context.processor_name!r} does not have "
+                               f"(its steps: {', '.join(map(repr, by_step))})")
+        for step, op_state in state.items():
+            by_step[step].restore(op_state)
+
+    def prepare_checkpoint(self, checkpoint_id):
         for op in self.ops:
-            op.close()
+            op.prepare_checkpoint(checkpoint_id)
+
+    def checkpoint_complete(self, checkpoint_id):
+        for op in self.ops:
+            op.checkpoint_complete(checkpoint_id)
 
     def on_stop(self):
         for op in getattr(self, "ops", []):
@@ -338,6 +410,13 @@ class ChainSourceTask(ChainTask, DataSourceTask):
         DataSourceTask.on_start(self)
         ChainTask.on_start(self)
         self.timestamp_fn = self.context.config.get("timestamp_fn")
+
+    def snapshot(self):
+        return {"source": DataSourceTask.snapshot(self), "steps": ChainTask.snapshot(self)}
+
+    def restore(self, state) -> None:
+        DataSourceTask.restore(self, state["source"])
+        ChainTask.restore(self, state["steps"])
 
     def stamp(self, records):
         fn = self.timestamp_fn

@@ -1,0 +1,229 @@
+"""The task core: one task's input rules, free of I/O, driven by both the executor
+(frames from NATS and from tasks in the same process) and the TestRunner's engine.
+
+Events in — a frame from a sender, a barrier injected at a source, the end of a
+source, a restore — and actions out: grant credit, flush output with a watermark,
+take a snapshot (and pass the barrier on), end the stream. The core calls the task's
+own methods (``on_batch``, ``on_watermark``, ``on_end``, ``snapshot``, ``restore``);
+the driver does everything that touches the network, files or other tasks.
+
+The rules, in one place:
+- Frames of one sender arrive in order: a gap in sequence numbers means frames were
+  lost, which only a recovery can repair (:class:`DataPlaneError`).
+- Frames carry the epoch of the sender's attempt; a frame of another epoch comes from
+  a replaced (zombie) task or reaches one, and is dropped unread and uncredited.
+- Within a frame: records first, then the watermark (which holds after them), then a
+  checkpoint barrier, then end-of-stream.
+- A task's watermark is the minimum over its inputs'; an ended input counts as +inf.
+- Barriers are aligned: a channel whose barrier arrived is held (its frames are kept,
+  uncredited, so the credit window bounds them) until every input's barrier arrived;
+  then the task snapshots, the barrier goes downstream, and the held frames are
+  processed in order.
+- A task that ended (every input delivered end-of-stream) keeps answering barriers, so
+  the checkpoint after the end holds every task's final state (Flink's FLIP-147).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from gearbus.api.task import Record, Task
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+
+Sender = tuple[int, int]  # (processor id, task index)
+NO_BARRIER = 0
+
+
+class DataPlaneError(RuntimeError):
+    """A frame was malformed, lost or out of order: the stream cannot go on exactly."""
+
+
+class Frame(NamedTuple):
+    """The unit one task sends another (see services/executor/frames.py for the wire form)."""
+
+    src_processor: int
+    src_index: int
+    epoch: int
+    seq: int
+    watermark: int
+    eos: bool
+    barrier: int  # a checkpoint id, or NO_BARRIER
+    records: list[Record]
+
+
+class Grant(NamedTuple):
+    """Give ``frames`` credit back to ``sender``."""
+
+    sender: Sender
+    frames: int
+
+
+class Flush(NamedTuple):
+    """Send the task's output so far, followed by ``watermark``."""
+
+    watermark: int
+
+
+class Snapshot(NamedTuple):
+    """The task snapshotted for ``checkpoint_id``: flush its output, pass the barrier to
+    every receiver, store ``state`` and acknowledge. ``ended``: taken after the end."""
+
+    checkpoint_id: int
+    state: dict
+    ended: bool
+
+
+class End(NamedTuple):
+    """Every input ended and ``on_end`` ran: flush, then send end-of-stream."""
+
+
+END = End()
+
+
+class _Input:
+    """What a task knows about one upstream sender."""
+
+    __slots__ = ("next_seq", "watermark", "ended", "held", "unacked")
+
+    def __init__(self):
+        self.next_seq = 1
+        self.watermark = WATERMARK_MIN
+        self.ended = False
+        self.held: list[Frame] | None = None  # frames after a barrier, while aligning
+        self.unacked = 0
+
+
+class TaskCore:
+    """One task's inputs, watermark, alignment and snapshots. Methods return actions."""
+
+    def __init__(self, task: Task, senders: Iterable[Sender], credit_frames: int, epoch: int = 0):
+        self.task = task
+        self.epoch = epoch
+        self.credit_frames = credit_frames
+        self.inputs: dict[Sender, _Input] = {s: _Input() for s in senders}
+        self.open_inputs = len(self.inputs)
+        self.watermark = WATERMARK_MIN
+        self.ended = False
+        self.aligning = NO_BARRIER  # the checkpoint whose barriers are arriving
+        self.arrived = 0
+        self.last_checkpoint = NO_BARRIER
+        self.records_in = 0
+        self.frames_in = 0
+        self.stale_frames = 0
+
+    # --- events ----------------------------------------------------------------------
+
+    def receive(self, sender: Sender, frame: Frame) -> list:
+        """A frame from ``sender`` (raises DataPlaneError when frames were lost)."""
+        state = self.inputs.get(sender)
+        if state is None:
+            raise KeyError(sender)
+        if frame.epoch != self.epoch:
+            self.stale_frames += 1
+            return []
+        if frame.seq != state.next_seq:
+            raise DataPlaneError(
+                f"{self.task.context.task_name}: frame {frame.seq} from task {sender} arrived where "
+                f"{state.next_seq} was due: {'frames were lost' if frame.seq > state.next_seq else 'out of order'}")
+        state.next_seq += 1
+        if state.held is not None:
+            state.held.append(frame)
+            return []
+        actions: list = []
+        self._process(sender, state, frame, actions)
+        return actions
+
+    def inject_barrier(self, checkpoint_id: int) -> list:
+        """A source task's turn: the AppMaster asked for checkpoint ``checkpoint_id``."""
+        if checkpoint_id <= self.last_checkpoint:
+            return []
+        return [self._snapshot(checkpoint_id)]
+
+    def advance_source(self, watermark: int) -> list:
+        """A source task's watermark moved (after the batch it just read)."""
+        actions: list = []
+        self._advance(watermark, actions)
+        return actions
+
+    def end_source(self) -> list:
+        """A source task's input ended: every window completes, then end-of-stream."""
+        actions: list = []
+        self._advance(WATERMARK_MAX, actions)
+        self._end(actions)
+        return actions
+
+    def restore(self, envelope: dict) -> None:
+        """Resume from a snapshot's envelope (see :meth:`_snapshot`)."""
+        self.task.restore(envelope["task"])
+        self.ended = envelope["ended"]
+        self.watermark = envelope["watermark"]
+        self.last_checkpoint = envelope["checkpoint_id"]
+
+    # --- rules -----------------------------------------------------------------------
+
+    def _process(self, sender: Sender, state: _Input, frame: Frame, actions: list) -> None:
+        state.unacked += 1
+        if state.unacked * 2 >= self.credit_frames:
+            actions.append(Grant(sender, state.unacked))
+            state.unacked = 0
+        self.frames_in += 1
+        records = frame.records
+        if records:
+            self.records_in += len(records)
+            self.task.current_time = records[-1][1]
+            self.task.on_batch(records)
+        if frame.watermark != state.watermark:
+            state.watermark = frame.watermark
+            self._advance(min(s.watermark for s in self.inputs.values()), actions)
+        if frame.barrier:
+            self._barrier(sender, state, frame.barrier, actions)
+        if frame.eos and not state.ended:
+            state.ended = True
+            self.open_inputs -= 1
+            if not self.open_inputs and not self.ended:
+                self._end(actions)
+
+    def _advance(self, watermark: int, actions: list) -> None:
+        """The task sees a higher watermark first (complete windows fire), then its output
+        goes out followed by it, so results precede the watermark downstream."""
+        if watermark <= self.watermark:
+            return
+        self.watermark = watermark
+        self.task.on_watermark(watermark)
+        if watermark < WATERMARK_MAX:  # the final watermark goes out with end-of-stream
+            actions.append(Flush(watermark))
+
+    def _end(self, actions: list) -> None:
+        self.watermark = WATERMARK_MAX
+        self.task.on_end()
+        self.ended = True
+        actions.append(END)
+
+    def _barrier(self, sender: Sender, state: _Input, checkpoint_id: int, actions: list) -> None:
+        if checkpoint_id != self.aligning:
+            if self.aligning != NO_BARRIER:
+                raise DataPlaneError(
+                    f"{self.task.context.task_name}: barrier {checkpoint_id} from task {sender} arrived while "
+                    f"barrier {self.aligning} was still aligning")
+            self.aligning, self.arrived = checkpoint_id, 0
+        self.arrived += 1
+        if self.arrived < len(self.inputs):
+            state.held = []
+            return
+        self.aligning = NO_BARRIER
+        actions.append(self._snapshot(checkpoint_id))
+        for held_sender, held_state in self.inputs.items():
+            held, held_state.held = held_state.held, None
+            for frame in held or ():
+                if held_state.held is not None:  # the next barrier came on this channel
+                    held_state.held.append(frame)
+                else:
+                    self._process(held_sender, held_state, frame, actions)
+
+    def _snapshot(self, checkpoint_id: int) -> Snapshot:
+        self.task.prepare_checkpoint(checkpoint_id)
+        self.last_checkpoint = checkpoint_id
+        envelope = {"task": self.task.snapshot(), "ended": self.ended, "watermark": self.watermark,
+                    "checkpoint_id": checkpoint_id}
+        return Snapshot(checkpoint_id, envelope, self.ended)

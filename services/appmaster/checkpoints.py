@@ -1,0 +1,394 @@
+"""The AppMaster's checkpoint coordinator: a state machine without I/O.
+
+Aligned checkpoints as Flink takes them, with global rollback on failure (DESIGN.md §6).
+The coordinator decides; the AppMaster's async shell acts. Every event method takes
+``now`` (monotonic seconds, read by the shell) and returns a list of actions (frozen
+dataclasses below) for the shell to carry out; the coordinator never sleeps, never
+reads a clock and never touches NATS, so every transition is tested without a network
+(dask's WorkerState: events in, actions out).
+
+At most one checkpoint is in flight. Its phase moves along this table (``_ALLOWED``
+enforces it)::
+
+    phase      event                                -> phase      actions
+    IDLE       tick: interval due, or final due     IN_FLIGHT   TriggerCheckpoint
+    IDLE       task_ended: the last task ended      IN_FLIGHT   TriggerCheckpoint
+    IN_FLIGHT  ack from the last task               STORING     StoreCheckpoint
+    IN_FLIGHT  decline, or tick past timeout_s      IDLE        AbandonCheckpoint [+ FailApplication]
+    STORING    stored                               IDLE        NotifyComplete [+ PruneCheckpoints]
+    STORING    store_failed                         IDLE        AbandonCheckpoint [+ FailApplication]
+    any        restart (global recovery)            IDLE        AbandonCheckpoint("recovery") if one was in flight
+
+Every triggered checkpoint therefore ends in exactly one NotifyComplete or one
+AbandonCheckpoint, so the shell has a single place to commit or discard what was written
+for it. Whenever the coordinator returns to IDLE while every task has ended and no final
+checkpoint has completed, it triggers the final checkpoint at once (Flink's FLIP-147):
+the tasks snapshot their ended state, and its NotifyComplete says ``final=True`` so the
+shell lets the sinks commit and the application finish.
+
+Events that do not fit (an ack of another epoch or of a stale id, a duplicate, an unknown
+task) are not errors: messages race with timeouts and recoveries. They return ``[]`` and
+are counted in :attr:`CheckpointCoordinator.ignored`.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+TaskKey = tuple[int, int]
+"""A task: (processor id, task index)."""
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """A completed (or completing) checkpoint, as written to KV and restored from.
+
+    ``started_at`` is the coordinator's ``now`` when it was triggered and ``duration_s``
+    the time until the last task acknowledged it; ``final`` means every task had ended.
+    """
+
+    checkpoint_id: int
+    epoch: int
+    started_at: float
+    duration_s: float
+    size_bytes: int
+    tasks: tuple[TaskKey, ...]  # sorted
+    final: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for msgpack/JSON (the shell writes it to KV)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CheckpointMeta:
+        """The inverse of :meth:`to_dict`; accepts the lists msgpack gives back for tuples."""
+        return cls(
+            checkpoint_id=int(data["checkpoint_id"]), epoch=int(data["epoch"]),
+            started_at=float(data["started_at"]), duration_s=float(data["duration_s"]),
+            size_bytes=int(data["size_bytes"]),
+            tasks=tuple(sorted((int(p), int(i)) for p, i in data["tasks"])),
+            final=bool(data["final"]),
+        )
+
+
+# -- actions: what the coordinator asks the shell to do ------------------------------------
+
+@dataclass(frozen=True)
+class TriggerCheckpoint:
+    """Inject barriers for ``checkpoint_id`` at the source tasks."""
+    checkpoint_id: int
+    epoch: int
+    sources: tuple[TaskKey, ...]  # sorted
+
+
+@dataclass(frozen=True)
+class AbandonCheckpoint:
+    """Give up ``checkpoint_id``: discard whatever was written for it (snapshots, meta)."""
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoreCheckpoint:
+    """Every task acknowledged: write ``meta`` to KV, then call ``stored`` or ``store_failed``."""
+    meta: CheckpointMeta
+
+
+@dataclass(frozen=True)
+class NotifyComplete:
+    """The checkpoint is durable: tell the tasks (sinks commit); ``final`` lets the app finish."""
+    checkpoint_id: int
+    epoch: int
+    final: bool
+
+
+@dataclass(frozen=True)
+class PruneCheckpoints:
+    """Delete these completed checkpoints (older than the last ``keep``)."""
+    checkpoint_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FailApplication:
+    """Too many consecutive checkpoint failures: fail the application (emitted once)."""
+    reason: str
+
+
+Action = TriggerCheckpoint | AbandonCheckpoint | StoreCheckpoint | NotifyComplete | PruneCheckpoints | FailApplication
+
+
+class Phase(enum.Enum):
+    """Where the (single) current checkpoint is."""
+    IDLE = "idle"            # none in flight
+    IN_FLIGHT = "in_flight"  # barriers injected, waiting for every task's ack
+    STORING = "storing"      # all acked, the shell is writing the meta to KV
+
+
+_ALLOWED: dict[Phase, frozenset[Phase]] = {
+    Phase.IDLE: frozenset({Phase.IN_FLIGHT}),
+    Phase.IN_FLIGHT: frozenset({Phase.STORING, Phase.IDLE}),
+    Phase.STORING: frozenset({Phase.IDLE}),
+}
+
+
+@dataclass
+class _Pending:
+    checkpoint_id: int
+    epoch: int
+    started_at: float
+    acks: dict[TaskKey, tuple[int, bool]]  # task -> (size_bytes, ended)
+    meta: CheckpointMeta | None = None  # set on entering STORING
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    """For ``gearbus status``; the shell computes the age from ``latest_completed_at``
+    (its own monotonic clock; None for a checkpoint restored by a relaunched AppMaster)."""
+    latest: CheckpointMeta | None
+    latest_completed_at: float | None
+    completed: int
+    failed: int
+    consecutive_failures: int
+    in_flight: int | None  # the id of the checkpoint in flight (or being stored)
+    phase: Phase
+    epoch: int
+    ignored: dict[str, int]
+
+
+class CheckpointCoordinator:
+    """Triggers, tracks, completes and abandons checkpoints; see the module docstring."""
+
+    def __init__(
+        self,
+        tasks: Iterable[TaskKey],
+        sources: Iterable[TaskKey],
+        *,
+        interval_s: float,
+        timeout_s: float,
+        keep: int,
+        max_consecutive_failures: int,
+        epoch: int = 0,
+        next_id: int = 1,
+        restored_from: CheckpointMeta | None = None,
+    ) -> None:
+        self.tasks: frozenset[TaskKey] = frozenset(tasks)
+        self.sources: tuple[TaskKey, ...] = tuple(sorted(set(sources)))
+        if not self.tasks:
+            raise ValueError("a checkpoint needs at least one task")
+        if not self.sources or not set(self.sources) <= self.tasks:
+            raise ValueError("sources must be a non-empty subset of tasks")
+        if timeout_s <= 0 or keep < 1 or max_consecutive_failures < 0:
+            raise ValueError("timeout_s must be > 0, keep >= 1, max_consecutive_failures >= 0")
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.keep = keep
+        self.max_consecutive_failures = max_consecutive_failures
+        self.epoch = epoch
+        self.ignored: collections.Counter[str] = collections.Counter()
+        self._next_id = next_id
+        self._phase = Phase.IDLE
+        self._pending: _Pending | None = None
+        self._completed: list[int] = []  # ids still kept, oldest first
+        self._latest: CheckpointMeta | None = None
+        self._latest_completed_at: float | None = None
+        self._timer_from: float | None = None  # when the interval started counting
+        self._ended: set[TaskKey] = set()
+        self._finished = False  # a final checkpoint completed: nothing more to checkpoint
+        self._failed = False  # FailApplication was emitted: terminal
+        self._consecutive_failures = 0
+        self._completed_count = 0
+        self._failed_count = 0
+        if restored_from is not None:
+            self._latest = restored_from
+            self._completed = [restored_from.checkpoint_id]
+            self._next_id = max(self._next_id, restored_from.checkpoint_id + 1)
+
+    # -- queries -------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def in_flight(self) -> int | None:
+        """The id of the checkpoint in flight or being stored, if any."""
+        return self._pending.checkpoint_id if self._pending else None
+
+    def latest(self) -> CheckpointMeta | None:
+        """The last completed checkpoint: what a recovery restores."""
+        return self._latest
+
+    def stats(self) -> CheckpointStats:
+        return CheckpointStats(
+            latest=self._latest, latest_completed_at=self._latest_completed_at,
+            completed=self._completed_count, failed=self._failed_count,
+            consecutive_failures=self._consecutive_failures, in_flight=self.in_flight,
+            phase=self._phase, epoch=self.epoch, ignored=dict(self.ignored),
+        )
+
+    # -- events --------------------------------------------------------------------------
+
+    def start(self, now: float) -> list[Action]:
+        """The tasks are running: the interval starts counting. Idempotent."""
+        if self._timer_from is None:
+            self._timer_from = now
+        return []
+
+    def tick(self, now: float) -> list[Action]:
+        """Called periodically: abandon a checkpoint past its timeout, or trigger one
+        whose interval is due. An abandon and a periodic trigger never share a tick, so
+        a timed-out checkpoint is followed by the next one at the next tick."""
+        if self._failed:
+            return []
+        if self._timer_from is None:  # tick without start(): the first tick starts the timer
+            self._timer_from = now
+        p = self._pending
+        if p is not None:
+            if self._phase is Phase.IN_FLIGHT and now - p.started_at > self.timeout_s:
+                return self._abandon(f"timeout after {self.timeout_s}s", failure=True) + self._final_if_due(now)
+            return []
+        if self._final_due():
+            return self._trigger(now)  # regardless of the interval
+        if self.interval_s > 0 and not self._finished and now - self._timer_from >= self.interval_s:
+            return self._trigger(now)
+        return []
+
+    def ack(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int,
+            ended: bool, now: float) -> list[Action]:
+        """A task stored its snapshot for ``checkpoint_id``; the last ack moves to STORING."""
+        p = self._accepts("ack", checkpoint_id, epoch, task)
+        if p is None:
+            return []
+        if task in p.acks:
+            self.ignored["ack_duplicate"] += 1
+            return []
+        p.acks[task] = (size_bytes, ended)
+        if len(p.acks) < len(self.tasks):
+            return []
+        p.meta = CheckpointMeta(
+            checkpoint_id=p.checkpoint_id, epoch=p.epoch, started_at=p.started_at,
+            duration_s=now - p.started_at, size_bytes=sum(size for size, _ in p.acks.values()),
+            tasks=tuple(sorted(p.acks)), final=all(end for _, end in p.acks.values()),
+        )
+        self._enter(Phase.STORING)
+        return [StoreCheckpoint(p.meta)]
+
+    def decline(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
+                now: float) -> list[Action]:
+        """A task could not snapshot: the checkpoint is abandoned, a failure."""
+        if self._accepts("decline", checkpoint_id, epoch, task) is None:
+            return []
+        return self._abandon(f"declined by {task}: {reason}", failure=True) + self._final_if_due(now)
+
+    def stored(self, checkpoint_id: int, now: float) -> list[Action]:
+        """The shell wrote the meta: the checkpoint is complete."""
+        p = self._storing(checkpoint_id, "stored")
+        if p is None:
+            return []
+        assert p.meta is not None
+        meta = p.meta
+        self._pending = None
+        self._enter(Phase.IDLE)
+        self._latest, self._latest_completed_at = meta, now
+        self._completed.append(meta.checkpoint_id)
+        self._completed_count += 1
+        self._consecutive_failures = 0
+        self._finished = self._finished or meta.final
+        actions: list[Action] = [NotifyComplete(meta.checkpoint_id, meta.epoch, meta.final)]
+        if len(self._completed) > self.keep:
+            old, self._completed = self._completed[:-self.keep], self._completed[-self.keep:]
+            actions.append(PruneCheckpoints(tuple(old)))
+        return actions + self._final_if_due(now)
+
+    def store_failed(self, checkpoint_id: int, reason: str, now: float) -> list[Action]:
+        """The shell could not write the meta: abandoned, a failure."""
+        if self._storing(checkpoint_id, "store_failed") is None:
+            return []
+        return self._abandon(f"store failed: {reason}", failure=True) + self._final_if_due(now)
+
+    def task_ended(self, task: TaskKey, now: float) -> list[Action]:
+        """A task of a bounded app ran out of input; once all have, the final checkpoint
+        is triggered at once (or as soon as the one in flight ends)."""
+        if task not in self.tasks:
+            self.ignored["task_ended_unknown_task"] += 1
+            return []
+        self._ended.add(task)
+        return self._final_if_due(now)
+
+    def restart(self, epoch: int, now: float) -> list[Action]:
+        """Global recovery to :meth:`latest` under a new, higher ``epoch``: drop what is in
+        flight (not a checkpoint failure), forget ended tasks, restart the interval. Ids go
+        on increasing so nothing of the old epoch can be mistaken for a new checkpoint."""
+        if epoch <= self.epoch:
+            raise ValueError(f"restart epoch {epoch} must exceed the current epoch {self.epoch}")
+        actions = self._abandon("recovery", failure=False) if self._pending else []
+        self.epoch = epoch
+        self._ended.clear()
+        self._finished = False
+        self._timer_from = now
+        return actions
+
+    # -- transitions ---------------------------------------------------------------------
+
+    def _enter(self, phase: Phase) -> None:
+        if phase not in _ALLOWED[self._phase]:
+            raise AssertionError(f"checkpoint phase {self._phase} -> {phase} is not a transition")
+        self._phase = phase
+
+    def _final_due(self) -> bool:
+        return (not self._failed and not self._finished and self._pending is None
+                and self._ended == self.tasks)
+
+    def _final_if_due(self, now: float) -> list[Action]:
+        """Back in IDLE (or a task ended): the final checkpoint goes at once when due."""
+        return self._trigger(now) if self._final_due() else []
+
+    def _trigger(self, now: float) -> list[Action]:
+        self._enter(Phase.IN_FLIGHT)
+        self._pending = _Pending(self._next_id, self.epoch, now, {})
+        self._next_id += 1
+        self._timer_from = now
+        return [TriggerCheckpoint(self._pending.checkpoint_id, self.epoch, self.sources)]
+
+    def _abandon(self, reason: str, *, failure: bool) -> list[Action]:
+        assert self._pending is not None
+        actions: list[Action] = [AbandonCheckpoint(self._pending.checkpoint_id, reason)]
+        self._pending = None
+        self._enter(Phase.IDLE)
+        if failure:
+            self._failed_count += 1
+            self._consecutive_failures += 1
+            if self._consecutive_failures > self.max_consecutive_failures and not self._failed:
+                self._failed = True
+                actions.append(FailApplication(
+                    f"{self._consecutive_failures} consecutive checkpoint failures, last: {reason}"))
+        return actions
+
+    def _accepts(self, what: str, checkpoint_id: int, epoch: int, task: TaskKey) -> _Pending | None:
+        """The pending checkpoint if a task's ack/decline belongs to it, else count why not."""
+        p = self._pending
+        if self._failed:
+            why = "failed"
+        elif epoch != self.epoch:
+            why = "wrong_epoch"
+        elif task not in self.tasks:
+            why = "unknown_task"
+        elif p is None or checkpoint_id != p.checkpoint_id:
+            why = "stale" if checkpoint_id < self._next_id else "unknown_id"  # ended, or never triggered
+        elif self._phase is not Phase.IN_FLIGHT:
+            why = "duplicate"  # STORING: every task has acked already
+        else:
+            return p
+        self.ignored[f"{what}_{why}"] += 1
+        return None
+
+    def _storing(self, checkpoint_id: int, what: str) -> _Pending | None:
+        p = self._pending
+        if self._failed or p is None or self._phase is not Phase.STORING or p.checkpoint_id != checkpoint_id:
+            self.ignored[f"{what}_stale"] += 1
+            return None
+        return p

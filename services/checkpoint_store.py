@@ -1,0 +1,93 @@
+"""Where checkpoints live: each task's snapshot in the JetStream Object Store, and each
+completed checkpoint's record (plus the app's latest) in a KV bucket of the same name.
+
+The master creates both buckets at start; AppMasters and executors only open them.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import nats.js.errors
+
+from shared import subjects
+
+
+async def ensure_buckets(js, replicas: int) -> None:
+    """Create the checkpoint object store and KV bucket unless they exist (master start)."""
+    try:
+        await js.object_store(subjects.CHECKPOINT_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        await js.create_object_store(subjects.CHECKPOINT_BUCKET, replicas=replicas)
+    try:
+        await js.key_value(subjects.CHECKPOINT_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        await js.create_key_value(bucket=subjects.CHECKPOINT_BUCKET, history=1, replicas=replicas)
+
+
+class CheckpointStore:
+    """One app's checkpoints."""
+
+    def __init__(self, js, app_id: int):
+        self.js = js
+        self.app_id = app_id
+        self._objects = None
+        self._kv = None
+
+    async def _store(self):
+        if self._objects is None:
+            self._objects = await self.js.object_store(subjects.CHECKPOINT_BUCKET)
+        return self._objects
+
+    async def _records(self):
+        if self._kv is None:
+            self._kv = await self.js.key_value(subjects.CHECKPOINT_BUCKET)
+        return self._kv
+
+    async def put_snapshot(self, checkpoint_id: int, task: tuple[int, int], data: bytes) -> None:
+        await (await self._store()).put(subjects.checkpoint_object(self.app_id, checkpoint_id, *task), data)
+
+    async def get_snapshot(self, checkpoint_id: int, task: tuple[int, int]) -> bytes:
+        name = subjects.checkpoint_object(self.app_id, checkpoint_id, *task)
+        try:
+            return (await (await self._store()).get(name)).data
+        except nats.js.errors.ObjectNotFoundError:
+            raise LookupError(f"checkpoint {checkpoint_id} has no snapshot of task {task} ({name})") from None
+
+    async def put_record(self, record: dict) -> None:
+        """Store a completed checkpoint's record, then make it the app's latest."""
+        kv = await self._records()
+        data = msgpack.packb(record)
+        await kv.put(subjects.checkpoint_key(self.app_id, record["checkpoint_id"]), data)
+        await kv.put(subjects.checkpoint_latest_key(self.app_id), data)
+
+    async def latest(self) -> dict | None:
+        """The record of the app's latest completed checkpoint, or None."""
+        try:
+            entry = await (await self._records()).get(subjects.checkpoint_latest_key(self.app_id))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return msgpack.unpackb(entry.value) if entry.value else None
+
+    async def put_epoch(self, epoch: int) -> None:
+        """Record the app's current attempt, so a relaunched AppMaster starts a newer one."""
+        await (await self._records()).put(subjects.checkpoint_epoch_key(self.app_id), str(epoch).encode())
+
+    async def get_epoch(self) -> int:
+        try:
+            entry = await (await self._records()).get(subjects.checkpoint_epoch_key(self.app_id))
+        except nats.js.errors.KeyNotFoundError:
+            return 0
+        return int(entry.value or b"0")
+
+    async def delete(self, checkpoint_id: int, tasks: list[tuple[int, int]]) -> None:
+        """Forget an older checkpoint: its snapshots and its record."""
+        store = await self._store()
+        for task in tasks:
+            try:
+                await store.delete(subjects.checkpoint_object(self.app_id, checkpoint_id, *task))
+            except nats.js.errors.NotFoundError:
+                pass
+        try:
+            await (await self._records()).delete(subjects.checkpoint_key(self.app_id, checkpoint_id))
+        except nats.js.errors.KeyNotFoundError:
+            pass

@@ -1,0 +1,389 @@
+"""The checkpoint coordinator's transitions, without a network: events in, actions out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.appmaster.checkpoints import (
+    AbandonCheckpoint,
+    CheckpointCoordinator,
+    CheckpointMeta,
+    FailApplication,
+    NotifyComplete,
+    Phase,
+    PruneCheckpoints,
+    StoreCheckpoint,
+    TriggerCheckpoint,
+)
+
+SRC, MAP0, MAP1 = (0, 0), (1, 0), (1, 1)
+TASKS = [MAP1, SRC, MAP0]
+
+
+def coordinator(interval_s: float = 10, timeout_s: float = 5, keep: int = 2,
+                max_consecutive_failures: int = 2, **kw) -> CheckpointCoordinator:
+    c = CheckpointCoordinator(TASKS, [SRC], interval_s=interval_s, timeout_s=timeout_s, keep=keep,
+                              max_consecutive_failures=max_consecutive_failures, **kw)
+    assert c.start(now=0) == []
+    return c
+
+
+def ack_all(c: CheckpointCoordinator, cid: int, now: float, ended: bool = False, epoch: int | None = None):
+    epoch = c.epoch if epoch is None else epoch
+    actions = []
+    for i, task in enumerate(TASKS):
+        actions = c.ack(cid, epoch, task, size_bytes=10 * (i + 1), ended=ended, now=now)
+        if task is not TASKS[-1]:
+            assert actions == []
+    return actions
+
+
+def complete(c: CheckpointCoordinator, cid: int, now: float, ended: bool = False):
+    [store] = ack_all(c, cid, now, ended)
+    assert isinstance(store, StoreCheckpoint) and store.meta.checkpoint_id == cid
+    return c.stored(cid, now)
+
+
+# -- triggering ------------------------------------------------------------------------------
+
+def test_no_trigger_before_the_interval_then_one_at_the_interval():
+    c = coordinator(interval_s=10)
+    assert c.tick(now=9.9) == []
+    assert c.tick(now=10) == [TriggerCheckpoint(1, 0, (SRC,))]
+    assert c.phase is Phase.IN_FLIGHT and c.in_flight == 1
+
+
+def test_the_first_tick_starts_the_timer_when_start_was_not_called():
+    c = CheckpointCoordinator(TASKS, [SRC], interval_s=10, timeout_s=5, keep=1, max_consecutive_failures=0)
+    assert c.tick(now=100) == []
+    assert c.tick(now=109) == []
+    assert c.tick(now=110) == [TriggerCheckpoint(1, 0, (SRC,))]
+
+
+def test_periodic_checkpoints_off_never_trigger():
+    c = coordinator(interval_s=0)
+    assert all(c.tick(now=t) == [] for t in range(0, 1000, 50))
+
+
+def test_only_one_checkpoint_in_flight_and_the_interval_counts_from_the_last_trigger():
+    c = coordinator(interval_s=10, timeout_s=100)
+    assert c.tick(now=10) == [TriggerCheckpoint(1, 0, (SRC,))]
+    assert c.tick(now=50) == []  # long past the interval, but one is in flight
+    assert complete(c, 1, now=60) == [NotifyComplete(1, 0, False)]
+    assert c.tick(now=60) == [TriggerCheckpoint(2, 0, (SRC,))]  # 50s since the last trigger
+    complete(c, 2, now=61)
+    assert c.tick(now=69.9) == []
+    assert c.tick(now=70) == [TriggerCheckpoint(3, 0, (SRC,))]
+
+
+# -- acks and completion ---------------------------------------------------------------------
+
+def test_completion_only_when_every_task_acked_then_stored_notifies():
+    c = coordinator()
+    c.tick(now=10)
+    assert c.ack(1, 0, SRC, 10, False, now=11) == []
+    assert c.ack(1, 0, MAP0, 20, False, now=12) == []
+    assert c.phase is Phase.IN_FLIGHT
+    [store] = c.ack(1, 0, MAP1, 30, False, now=13)
+    assert store == StoreCheckpoint(CheckpointMeta(
+        checkpoint_id=1, epoch=0, started_at=10, duration_s=3, size_bytes=60,
+        tasks=(SRC, MAP0, MAP1), final=False))
+    assert c.phase is Phase.STORING and c.latest() is None
+    assert c.tick(now=100) == []  # storing is not timed out: the shell reports stored/store_failed
+    assert c.stored(1, now=14) == [NotifyComplete(1, 0, False)]
+    assert c.phase is Phase.IDLE and c.latest() == store.meta
+    stats = c.stats()
+    assert (stats.latest, stats.latest_completed_at, stats.completed, stats.failed, stats.in_flight) == (
+        store.meta, 14, 1, 0, None)
+
+
+def test_acks_that_do_not_belong_to_the_checkpoint_in_flight_are_ignored_and_counted():
+    c = coordinator(interval_s=1, timeout_s=100)
+    c.tick(now=1)
+    complete(c, 1, now=2)
+    c.tick(now=3)  # checkpoint 2 in flight
+    assert c.ack(2, 1, SRC, 1, False, now=4) == []        # another epoch
+    assert c.ack(1, 0, SRC, 1, False, now=4) == []        # the completed one: stale
+    assert c.ack(7, 0, SRC, 1, False, now=4) == []        # never triggered
+    assert c.ack(2, 0, (9, 9), 1, False, now=4) == []     # unknown task
+    assert c.ack(2, 0, SRC, 1, False, now=4) == []
+    assert c.ack(2, 0, SRC, 1, False, now=4) == []        # duplicate
+    assert c.ack(2, 0, MAP0, 1, False, now=4) == []
+    assert c.ack(2, 0, MAP1, 1, False, now=4) != []       # completes with one ack per task
+    assert c.ack(2, 0, MAP1, 1, False, now=4) == []       # duplicate while storing
+    assert c.stored(1, now=5) == []                       # not the one being stored
+    assert c.ignored == {"ack_wrong_epoch": 1, "ack_stale": 1, "ack_unknown_id": 1,
+                         "ack_unknown_task": 1, "ack_duplicate": 2, "stored_stale": 1}
+    assert c.stored(2, now=5) == [NotifyComplete(2, 0, False)]
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+def test_a_timed_out_checkpoint_is_abandoned_and_the_next_goes_on_at_the_next_tick():
+    c = coordinator(interval_s=2, timeout_s=5)
+    assert c.tick(now=2) == [TriggerCheckpoint(1, 0, (SRC,))]
+    assert c.tick(now=7) == []  # exactly the timeout: not yet
+    assert c.tick(now=7.5) == [AbandonCheckpoint(1, "timeout after 5s")]
+    assert c.stats().failed == 1 and c.in_flight is None
+    assert c.ack(1, 0, SRC, 1, False, now=7.6) == []  # late ack of the abandoned one
+    assert c.ignored["ack_stale"] == 1
+    assert c.tick(now=7.7) == [TriggerCheckpoint(2, 0, (SRC,))]
+
+
+def test_a_decline_abandons_the_checkpoint():
+    c = coordinator()
+    c.tick(now=10)
+    assert c.decline(1, 0, MAP0, "disk full", now=11) == [AbandonCheckpoint(1, "declined by (1, 0): disk full")]
+    assert c.phase is Phase.IDLE and c.stats().failed == 1
+    assert c.decline(1, 0, MAP0, "again", now=11) == []
+    assert c.ignored["decline_stale"] == 1
+
+
+def test_a_failed_store_abandons_the_checkpoint():
+    c = coordinator()
+    c.tick(now=10)
+    ack_all(c, 1, now=11)
+    assert c.store_failed(1, "kv timeout", now=12) == [AbandonCheckpoint(1, "store failed: kv timeout")]
+    assert c.stored(1, now=13) == [] and c.latest() is None
+    assert c.stats().failed == 1
+
+
+def test_more_than_the_allowed_consecutive_failures_fail_the_application_once():
+    c = coordinator(interval_s=1, timeout_s=100, max_consecutive_failures=2)
+    outcomes = []
+    for cid in (1, 2, 3):
+        assert c.tick(now=cid) == [TriggerCheckpoint(cid, 0, (SRC,))]
+        outcomes.append(c.decline(cid, 0, SRC, "boom", now=cid))
+    assert outcomes[:2] == [[AbandonCheckpoint(1, "declined by (0, 0): boom")],
+                            [AbandonCheckpoint(2, "declined by (0, 0): boom")]]
+    assert outcomes[2] == [AbandonCheckpoint(3, "declined by (0, 0): boom"),
+                           FailApplication("3 consecutive checkpoint failures, last: declined by (0, 0): boom")]
+    # failed is terminal: nothing more is triggered or accepted
+    assert c.tick(now=1000) == []
+    assert c.decline(3, 0, SRC, "boom", now=1000) == []
+    assert c.stats().failed == 3
+
+
+def test_a_success_resets_the_consecutive_failure_count():
+    c = coordinator(interval_s=1, timeout_s=100, max_consecutive_failures=1)
+    c.tick(now=1)
+    assert c.decline(1, 0, SRC, "x", now=1) == [AbandonCheckpoint(1, "declined by (0, 0): x")]
+    c.tick(now=2)
+    assert complete(c, 2, now=2) == [NotifyComplete(2, 0, False)]
+    assert c.stats().consecutive_failures == 0
+    c.tick(now=3)
+    assert c.decline(3, 0, SRC, "x", now=3) == [AbandonCheckpoint(3, "declined by (0, 0): x")]
+    c.tick(now=4)
+    assert FailApplication in {type(a) for a in c.decline(4, 0, SRC, "x", now=4)}
+    assert c.stats().failed == 3
+
+
+# -- the final checkpoint ---------------------------------------------------------------------
+
+def test_the_final_checkpoint_is_triggered_when_every_task_ended_even_with_periodic_off():
+    c = coordinator(interval_s=0)
+    assert c.task_ended(SRC, now=1) == []
+    assert c.task_ended(SRC, now=1) == []
+    assert c.task_ended(MAP0, now=2) == []
+    assert c.task_ended((5, 5), now=2) == []
+    assert c.task_ended(MAP1, now=3) == [TriggerCheckpoint(1, 0, (SRC,))]
+    [store] = ack_all(c, 1, now=4, ended=True)
+    assert store.meta.final
+    assert c.stored(1, now=5) == [NotifyComplete(1, 0, True)]
+    assert c.tick(now=1000) == []  # nothing left to checkpoint
+
+
+def test_the_final_checkpoint_waits_for_the_one_in_flight_to_complete():
+    c = coordinator(interval_s=1, timeout_s=100)
+    c.tick(now=1)  # checkpoint 1, taken before the tasks ended
+    for task in TASKS:
+        assert c.task_ended(task, now=2) == []
+    ack_all(c, 1, now=3, ended=False)
+    assert c.stored(1, now=4) == [NotifyComplete(1, 0, False), TriggerCheckpoint(2, 0, (SRC,))]
+    assert complete(c, 2, now=5, ended=True) == [NotifyComplete(2, 0, True)]
+
+
+def test_the_final_checkpoint_follows_an_abandoned_one_at_once():
+    c = coordinator(interval_s=1, timeout_s=5)
+    c.tick(now=1)
+    for task in TASKS:
+        c.task_ended(task, now=2)
+    assert c.tick(now=7) == [AbandonCheckpoint(1, "timeout after 5s"), TriggerCheckpoint(2, 0, (SRC,))]
+
+
+def test_a_periodic_checkpoint_whose_acks_all_say_ended_is_final():
+    c = coordinator(interval_s=1)
+    c.tick(now=1)
+    assert complete(c, 1, now=2, ended=True) == [NotifyComplete(1, 0, True)]
+    assert c.latest().final and c.tick(now=100) == []
+
+
+# -- pruning, recovery, relaunch --------------------------------------------------------------
+
+def test_pruning_keeps_the_last_n_completed_checkpoints():
+    c = coordinator(interval_s=1, timeout_s=100, keep=2)
+    results = []
+    for cid in range(1, 5):
+        c.tick(now=cid)
+        results.append(complete(c, cid, now=cid))
+    assert results == [[NotifyComplete(1, 0, False)], [NotifyComplete(2, 0, False)],
+                       [NotifyComplete(3, 0, False), PruneCheckpoints((1,))],
+                       [NotifyComplete(4, 0, False), PruneCheckpoints((2,))]]
+
+
+def test_restart_abandons_the_checkpoint_in_flight_bumps_the_epoch_and_ids_go_on():
+    c = coordinator(interval_s=1, timeout_s=100)
+    c.tick(now=1)
+    complete(c, 1, now=1)
+    c.tick(now=2)
+    c.ack(2, 0, SRC, 1, False, now=2)
+    c.task_ended(MAP0, now=2)
+    assert c.restart(epoch=1, now=3) == [AbandonCheckpoint(2, "recovery")]
+    assert c.epoch == 1 and c.in_flight is None
+    assert c.latest().checkpoint_id == 1  # what the shell restores
+    assert c.stats().failed == 0  # a recovery is not a checkpoint failure
+    assert c.tick(now=3.5) == []  # the interval restarted
+    assert c.tick(now=4) == [TriggerCheckpoint(3, 1, (SRC,))]
+    assert c.ack(3, 0, SRC, 1, False, now=4) == []  # the old epoch
+    assert c.ignored["ack_wrong_epoch"] == 1
+    assert complete(c, 3, now=5) == [NotifyComplete(3, 1, False)]
+    c.task_ended(SRC, now=6)
+    assert c.task_ended(MAP1, now=6) == []  # MAP0's end was before the recovery: forgotten
+    assert c.restart(epoch=2, now=7) == []  # nothing in flight
+    with pytest.raises(ValueError):
+        c.restart(epoch=2, now=8)
+
+
+def test_a_relaunched_appmaster_continues_after_the_restored_checkpoint():
+    meta = CheckpointMeta(41, 3, 0.0, 1.0, 100, (SRC, MAP0, MAP1), False)
+    assert CheckpointMeta.from_dict({**meta.to_dict(), "tasks": [list(t) for t in meta.tasks]}) == meta
+    c = coordinator(interval_s=1, timeout_s=100, keep=1, epoch=4, restored_from=meta)
+    assert c.latest() == meta
+    assert c.tick(now=1) == [TriggerCheckpoint(42, 4, (SRC,))]
+    assert complete(c, 42, now=2) == [NotifyComplete(42, 4, False), PruneCheckpoints((41,))]
+
+
+def test_invalid_configuration_is_refused():
+    with pytest.raises(ValueError):
+        CheckpointCoordinator([], [], interval_s=1, timeout_s=1, keep=1, max_consecutive_failures=0)
+    with pytest.raises(ValueError):
+        CheckpointCoordinator([SRC], [MAP0], interval_s=1, timeout_s=1, keep=1, max_consecutive_failures=0)
+    with pytest.raises(ValueError):
+        CheckpointCoordinator([SRC], [SRC], interval_s=1, timeout_s=1, keep=0, max_consecutive_failures=0)
+
+
+# -- properties over random event sequences ---------------------------------------------------
+
+_id_sel = st.sampled_from(["current", "current", "current", "previous", "next"])
+_epoch_sel = st.sampled_from(["current", "current", "current", "old"])
+_task = st.sampled_from(TASKS + [(9, 9)])
+# how often each event comes: weighted towards those that move a checkpoint along,
+# so that many checkpoints complete; restarts and failures are rarer
+_KINDS = ["tick"] * 6 + ["ack"] * 8 + ["ack_every_task"] * 2 + ["stored"] * 3 + [
+    "decline", "store_failed", "task_ended", "task_ended", "restart"]
+
+
+@st.composite
+def _event(draw):
+    kind = draw(st.sampled_from(_KINDS))
+    if kind == "tick":
+        return kind, draw(st.floats(0, 4))
+    if kind == "ack":
+        return kind, draw(_task), draw(_id_sel), draw(_epoch_sel), draw(st.booleans()), draw(st.integers(0, 100))
+    if kind == "ack_every_task":  # one ack per task, in a row
+        return kind, draw(_epoch_sel), draw(st.booleans())
+    if kind == "decline":
+        return kind, draw(_task), draw(_id_sel), draw(_epoch_sel)
+    if kind in ("stored", "store_failed"):
+        return kind, draw(_id_sel)
+    if kind == "task_ended":
+        return kind, draw(_task)
+    return (kind,)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(_event(), min_size=20, max_size=100),
+    interval_s=st.sampled_from([0, 1, 2.5]),
+    timeout_s=st.sampled_from([1, 3, 20]),
+    keep=st.integers(1, 3),
+    max_failures=st.integers(0, 5),
+)
+def test_properties_over_random_event_sequences(events, interval_s, timeout_s, keep, max_failures):
+    c = CheckpointCoordinator(TASKS, [SRC], interval_s=interval_s, timeout_s=timeout_s, keep=keep,
+                              max_consecutive_failures=max_failures)
+    now = 0.0
+    c.start(now)
+    triggered: dict[int, int] = {}  # id -> epoch
+    open_id: int | None = None  # the checkpoint between its Trigger and its Notify/Abandon
+    acks_sent: set[tuple[int, int, tuple[int, int]]] = set()
+    stored_ids: set[int] = set()
+    completed: list[int] = []
+    fails = 0
+
+    def pick(sel: str) -> int:
+        last = max(triggered, default=1)
+        return {"current": last, "previous": last - 1, "next": last + 1}[sel]
+
+    for event in events:
+        kind = event[0]
+        epoch = c.epoch
+        if kind == "tick":
+            now += event[1]
+            actions = c.tick(now)
+        elif kind == "ack":
+            _, task, id_sel, epoch_sel, ended, size = event
+            cid, ep = pick(id_sel), epoch if epoch_sel == "current" else epoch - 1
+            acks_sent.add((cid, ep, task))
+            actions = c.ack(cid, ep, task, size, ended, now)
+        elif kind == "ack_every_task":
+            _, epoch_sel, ended = event
+            cid, ep, actions = pick("current"), epoch if epoch_sel == "current" else epoch - 1, []
+            for task in TASKS:
+                acks_sent.add((cid, ep, task))
+                actions += c.ack(cid, ep, task, 1, ended, now)
+        elif kind == "decline":
+            _, task, id_sel, epoch_sel = event
+            actions = c.decline(pick(id_sel), epoch if epoch_sel == "current" else epoch - 1, task, "x", now)
+        elif kind == "stored":
+            actions = c.stored(pick(event[1]), now)
+        elif kind == "store_failed":
+            actions = c.store_failed(pick(event[1]), "x", now)
+        elif kind == "task_ended":
+            actions = c.task_ended(event[1], now)
+        else:
+            actions = c.restart(epoch + 1, now)
+            assert c.epoch == epoch + 1
+
+        for action in actions:
+            if isinstance(action, TriggerCheckpoint):
+                assert open_id is None, "two checkpoints in flight"
+                assert all(action.checkpoint_id > i for i in triggered), "ids must strictly increase"
+                assert action.epoch == c.epoch and action.sources == (SRC,)
+                triggered[action.checkpoint_id] = action.epoch
+                open_id = action.checkpoint_id
+            elif isinstance(action, StoreCheckpoint):
+                meta = action.meta
+                assert meta.checkpoint_id == open_id and meta.checkpoint_id not in stored_ids
+                assert meta.epoch == triggered[meta.checkpoint_id]
+                assert set(meta.tasks) == set(TASKS)
+                assert all((meta.checkpoint_id, meta.epoch, t) in acks_sent for t in TASKS)
+                stored_ids.add(meta.checkpoint_id)
+            elif isinstance(action, NotifyComplete):
+                assert action.checkpoint_id == open_id and action.checkpoint_id in stored_ids
+                completed.append(action.checkpoint_id)
+                open_id = None
+            elif isinstance(action, AbandonCheckpoint):
+                assert action.checkpoint_id == open_id
+                open_id = None
+            elif isinstance(action, PruneCheckpoints):
+                assert set(action.checkpoint_ids) <= set(completed[:-keep])
+            elif isinstance(action, FailApplication):
+                fails += 1
+        assert c.in_flight == open_id
+        assert (c.phase is Phase.IDLE) == (open_id is None)
+        assert fails <= 1
+        if completed:
+            assert c.latest().checkpoint_id == completed[-1]

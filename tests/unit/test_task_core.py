@@ -1,0 +1,179 @@
+"""The task core without NATS: sequences, epochs, watermarks, end-of-stream, credit,
+barrier alignment, snapshots and restore."""
+
+import pytest
+
+from gearbus.api.graph import Processor
+from gearbus.api.task import Record, Task, TaskContext
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.core import END, DataPlaneError, Flush, Frame, Grant, Snapshot, TaskCore
+
+A, B = (0, 0), (0, 1)
+
+
+class Summing(Task):
+    """Sums values; its state is the sum. Records every call, for the assertions."""
+
+    def on_start(self):
+        self.total = 0
+        self.calls = []
+
+    def on_batch(self, records):
+        self.total += sum(r.value for r in records)
+        self.calls.append(("batch", [r.value for r in records]))
+
+    def on_watermark(self, watermark):
+        self.calls.append(("watermark", watermark))
+
+    def on_end(self):
+        self.calls.append(("end",))
+        self.emit(self.total)
+
+    def snapshot(self):
+        return self.total
+
+    def restore(self, state):
+        self.total = state
+
+
+def make_core(senders=(A, B), credit=4, epoch=0):
+    task = Summing(TaskContext(1, "app", _processor(), 0, 0))
+    task.on_start()
+    return task, TaskCore(task, senders, credit, epoch)
+
+
+def _processor():
+    processor = Processor(Summing, 1, "sum")
+    processor.id = 1
+    return processor
+
+
+class Channel:
+    """Frames from one sender, numbered in order."""
+
+    def __init__(self, sender, epoch=0):
+        self.sender, self.epoch, self.seq = sender, epoch, 0
+
+    def frame(self, values=(), watermark=WATERMARK_MIN, eos=False, barrier=0):
+        self.seq += 1
+        records = [Record(v, 1) for v in values]
+        return Frame(*self.sender, self.epoch, self.seq, watermark, eos, barrier, records)
+
+
+def test_records_then_watermark_then_end_with_the_minimum_over_inputs():
+    task, core = make_core(credit=100)
+    a, b = Channel(A), Channel(B)
+    assert core.receive(A, a.frame([1, 2], watermark=10)) == []  # B still at -inf
+    assert core.receive(B, b.frame([3], watermark=5)) == [Flush(5)]
+    assert core.receive(A, a.frame([], watermark=WATERMARK_MAX, eos=True)) == []
+    actions = core.receive(B, b.frame([4], watermark=WATERMARK_MAX, eos=True))
+    assert actions == [END]  # the final watermark goes out with end-of-stream
+    assert task.calls == [("batch", [1, 2]), ("batch", [3]), ("watermark", 5), ("batch", [4]),
+                          ("watermark", WATERMARK_MAX), ("end",)]
+    assert core.ended and core.watermark == WATERMARK_MAX and task.output[0].value == 10
+
+
+def test_a_gap_in_sequence_numbers_means_lost_frames():
+    _, core = make_core()
+    a = Channel(A)
+    core.receive(A, a.frame([1]))
+    a.seq += 1  # one frame never arrives
+    with pytest.raises(DataPlaneError, match="frames were lost"):
+        core.receive(A, a.frame([2]))
+
+
+def test_frames_of_another_epoch_are_dropped_unread_and_uncredited():
+    task, core = make_core(epoch=2)
+    zombie, newer = Channel(A, epoch=1), Channel(A, epoch=3)
+    assert core.receive(A, zombie.frame([100])) == []
+    assert core.receive(A, newer.frame([100])) == []
+    assert core.stale_frames == 2 and task.total == 0
+    assert core.receive(A, Channel(A, epoch=2).frame([1])) == [] and task.total == 1
+
+
+def test_credit_goes_back_in_batches_of_half_the_window():
+    _, core = make_core(credit=4)
+    a = Channel(A)
+    assert core.receive(A, a.frame([1])) == []
+    assert core.receive(A, a.frame([1])) == [Grant(A, 2)]
+
+
+def test_barriers_align_holding_back_the_channel_that_is_ahead():
+    task, core = make_core(credit=100)
+    a, b = Channel(A), Channel(B)
+    core.receive(A, a.frame([1]))
+    assert core.receive(A, a.frame([], barrier=7)) == []
+    assert core.receive(A, a.frame([1000])) == []  # after A's barrier: held back
+    assert task.total == 1
+    core.receive(B, b.frame([2]))
+    actions = core.receive(B, b.frame([], barrier=7))
+    snapshots = [x for x in actions if type(x) is Snapshot]
+    assert snapshots == [Snapshot(7, {"task": 3, "ended": False, "watermark": WATERMARK_MIN, "checkpoint_id": 7},
+                                  False)]
+    assert task.total == 1003  # the held frame was processed after the snapshot
+
+
+def test_held_frames_are_not_credited_until_released():
+    _, core = make_core(credit=2)
+    a, b = Channel(A), Channel(B)
+    assert core.receive(A, a.frame([], barrier=1)) == [Grant(A, 1)]
+    assert core.receive(A, a.frame([5])) == []  # held: no credit for it yet
+    actions = core.receive(B, b.frame([], barrier=1))
+    assert Grant(A, 1) in actions and Grant(B, 1) in actions
+
+
+def test_the_next_barrier_on_a_held_channel_holds_it_again():
+    task, core = make_core(credit=100)
+    a, b = Channel(A), Channel(B)
+    core.receive(A, a.frame([], barrier=1))
+    core.receive(A, a.frame([10]))
+    core.receive(A, a.frame([], barrier=2))
+    core.receive(A, a.frame([20]))
+    first = core.receive(B, b.frame([1], barrier=1))
+    assert [x.checkpoint_id for x in first if type(x) is Snapshot] == [1]
+    assert task.total == 11  # A's 10 ran; A's 20 waits behind barrier 2
+    second = core.receive(B, b.frame([2], barrier=2))
+    assert [(x.checkpoint_id, x.state["task"]) for x in second if type(x) is Snapshot] == [(2, 13)]
+    assert task.total == 33
+
+
+def test_an_ended_task_still_answers_barriers_and_says_it_ended():
+    task, core = make_core()
+    a, b = Channel(A), Channel(B)
+    core.receive(A, a.frame([1], watermark=WATERMARK_MAX, eos=True))
+    core.receive(B, b.frame([2], watermark=WATERMARK_MAX, eos=True))
+    assert core.ended
+    core.receive(A, a.frame([], barrier=9))
+    [snapshot] = [x for x in core.receive(B, b.frame([], barrier=9)) if type(x) is Snapshot]
+    assert snapshot.ended and snapshot.state["ended"] and snapshot.state["task"] == 3
+
+
+def test_end_of_stream_held_behind_a_barrier_comes_after_the_snapshot():
+    task, core = make_core()
+    a, b = Channel(A), Channel(B)
+    core.receive(A, a.frame([], barrier=4))
+    core.receive(A, a.frame([1], watermark=WATERMARK_MAX, eos=True))  # held
+    core.receive(B, b.frame([], watermark=WATERMARK_MAX, eos=True))
+    actions = core.receive(B, b.frame([], barrier=4))
+    assert [type(x).__name__ for x in actions if type(x) in (Snapshot, type(END))] == ["Snapshot", "End"]
+    assert not actions[[type(x) for x in actions].index(Snapshot)].ended
+
+
+def test_restore_resumes_the_state_and_a_task_that_had_ended_does_not_end_twice():
+    task, core = make_core()
+    core.restore({"task": 41, "ended": True, "watermark": WATERMARK_MAX, "checkpoint_id": 5})
+    assert task.total == 41 and core.ended and core.last_checkpoint == 5
+    a, b = Channel(A), Channel(B)
+    assert core.receive(A, a.frame([], watermark=WATERMARK_MAX, eos=True)) == []
+    assert core.receive(B, b.frame([], watermark=WATERMARK_MAX, eos=True)) == []
+    assert ("end",) not in task.calls
+    assert core.inject_barrier(5) == []  # an id it already passed
+
+
+def test_a_source_snapshots_where_the_barrier_is_injected_and_ends_with_the_final_watermark():
+    task, core = make_core(senders=())
+    assert core.advance_source(100) == [Flush(100)]
+    [snapshot] = core.inject_barrier(3)
+    assert snapshot.checkpoint_id == 3 and snapshot.state["watermark"] == 100
+    assert core.end_source() == [END]
+    assert task.calls[-2:] == [("watermark", WATERMARK_MAX), ("end",)]
