@@ -19,7 +19,7 @@ from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from gearbus.runners.spark import SparkRunner, SparkUnavailable
 from shared.bus import RequestError
-from shared.messages import AppState, AppSummary, ClusterInfo
+from shared.messages import AppState, AppSummary, CheckpointStats, ClusterInfo
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
@@ -54,17 +54,37 @@ def format_status(app: AppSummary) -> str:
         lines.append(f"  application clock: {_format_clock(app.clock)}")
     if app.stalled_tasks:
         lines.append(f"  stalled tasks: {', '.join(app.stalled_tasks)}")
+    if app.guarantee:
+        why = f" ({app.guarantee_detail})" if app.guarantee_detail else ""
+        lines.append(f"  guarantee: {app.guarantee}{why}")
+    if app.checkpoints is not None:
+        lines.append(f"  checkpoints: {format_checkpoints(app.checkpoints)}")
     if app.restarts:
         blacklisted = f"; blacklisted workers: {', '.join(app.blacklisted_workers)}" if app.blacklisted_workers else ""
-        lines.append(f"  delivery: at-most-once ({app.restarts} executor(s) lost, their tasks restarted){blacklisted}")
+        lines.append(f"  restarts: {app.restarts} (rolled back to the last checkpoint){blacklisted}")
     if app.error is not None:
         where = f" in {app.error.where}" if app.error.where else ""
         lines.append(f"  error{where}: {app.error.error_type}: {app.error.message}")
     for c in sorted(app.tasks, key=lambda c: (c.task.processor, c.task.index)):
         done = " finished" if c.finished else ""
         late = f" late {c.late_records}" if c.late_records else ""
-        lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{late}{done}")
+        dead = f" dead-letters {c.dead_letters}" if c.dead_letters else ""
+        lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{late}{dead}{done}")
     return "\n".join(lines)
+
+
+def format_checkpoints(stats: CheckpointStats, now_ms: int | None = None) -> str:
+    every = f"every {stats.interval_ms} ms" if stats.interval_ms else "periodic off (only the final one)"
+    if stats.last_id:
+        age = ""
+        if stats.last_completed_ms:
+            age = f", {max((now_ms or int(time.time() * 1000)) - stats.last_completed_ms, 0) / 1000:.1f} s ago"
+        last = (f"last #{stats.last_id}{age}, took {stats.last_duration_ms} ms, "
+                f"{stats.last_size_bytes} bytes")
+    else:
+        last = "none completed yet"
+    failed = f", {stats.failed} failed (last: {stats.last_failure})" if stats.failed else ""
+    return f"{every}; {last}; {stats.completed} completed{failed}; epoch {stats.epoch}"
 
 
 def format_info(info: ClusterInfo) -> str:

@@ -253,7 +253,6 @@ class TaskCounters(Struct):
     finished: bool = False
     messages_dropped: int = 0
     late_records: int = 0
-    frames_lost: int = 0
     stale_frames: int = 0  # frames of another attempt (a replaced task's), dropped unread
     dead_letters: int = 0  # source messages that did not decode (sent to the dead-letter subject)
     epoch: int = 0

@@ -33,7 +33,7 @@ class TaskContext:
     """What a task knows about where it runs."""
 
     def __init__(self, app_id: int, app_name: str, processor, index: int, executor_id: int,
-                 app_start_ms: int = 0, restarted: bool = False, epoch: int = 0,
+                 app_start_ms: int = 0, epoch: int = 0,
                  nats_servers: list[str] | None = None):
         self.app_id = app_id
         #: The attempt of the whole application this task belongs to: 0 at the start, n after
@@ -44,8 +44,6 @@ class TaskContext:
         #: When the application started (epoch ms; 0 when unknown): a source that follows the
         #: clock uses it to resume at the right place after a restart.
         self.app_start_ms = app_start_ms
-        #: True when this task replaces one that was lost (at-most-once: resume, do not replay).
-        self.restarted = restarted
         self.app_name = app_name
         self.processor = processor
         self.processor_id: int = processor.id

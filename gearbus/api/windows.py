@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 from bisect import bisect_left, bisect_right
+from copy import deepcopy
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from math import inf
@@ -24,6 +25,7 @@ from typing import Any, NamedTuple
 
 from gearbus.api.aggregators import Aggregator
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.keygroups import key_group
 from shared.values import register_tuple_type
 
 __all__ = [
@@ -64,6 +66,8 @@ GLOBAL_WINDOW = Window(WATERMARK_MIN, WATERMARK_MAX)
 _tuple = tuple.__new__
 _START = itemgetter(0)
 _END = itemgetter(1)
+#: Accumulator types a snapshot can share with the live pane instead of copying.
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None)})
 
 
 class WindowResult(NamedTuple):
@@ -321,11 +325,7 @@ class WindowOperator:
         self._merge = aggregator.merge
         self._result = aggregator.result
 
-        self._watermark = WATERMARK_MIN
-        # Windows with end <= _fire_limit are complete; with end <= _expire_limit, past
-        # their allowed lateness. Kept as limits so each record costs one comparison.
-        self._fire_limit = WATERMARK_MIN + 1
-        self._expire_limit = WATERMARK_MIN + 1 - self.allowed_lateness_ms
+        self._set_watermark(WATERMARK_MIN)
         #: window -> key -> pane; keys in the order the window first saw them.
         self._windows: dict[Window, dict[Any, _Pane]] = {}
         #: Sessions only: key -> its windows, sorted and disjoint.
@@ -414,14 +414,7 @@ class WindowOperator:
         """
         if watermark <= self._watermark:
             return []
-        self._watermark = watermark
-        if watermark >= WATERMARK_MAX:
-            fire_limit = expire_limit = inf
-        else:
-            fire_limit = watermark + 1
-            expire_limit = fire_limit - self.allowed_lateness_ms
-        self._fire_limit, self._expire_limit = fire_limit, expire_limit
-
+        fire_limit, expire_limit = self._set_watermark(watermark)
         out: list[WindowResult] = []
         fire = self._fire
         pending = self._pending
@@ -452,7 +445,75 @@ class WindowOperator:
         late, self._late = self._late, []
         return late
 
+    def snapshot(self) -> dict:
+        """The operator's state at a checkpoint barrier, as plain picklable data::
+
+            {"watermark": int, "late_dropped": int, "late_side_output": int,
+             "late": [(key, value, timestamp), ...],   # not yet drained
+             "groups": {key_group: [(window_start, window_end, key, acc, count), ...]}}
+
+        Panes are grouped by :func:`~gearbus.runtime.keygroups.key_group`, so that a
+        task can be given the groups of several snapshots. Mutable accumulators are
+        copied: the state stays valid while the operator goes on (an aggregator may
+        update its accumulators in place).
+        """
+        groups: dict[int, list[tuple]] = {}
+        for (start, end), panes in self._windows.items():
+            for key, pane in panes.items():
+                acc = pane.acc
+                if type(acc) not in _IMMUTABLE:
+                    acc = deepcopy(acc)
+                groups.setdefault(key_group(key), []).append((start, end, key, acc, pane.count))
+        return {
+            "watermark": self._watermark,
+            "late_dropped": self.late_dropped,
+            "late_side_output": self.late_side_output,
+            "late": list(self._late),
+            "groups": groups,
+        }
+
+    def restore(self, state: dict) -> None:
+        """Replace the operator's state with a :meth:`snapshot`'s, whose ``groups`` may
+        be the union of several snapshots' (taken at the same barrier).
+
+        Fed the rest of the input, the restored operator fires the same panes at the
+        same calls as the one snapshotted; only the keys of one window that complete
+        together come out ordered by key group first (then by first arrival), as the
+        order across groups is not kept.
+        """
+        self._set_watermark(state["watermark"])
+        self.late_dropped = state["late_dropped"]
+        self.late_side_output = state["late_side_output"]
+        self._late = list(state["late"])
+        self._windows, self._sessions, self._pending, self._expiring = {}, {}, [], []
+        groups = state["groups"]
+        for group in sorted(groups):
+            for start, end, key, acc, count in groups[group]:
+                window = _tuple(Window, (start, end))
+                pane = _Pane(acc)
+                pane.count = count
+                self._panes(window)[key] = pane
+                if self._merging:
+                    self._sessions.setdefault(key, []).append(window)
+        for sessions in self._sessions.values():
+            sessions.sort()
+
     # --- internals -------------------------------------------------------------------
+
+    def _set_watermark(self, watermark: int) -> tuple[float, float]:
+        """Take ``watermark`` and derive the limits from it; return them.
+
+        Windows with end <= _fire_limit are complete; with end <= _expire_limit, past
+        their allowed lateness. Kept as limits so each record costs one comparison.
+        """
+        self._watermark = watermark
+        if watermark >= WATERMARK_MAX:
+            fire_limit = expire_limit = inf
+        else:
+            fire_limit = watermark + 1
+            expire_limit = fire_limit - self.allowed_lateness_ms
+        self._fire_limit, self._expire_limit = fire_limit, expire_limit
+        return fire_limit, expire_limit
 
     def _add_to_window(self, key, window: Window, fold, item, weight: int, out: list) -> bool:
         """Fold ``item`` into (key, window); False when the window has expired."""

@@ -15,10 +15,16 @@ class RateSource(DataSource):
     forever or until ``count`` records; task i of N emits the n with n % N == i.
 
     Number n falls due ``n / rate`` seconds after the application started (a task that
-    starts late catches up). A task restarted after a failure resumes with the numbers
-    due now: those that fell due while it was down are lost, none is sent twice
-    (at-most-once).
+    starts late catches up).
+
+    Replayable: a snapshot is the task's next number, and a task restored from it emits
+    exactly the numbers after it (the overdue ones at once, then on the clock), so with
+    checkpoints each number counts in the results exactly once. The timestamps are the
+    clock's at emission, not replayed: give the source step a ``timestamp_fn`` of the
+    value for event times that replay too.
     """
+
+    replayable = True
 
     def __init__(self, rate: float, count: int | None = None, value_fn: Callable[[int], Any] | None = None):
         if rate <= 0:
@@ -34,9 +40,17 @@ class RateSource(DataSource):
         self._index = context.index
         self._started = context.app_start_ms / 1000 if context.app_start_ms else time.time()
         self._next = self._index
-        if context.restarted:  # skip what fell due while the lost task was down
-            due = self._due()
-            self._next = due + (self._index - due) % self._step
+
+    def snapshot(self) -> dict:
+        return {"next": self._next, "index": self._index, "parallelism": self._step}
+
+    def restore(self, state: dict) -> None:
+        if (state["index"], state["parallelism"]) != (self._index, self._step):
+            raise ValueError(
+                f"RateSource: task {self._index} of {self._step} cannot resume from a snapshot of task "
+                f"{state['index']} of {state['parallelism']}; the parallelism changed"
+            )
+        self._next = state["next"]
 
     def _due(self) -> int:
         """How many numbers have fallen due by now (all tasks together)."""

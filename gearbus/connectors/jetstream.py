@@ -1,5 +1,6 @@
 """JetStream from plain nats-py: stream management and acknowledged, deduplicated
-publishing, shared by the Spark connector and the bus's JetStream sink.
+publishing, shared by the Spark connector and the bus's JetStream sinks (and source,
+in :mod:`gearbus.connectors.jetstream_source`).
 
 Publishing uses plain publishes with reply subjects under one inbox (one wildcard
 subscription for the acks) rather than ``js.publish`` per message: measured here, ~70k
@@ -25,6 +26,14 @@ API_TIMEOUT = 5.0            # s, a JetStream API request
 PUBLISH_WINDOW = 4_096       # unacknowledged publishes per writer task
 ACK_TIMEOUT_S = 5.0          # no ack for this long: republish (same Nats-Msg-Id)
 PUBLISH_RETRIES = 5
+
+
+def servers_for(servers: list[str], context: TaskContext, what: str) -> list[str]:
+    """The NATS servers a connector task uses: its own, else the cluster's."""
+    chosen = servers or context.nats_servers
+    if not chosen:
+        raise ValueError(f"{what}: no NATS servers; pass servers=... (the TestRunner has no cluster NATS of its own)")
+    return chosen
 
 
 class JetStreamError(RuntimeError):
@@ -220,6 +229,28 @@ def publish_messages(servers: str | list[str], subject: str, payloads: Iterable[
     return run_fresh(go())
 
 
+class LoopThread:
+    """An asyncio event loop on a daemon thread of its own. Connector methods are
+    synchronous and called on the executor's event loop, which must never wait on the
+    network, so each connector instance keeps its NATS connection on such a loop."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def call(self, coro):
+        """Run ``coro`` on the loop and wait for its result (never from the loop itself)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def submit(self, coro):
+        """Start ``coro`` on the loop without waiting (a concurrent.futures.Future)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
 
 
 class JetStreamSink(DataSink):
@@ -241,15 +272,11 @@ class JetStreamSink(DataSink):
         self.duplicate_window_s = duplicate_window_s
 
     def open(self, context: TaskContext) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream-sink", daemon=True)
-        self._thread.start()
+        self._thread = LoopThread("jetstream-sink")
+        self._call = self._thread.call
         self._call(self._connect())
         if self.stream:
             self._call(ensure_stream_async(self._nc, self.stream, [self.subject], self.duplicate_window_s, "file"))
-
-    def _call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _connect(self) -> None:
         self._nc = await connect(self.servers, name="gearbus-jetstream-sink")
@@ -266,12 +293,117 @@ class JetStreamSink(DataSink):
         await self._publisher.drain()
 
     def close(self) -> None:
-        if getattr(self, "_loop", None) is None:
+        if getattr(self, "_thread", None) is None:
             return
         try:
             self._call(self._nc.close())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._loop.close()
-            self._loop = None
+            self._thread.stop()
+            self._thread = None
+
+
+class JetStreamTransactionalSink(DataSink):
+    """Exactly-once output into JetStream by two-phase commit (Flink's
+    TwoPhaseCommitSinkFunction on JetStream's deduplication).
+
+    :meth:`write` only keeps each value's JSON in memory; :meth:`pre_commit` seals them as
+    the transaction of a checkpoint, which the task's snapshot carries; :meth:`commit`
+    publishes the sealed transactions, acknowledged, once their checkpoint is complete.
+    Every message's ``Nats-Msg-Id`` comes from its position —
+    ``app.start/step/task/epoch/checkpoint/i``, fixed when the transaction is sealed — or
+    from ``id_fn(value)``, so a commit repeated after a crash stores nothing twice, and
+    another run of the same pipeline is never mistaken for a repeat. That relies on the stream's duplicate window: a
+    repeat later than it (2 minutes by default) would store duplicates.
+
+    Nothing written since the last barrier is ever published by this sink before its
+    checkpoint completes, so readers see only committed output (read-committed).
+    """
+
+    transactional = True
+
+    def __init__(self, subject: str, *, stream: str | None = None, id_fn=None, servers: str | list[str] | None = None,
+                 duplicate_window_s: float = 120.0):
+        self.subject = subject
+        self.stream = stream
+        self.id_fn = id_fn
+        self.servers = servers.split(",") if isinstance(servers, str) else list(servers or [])
+        self.duplicate_window_s = duplicate_window_s
+
+    def open(self, context: TaskContext) -> None:
+        servers = servers_for(self.servers, context, f"write_jetstream({self.subject!r})")
+        self._context = context
+        step = context.config.get("steps", [context.processor_name])[-1]
+        self._id_prefix = f"{context.app_id}.{context.app_start_ms}/{step}/{context.index}"
+        self._values: list[bytes] = []
+        self._ids: list[str] | None = [] if self.id_fn else None
+        #: sealed, uncommitted transactions in checkpoint order: (id prefix, checkpoint id, values, ids or None)
+        self._sealed: list[tuple[int, int, list[bytes], list[str] | None]] = []
+        self._lock = threading.Lock()  # commit runs on a worker thread while pre_commit runs on the task's
+        self._thread = LoopThread("jetstream-tx-sink")
+        self._thread.call(self._connect(servers))
+        if self.stream:
+            self._thread.call(ensure_stream_async(self._nc, self.stream, [self.subject], self.duplicate_window_s,
+                                                  "file"))
+
+    async def _connect(self, servers: list[str]) -> None:
+        self._nc = await connect(servers, name="gearbus-jetstream-tx-sink")
+        self._publisher = await Publisher(self._nc).open()
+
+    def write(self, records: list[Record]) -> None:
+        dumps = json.dumps
+        self._values.extend([dumps(r[0], ensure_ascii=False, separators=(",", ":")).encode() for r in records])
+        if self.id_fn is not None:
+            id_fn = self.id_fn
+            self._ids.extend([str(id_fn(r[0])) for r in records])
+
+    def pre_commit(self, checkpoint_id: int) -> None:
+        if not self._values:
+            return
+        with self._lock:
+            self._sealed.append((f"{self._id_prefix}/{self._context.epoch}/{checkpoint_id}", checkpoint_id,
+                                 self._values, self._ids))
+        self._values = []
+        self._ids = [] if self.id_fn else None
+
+    def commit(self, checkpoint_id: int) -> None:
+        with self._lock:
+            due = [t for t in self._sealed if t[1] <= checkpoint_id]
+        if not due:
+            return
+        self._thread.call(self._publish(due))
+        with self._lock:
+            self._sealed = [t for t in self._sealed if t[1] > checkpoint_id]
+
+    async def _publish(self, transactions) -> None:
+        subject = self.subject
+        for prefix, _, values, ids in transactions:
+            for i, data in enumerate(values):
+                await self._publisher.publish(subject, data, ids[i] if ids is not None else f"{prefix}/{i}")
+        await self._publisher.drain()
+
+    def snapshot(self) -> list[tuple[int, int, list[bytes], list[str] | None]]:
+        with self._lock:
+            return list(self._sealed)
+
+    def restore(self, state) -> None:
+        """Commit the checkpoint's sealed transactions (again: duplicates are dropped) and
+        forget anything written since."""
+        self._values = []
+        self._ids = [] if self.id_fn else None
+        with self._lock:
+            self._sealed = []
+        if state:
+            self._thread.call(self._publish(state))
+
+    def close(self) -> None:
+        if getattr(self, "_thread", None) is None:
+            return
+        pending = len(self._values) + sum(len(t[2]) for t in self._sealed)
+        if pending:
+            log.warning("jetstream sink %s closes with %d uncommitted records: dropped (a recovery replays them)",
+                        self._id_prefix, pending)
+        try:
+            self._thread.call(self._nc.close())
+        finally:
+            self._thread.stop()
+            self._thread = None

@@ -68,7 +68,7 @@ class TaskRunner:
         self.epoch = epoch
         self.restore_envelope = restore
         self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id, start_ms,
-                                   restarted=restore is not None, epoch=epoch, nats_servers=servers)
+                                   epoch=epoch, nats_servers=servers)
         self.name = self.context.task_name
         self.task = self.processor.task_class(self.context)
         senders = [(edge.upstream.id, i) for edge in graph.inputs_of(self.processor)

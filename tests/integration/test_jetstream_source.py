@@ -1,0 +1,370 @@
+"""JetStreamSource and NatsSubjectSource driven directly, as a source task drives them,
+against a real nats-server: partitions, bounded and endless reads, positions that
+survive a restart, dead letters, watermarks and the bounded buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import time
+
+import pytest
+
+from gearbus.api.graph import Processor
+from gearbus.api.task import TaskContext
+from gearbus.connectors.jetstream import JetStreamError, Publisher, connect, ensure_stream, run_fresh
+from gearbus.connectors import jetstream_source
+from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSource
+
+N = 10_000
+BASE_TS = 1_700_000_000_000
+
+
+def publish(url: str, messages: list[tuple[str, bytes]]) -> None:
+    """Publish (subject, data) pairs in this order, acknowledged."""
+
+    async def go():
+        nc = await connect([url], name="test")
+        try:
+            publisher = await Publisher(nc).open()
+            for subject, data in messages:
+                await publisher.publish(subject, data, None)
+            await publisher.drain()
+        finally:
+            await nc.close()
+
+    run_fresh(go())
+
+
+def events(start: int, stop: int) -> list[tuple[str, bytes]]:
+    """Event n goes to subject ev.(n % 4)."""
+    return [(f"ev.{n % 4}", json.dumps({"n": n}).encode()) for n in range(start, stop)]
+
+
+def fill(url: str, count: int = N) -> None:
+    ensure_stream(url, "EV", ["ev.*"])
+    publish(url, events(0, count))
+
+
+def opened(url: str, source: JetStreamSource, index: int = 0, parallelism: int = 1) -> JetStreamSource:
+    processor = Processor.source(source, parallelism=parallelism, name="read")
+    source.open(TaskContext(1, "app", processor, index, 0, nats_servers=[url]))
+    return source
+
+
+def read_all(source, timeout: float = 30.0, batch: int = 1000) -> list:
+    """Every record until the source ends."""
+    records = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = source.read(batch)
+        if got is None:
+            return records
+        records.extend(got)
+        if not got:
+            time.sleep(source.idle_wait_s())
+    raise AssertionError(f"the source did not end within {timeout} s ({len(records)} records read)")
+
+
+def read_count(source, count: int, timeout: float = 30.0) -> list:
+    """Exactly ``count`` records (from an endless source)."""
+    records = []
+    deadline = time.monotonic() + timeout
+    while len(records) < count:
+        assert time.monotonic() < deadline, f"only {len(records)} of {count} records within {timeout} s"
+        got = source.read(count - len(records))
+        assert got is not None
+        records.extend(got)
+        if not got:
+            time.sleep(source.idle_wait_s())
+    return records
+
+
+def numbers(records) -> list[int]:
+    return [r.value["n"] for r in records]
+
+
+def test_two_tasks_share_the_subjects_and_together_read_everything_once(nats_server):
+    url = nats_server.url
+    fill(url)
+    tasks = [opened(url, JetStreamSource("EV", until="now"), i, 2) for i in range(2)]
+    publish(url, events(N, N + 100))  # after open: beyond "now"
+    try:
+        results = [read_all(t) for t in tasks]
+    finally:
+        for t in tasks:
+            t.close()
+    assert {n % 4 for n in numbers(results[0])} == {0, 2}
+    assert {n % 4 for n in numbers(results[1])} == {1, 3}
+    for result in results:
+        assert numbers(result) == sorted(numbers(result))  # stream order
+        stamps = [r.timestamp for r in result]
+        assert stamps == sorted(stamps) and stamps[0] > BASE_TS  # the stream's timestamps, in ms
+    assert sorted(numbers(results[0]) + numbers(results[1])) == list(range(N))
+
+
+def test_a_restored_source_reads_exactly_what_followed_its_snapshot(nats_server):
+    url = nats_server.url
+    fill(url)
+    first = opened(url, JetStreamSource("EV", ["ev.1", "ev.2"], until="now"))
+    before = read_count(first, 2_345)
+    state = first.snapshot()
+    first.read(1000)  # read on past the snapshot, then "crash"
+    first.close()
+    publish(url, events(N, N + 100))  # the restored run still ends where the first would have
+    second = opened(url, JetStreamSource("EV", ["ev.1", "ev.2"], until="now"))
+    second.restore(state)
+    try:
+        after = read_all(second)
+    finally:
+        second.close()
+    together = numbers(before) + numbers(after)
+    assert together == [n for n in range(N) if n % 4 in (1, 2)]
+
+
+def test_start_new_reads_only_what_arrives_after_open(nats_server):
+    url = nats_server.url
+    fill(url, 100)
+    source = opened(url, JetStreamSource("EV", start="new"))
+    try:
+        assert source.read(100) == []  # nothing new yet
+        publish(url, events(100, 150))
+        assert numbers(read_count(source, 50)) == list(range(100, 150))
+        time.sleep(0.2)
+        assert source.read(100) == []
+    finally:
+        source.close()
+
+
+def test_start_at_a_sequence_or_a_time(nats_server):
+    url = nats_server.url
+    fill(url, 100)
+    source = opened(url, JetStreamSource("EV", start=91, until="now"))
+    try:
+        assert numbers(read_all(source)) == list(range(90, 100))  # sequence 91 holds event 90
+    finally:
+        source.close()
+    time.sleep(0.05)
+    middle = datetime.datetime.now(datetime.timezone.utc)
+    time.sleep(0.05)
+    publish(url, events(100, 120))
+    source = opened(url, JetStreamSource("EV", start=middle, until="now"))
+    try:
+        assert numbers(read_all(source)) == list(range(100, 120))
+    finally:
+        source.close()
+    source = opened(url, JetStreamSource("EV", start=5, until=8))
+    try:
+        assert numbers(read_all(source)) == [4, 5, 6, 7]
+    finally:
+        source.close()
+
+
+def test_messages_that_do_not_decode_go_to_the_dead_letter_subject(nats_server):
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    ensure_stream(url, "DEAD", ["dead.ev"])
+    publish(url, events(0, 10) + [("ev.1", b"not json"), ("ev.2", b"{")] + events(10, 20))
+    source = opened(url, JetStreamSource("EV", until="now", dead_letter="dead.ev"))
+    try:
+        assert numbers(read_all(source)) == list(range(20))
+        assert source.dead_letters == 2
+    finally:
+        source.close()
+
+    async def dead_letters():
+        nc = await connect([url], name="test")
+        try:
+            jsm = nc.jsm()
+            return [await jsm.get_msg("DEAD", seq) for seq in (1, 2)]
+        finally:
+            await nc.close()
+
+    letters = run_fresh(dead_letters())
+    assert [m.data for m in letters] == [b"not json", b"{"]
+    assert all(m.headers["Gearbus-Error"].startswith("JSONDecodeError") for m in letters)
+    assert letters[0].headers["Gearbus-Source"] == "EV/11/ev.1"
+
+
+@pytest.mark.parametrize("decode, expected", [("text", "7"), ("bytes", b"7"), (lambda b: int(b) * 2, 14)])
+def test_other_decodings(nats_server, decode, expected):
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    publish(url, [("ev.0", b"7"), ("ev.0", b"\xff")])
+    source = opened(url, JetStreamSource("EV", until="now", decode=decode))
+    try:
+        values = [r.value for r in read_all(source)]
+    finally:
+        source.close()
+    assert values == ([expected, b"\xff"] if decode == "bytes" else [expected])
+    assert source.dead_letters == (0 if decode == "bytes" else 1)
+
+
+def test_an_unknown_stream_or_subject_fails_clearly_at_open(nats_server):
+    url = nats_server.url
+    fill(url, 10)
+    with pytest.raises(JetStreamError, match="'NOPE' does not exist"):
+        opened(url, JetStreamSource("NOPE"))
+    with pytest.raises(JetStreamError, match="no messages on a subject matching 'ev.9'"):
+        opened(url, JetStreamSource("EV", ["ev.1", "ev.9"]))
+    with pytest.raises(ValueError, match="no NATS servers"):
+        JetStreamSource("EV").open(TaskContext(1, "app", Processor.source(JetStreamSource("EV")), 0, 0))
+
+
+def test_a_task_without_partitions_ends_at_once_when_bounded(nats_server):
+    url = nats_server.url
+    fill(url, 10)
+    spare = opened(url, JetStreamSource("EV", until="now"), 4, 5)  # 4 subjects, 5 tasks
+    try:
+        assert spare.read(10) is None
+    finally:
+        spare.close()
+    spare = opened(url, JetStreamSource("EV"), 4, 5)
+    try:
+        assert spare.read(10) == []
+    finally:
+        spare.close()
+
+
+def stamped(n: int) -> dict:
+    """Event n's time: subjects 0-2 keep pace; subject 3 lags 5 s and goes quiet after n = 1000."""
+    return {"n": n, "ts": BASE_TS + n * 10 - (5000 if n % 4 == 3 else 0)}
+
+
+def test_the_watermark_follows_the_slowest_partition_until_it_is_caught_up(nats_server):
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    publish(url, [(f"ev.{n % 4}", json.dumps(stamped(n)).encode()) for n in range(N) if n % 4 != 3 or n < 1000])
+    source = opened(url, JetStreamSource("EV", until="now", timestamp_fn=lambda v: v["ts"],
+                                         max_out_of_orderness_ms=20, buffer_records=500))
+    try:
+        assert source.watermark() is None
+        watermark, newest, lagging_done = None, {}, None
+        while (records := source.read(97)) is not None:
+            for r in records:  # nothing read is behind a watermark already given
+                assert watermark is None or r.timestamp > watermark, (r.value, watermark)
+                newest[r.value["n"] % 4] = r.timestamp
+            if not records:
+                time.sleep(source.idle_wait_s())
+                continue
+            watermark = source.watermark()
+            if len(newest) == 4 and newest[3] < stamped(999)["ts"]:
+                assert watermark <= min(newest.values()) - 21  # while subject 3 still has messages
+            if lagging_done is None and min(r.value["n"] for r in records) > 1000:
+                lagging_done = watermark
+        # Once past subject 3's last message it no longer holds the watermark back.
+        assert lagging_done >= BASE_TS + 1000 * 10 - 21
+        assert watermark == BASE_TS + (N - 2) * 10 - 21  # the newest of all (event N - 1 is subject 3's)
+    finally:
+        source.close()
+
+
+def test_a_quiet_partition_of_an_endless_stream_stops_holding_the_watermark(nats_server):
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    publish(url, [(f"ev.{n % 4}", json.dumps(stamped(n)).encode()) for n in range(2000) if n % 4 != 3 or n < 1000])
+    source = opened(url, JetStreamSource("EV", timestamp_fn=lambda v: v["ts"], idle_timeout_ms=1000))
+    try:
+        read_count(source, 2000 - 250)
+        assert source.watermark() <= BASE_TS + 999 * 10 - 5000 - 1  # subject 3 had a record a moment ago
+        time.sleep(1.2)
+        assert source.read(10) == []
+        assert source.watermark() == BASE_TS + 1998 * 10 - 1  # the newest of all
+    finally:
+        source.close()
+
+
+def test_the_buffer_holds_no_more_than_its_limit(nats_server):
+    url = nats_server.url
+    fill(url)
+    source = opened(url, JetStreamSource("EV", until="now", buffer_records=300))
+    try:
+        records = source.read(1)
+        time.sleep(0.5)  # nobody reads: the reader must stop at the limit
+        assert len(source._buffer) == 300
+        while (got := source.read(7)) is not None:
+            assert len(source._buffer) <= 300
+            records.extend(got)
+            if not got:
+                time.sleep(source.idle_wait_s())
+        assert numbers(records) == list(range(N))
+    finally:
+        source.close()
+
+
+def test_nats_subject_source_reads_what_is_published_and_drops_on_a_full_buffer(nats_server):
+    url = nats_server.url
+    source = NatsSubjectSource("live.x", buffer_records=50)
+    source.open(TaskContext(1, "app", Processor.source(source), 0, 0, nats_servers=[url]))
+
+    async def send(payloads):
+        nc = await connect([url], name="test")
+        for data in payloads:
+            await nc.publish("live.x", data)
+        await nc.flush()
+        # The source has seen them once a request on its own connection made the round trip.
+        await asyncio.sleep(0.2)
+        await nc.close()
+
+    try:
+        started = int(time.time() * 1000)
+        run_fresh(send([b"1", b"oops", b'{"a": 2}']))
+        records = read_count(source, 2)
+        assert [r.value for r in records] == [1, {"a": 2}]
+        assert source.dead_letters == 1
+        assert all(started <= r.timestamp <= int(time.time() * 1000) for r in records)
+        run_fresh(send([b"%d" % i for i in range(80)]))
+        assert [r.value for r in source.read(100)] == list(range(50))
+        assert source.dropped == 30
+        assert source.read(100) == []
+    finally:
+        source.close()
+
+
+
+def test_a_lost_consumer_is_replaced_without_loss_or_duplicates(nats_server):
+    url = nats_server.url
+    fill(url)
+
+    async def delete_consumers():
+        nc = await connect([url], name="test")
+        try:
+            jsm = nc.jsm()
+            names = [c.name for c in await jsm.consumers_info("EV")]
+            for name in names:
+                await jsm.delete_consumer("EV", name)
+            return names
+        finally:
+            await nc.close()
+
+    source = opened(url, JetStreamSource("EV", until="now", buffer_records=200))
+    try:
+        records = read_count(source, 1000)
+        assert len(run_fresh(delete_consumers())) == 1
+        records += read_all(source)
+    finally:
+        source.close()
+    assert numbers(records) == list(range(N))
+
+
+def test_a_stream_that_goes_away_fails_the_read(nats_server, monkeypatch):
+    monkeypatch.setattr(jetstream_source, "RESET_RETRIES", 2)
+    url = nats_server.url
+    fill(url, 1000)
+
+    async def delete_stream():
+        nc = await connect([url], name="test")
+        try:
+            await nc.jsm().delete_stream("EV")
+        finally:
+            await nc.close()
+
+    source = opened(url, JetStreamSource("EV", buffer_records=100))
+    try:
+        read_count(source, 10)
+        run_fresh(delete_stream())
+        with pytest.raises(JetStreamError, match="gave up after 2 attempts"):
+            read_all(source, timeout=10)
+    finally:
+        source.close()
