@@ -136,8 +136,9 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
                 max(segment_of[i].parallelism for i in step.inputs) if step.kind == "merge" else upstream.parallelism
             )
             segment = new_segment(step, parallelism)
-            for i in step.inputs:
-                segment.inputs.append((segment_of[i], forward(segment_of[i], parallelism)))
+            for i in step.inputs:  # a keyed process gets its keys' records through a hash edge
+                segment.inputs.append((segment_of[i], HashPartitioner() if i.kind == "group_by"
+                                       else forward(segment_of[i], parallelism)))
         else:
             segment = upstream
         segment.steps.append(step)

@@ -43,11 +43,11 @@ class CheckpointStore:
             self._kv = await self.js.key_value(subjects.CHECKPOINT_BUCKET)
         return self._kv
 
-    async def put_snapshot(self, checkpoint_id: int, task: tuple[int, int], data: bytes) -> None:
-        await (await self._store()).put(subjects.checkpoint_object(self.app_id, checkpoint_id, *task), data)
+    async def put_snapshot(self, checkpoint_id: int, epoch: int, task: tuple[int, int], data: bytes) -> None:
+        await (await self._store()).put(subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task), data)
 
-    async def get_snapshot(self, checkpoint_id: int, task: tuple[int, int]) -> bytes:
-        name = subjects.checkpoint_object(self.app_id, checkpoint_id, *task)
+    async def get_snapshot(self, checkpoint_id: int, epoch: int, task: tuple[int, int]) -> bytes:
+        name = subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task)
         try:
             return (await (await self._store()).get(name)).data
         except nats.js.errors.ObjectNotFoundError:
@@ -79,12 +79,19 @@ class CheckpointStore:
             return 0
         return int(entry.value or b"0")
 
-    async def delete(self, checkpoint_id: int, tasks: list[tuple[int, int]]) -> None:
-        """Forget an older checkpoint: its snapshots and its record."""
+    async def record(self, checkpoint_id: int) -> dict | None:
+        try:
+            entry = await (await self._records()).get(subjects.checkpoint_key(self.app_id, checkpoint_id))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return msgpack.unpackb(entry.value) if entry.value else None
+
+    async def delete(self, checkpoint_id: int, epoch: int, tasks: list[tuple[int, int]]) -> None:
+        """Forget a checkpoint of ``epoch``: its snapshots and its record."""
         store = await self._store()
         for task in tasks:
             try:
-                await store.delete(subjects.checkpoint_object(self.app_id, checkpoint_id, *task))
+                await store.delete(subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task))
             except nats.js.errors.NotFoundError:
                 pass
         try:

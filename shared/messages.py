@@ -567,6 +567,7 @@ class LaunchTasks(Message):
     start_ms: int = 0  # when the app started (epoch ms): sources that follow the clock resume from it
     epoch: int = 0
     restore_checkpoint: int = 0
+    restore_epoch: int = 0  # the epoch the restored checkpoint was taken in
 
 
 class TaskRegistered(Message):

@@ -94,9 +94,10 @@ def checkpoint_complete(app_id: int) -> str:
     return f"executor.{app_id}.checkpoint.complete"
 
 
-def checkpoint_object(app_id: int, checkpoint_id: int, processor: int, index: int) -> str:
-    """The name of one task's snapshot in the checkpoint object store."""
-    return f"app{app_id}/cp{checkpoint_id}/{processor}.{index}"
+def checkpoint_object(app_id: int, checkpoint_id: int, epoch: int, processor: int, index: int) -> str:
+    """The name of one task's snapshot in the checkpoint object store (per epoch: a late
+    upload of a replaced attempt never overwrites its successor's)."""
+    return f"app{app_id}/cp{checkpoint_id}e{epoch}/{processor}.{index}"
 
 
 def checkpoint_key(app_id: int, checkpoint_id: int) -> str:

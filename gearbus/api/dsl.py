@@ -260,6 +260,13 @@ class GroupedStream:
             raise GraphError(f"window after step {self.step.name!r}: late_sink must be a gearbus DataSink")
         return WindowedStream(self, assigner, trigger, accumulation, allowed_lateness_ms, late_sink)
 
+    def process(self, task_class: type[Task], parallelism: int | None = None, name: str | None = None,
+                **config) -> Stream:
+        """A custom low-level Task over the keyed stream: records with equal keys reach the
+        same task (``record.key``), so the task may keep state per key."""
+        return self._stream.process(
+            task_class, self.step.parallelism if parallelism is None else parallelism, name, **config)
+
     def _global(self) -> WindowedStream:
         return WindowedStream(self, GlobalWindows(), None, Accumulation.DISCARDING, 0, None)
 

@@ -177,6 +177,7 @@ class JetStreamSource(_Decoding, DataSource):
         self._buffered_bytes = 0
         self._complete = False    # the buffer holds everything of the owned subjects in the stream (as of late)
         self._exhausted = False   # bounded: nothing more will come
+        self._stream_last = 0     # the stream's last sequence, as last seen
         self._last_seq: dict[str, int] = {}  # subject -> its last sequence in the stream, as last probed
         self._error: BaseException | None = None
         self._reader = None
@@ -186,12 +187,12 @@ class JetStreamSource(_Decoding, DataSource):
         self._thread = LoopThread("jetstream-source")
         try:
             self._nc = self._thread.call(connect(servers, name="gearbus-jetstream-source"))
-            self._owned, self._position, self._until = self._thread.call(self._locate(context))
+            self._owned, self._position, self._until, self._stream_last = self._thread.call(self._locate(context))
         except BaseException:
             self.close()
             raise
 
-    async def _locate(self, context: TaskContext) -> tuple[list[str], int, int | None]:
+    async def _locate(self, context: TaskContext) -> tuple[list[str], int, int | None, int]:
         """This task's subjects, the sequence to read after, and the last one to read."""
         try:
             info = await stream_info(self._nc, self.stream)
@@ -220,7 +221,7 @@ class JetStreamSource(_Decoding, DataSource):
             position = await self._sequence_before(start, owned) if owned else last
         else:
             position = start - 1
-        return owned, position, until
+        return owned, position, until, last
 
     async def _subjects(self, subject_filter: str) -> list[str]:
         """The stream's concrete subjects matching a filter (paged as the server pages them)."""
@@ -404,6 +405,10 @@ class JetStreamSource(_Decoding, DataSource):
                     if (self._until is None and not self._complete
                             and time.monotonic() - self._probed > PROBE_INTERVAL_S):
                         await self._probe(self._quiet())
+                    if self._until is not None and self._complete and self._stream_last < self._until:
+                        self._stream_last = (await stream_info(self._nc, self.stream))["state"]["last_seq"]
+                        with self._lock:
+                            self._set_complete(self._complete)
                 except (JetStreamError, nats.errors.Error) as exc:
                     self._trouble = f"{type(exc).__name__}: {exc}"
                     continue
@@ -463,8 +468,14 @@ class JetStreamSource(_Decoding, DataSource):
         self._consumer = info.name
         self._heard = time.monotonic()
         with self._lock:
-            self._complete = info.num_pending == 0
-            self._exhausted = self._complete and self._until is not None
+            self._set_complete(info.num_pending == 0)
+
+    def _set_complete(self, complete: bool) -> None:
+        """Whether the buffer holds all the owned subjects have in the stream (under the
+        lock); a bounded source has ended once that is so and the stream reached ``until``
+        (later sequences may be another task's subjects)."""
+        self._complete = complete
+        self._exhausted = complete and self._until is not None and self._stream_last >= self._until
 
     async def _drop_consumer(self) -> None:
         if self._sub is not None:
@@ -522,8 +533,7 @@ class JetStreamSource(_Decoding, DataSource):
             self._buffer.append((seq, msg.subject, msg.data, ns // 1_000_000))
             self._buffered[msg.subject] += 1
             self._buffered_bytes += len(msg.data)
-            self._complete = pending == 0
-            self._exhausted = self._complete and self._until is not None
+            self._set_complete(pending == 0)
             self._fetched = seq
 
     def _on_status(self, msg) -> None:

@@ -24,7 +24,7 @@ from gearbus.api.graph import Application
 from gearbus.api.task import Record, Task, TaskContext, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import failure_report
-from gearbus.runtime.core import END, NO_BARRIER, Flush, Frame, Snapshot, TaskCore
+from gearbus.runtime.core import NO_BARRIER, End, Flush, Frame, Snapshot, TaskCore
 from gearbus.runtime.tasks import DataSourceTask
 from shared import values
 from shared.messages import AppError
@@ -189,12 +189,13 @@ class InProcessEngine:
 
     def _act(self, node: _Node, actions: list) -> None:
         for action in actions:
-            if type(action) is Flush:
-                self._flush(node, action.watermark)
-            elif action is END:
-                self._flush(node, WATERMARK_MAX, eos=True)
-            elif type(action) is Snapshot:
-                self._flush(node, node.core.watermark)
+            kind = type(action)
+            if kind is Flush:
+                self._send_output(node, action.records, action.watermark)
+            elif kind is End:
+                self._send_output(node, action.records, WATERMARK_MAX, eos=True)
+            elif kind is Snapshot:
+                self._send_output(node, action.records, action.watermark)
                 self._send_barrier(node, action.checkpoint_id)
                 self._snapshotted(node, action)
 
@@ -218,8 +219,12 @@ class InProcessEngine:
             raise PipelineFailed(failure_report(exc, node.task.context)) from exc
 
     def _flush(self, node: _Node, watermark: int, eos: bool = False) -> None:
-        """Send the task's output, then ``watermark`` (and end-of-stream) to every receiver."""
+        """Send the task's output so far, then ``watermark`` (and end-of-stream)."""
         output, node.task.output = node.task.output, []
+        self._send_output(node, output, watermark, eos)
+
+    def _send_output(self, node: _Node, output: list[Record], watermark: int, eos: bool = False) -> None:
+        """Send ``output``, then ``watermark`` (and end-of-stream) to every receiver."""
         for partitioner, receivers in node.outputs:
             buckets = self._guard(node, partitioner.route, output, len(receivers), node.index) if output else None
             for i, receiver in enumerate(receivers):

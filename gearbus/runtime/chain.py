@@ -228,7 +228,8 @@ class CombineOp(Op):
         return self._emit() if watermark == WATERMARK_MAX else []
 
     def snapshot(self):
-        return {"partials": list(self.partials.items()), "newest": self.newest}
+        # copies: the [accumulator, weight] lists change in place as records arrive
+        return {"partials": [(key, list(held)) for key, held in self.partials.items()], "newest": self.newest}
 
     def restore(self, state) -> None:
         self.partials = dict(state["partials"])

@@ -3,7 +3,9 @@
 
 Events in — a frame from a sender, a barrier injected at a source, the end of a
 source, a restore — and actions out: grant credit, flush output with a watermark,
-take a snapshot (and pass the barrier on), end the stream. The core calls the task's
+take a snapshot (and pass the barrier on), end the stream. An action that sends carries
+the output produced up to the moment it was decided: one event may release frames held
+behind a barrier, and their output must follow the barrier, not precede it. The core calls the task's
 own methods (``on_batch``, ``on_watermark``, ``on_end``, ``snapshot``, ``restore``);
 the driver does everything that touches the network, files or other tasks.
 
@@ -60,25 +62,28 @@ class Grant(NamedTuple):
 
 
 class Flush(NamedTuple):
-    """Send the task's output so far, followed by ``watermark``."""
+    """Send ``records`` (the task's output up to this point), followed by ``watermark``."""
 
+    records: list[Record]
     watermark: int
 
 
 class Snapshot(NamedTuple):
-    """The task snapshotted for ``checkpoint_id``: flush its output, pass the barrier to
-    every receiver, store ``state`` and acknowledge. ``ended``: taken after the end."""
+    """The task snapshotted for ``checkpoint_id``: send ``records`` (its output before the
+    barrier) and ``watermark``, pass the barrier to every receiver, store ``state`` and
+    acknowledge. ``ended``: taken after the end."""
 
     checkpoint_id: int
     state: dict
     ended: bool
+    records: list[Record]
+    watermark: int
 
 
 class End(NamedTuple):
-    """Every input ended and ``on_end`` ran: flush, then send end-of-stream."""
+    """Every input ended and ``on_end`` ran: send ``records``, then end-of-stream."""
 
-
-END = End()
+    records: list[Record]
 
 
 class _Input:
@@ -192,13 +197,17 @@ class TaskCore:
         self.watermark = watermark
         self.task.on_watermark(watermark)
         if watermark < WATERMARK_MAX:  # the final watermark goes out with end-of-stream
-            actions.append(Flush(watermark))
+            actions.append(Flush(self._take_output(), watermark))
 
     def _end(self, actions: list) -> None:
         self.watermark = WATERMARK_MAX
         self.task.on_end()
         self.ended = True
-        actions.append(END)
+        actions.append(End(self._take_output()))
+
+    def _take_output(self) -> list[Record]:
+        output, self.task.output = self.task.output, []
+        return output
 
     def _barrier(self, sender: Sender, state: _Input, checkpoint_id: int, actions: list) -> None:
         if checkpoint_id != self.aligning:
@@ -226,4 +235,4 @@ class TaskCore:
         self.last_checkpoint = checkpoint_id
         envelope = {"task": self.task.snapshot(), "ended": self.ended, "watermark": self.watermark,
                     "checkpoint_id": checkpoint_id}
-        return Snapshot(checkpoint_id, envelope, self.ended)
+        return Snapshot(checkpoint_id, envelope, self.ended, self._take_output(), self.watermark)

@@ -139,6 +139,7 @@ class AppMaster(Service):
         self._checkpoint_failure = ""
         self._last_completed_ms = 0
         self.guarantee = ("", "")
+        self._checkpoint_epochs: dict[int, int] = {}  # checkpoint id -> the epoch it was taken in
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -266,7 +267,7 @@ class AppMaster(Service):
             # by_index puts task i of every processor together (Flink's slot sharing), so
             # co-located partitions stay in one process; round_robin spreads processors.
             slots[(task.index if placement == "by_index" else n) % len(slots)].tasks.append(task)
-        await self._run_attempt(restore_checkpoint=0)
+        await self._run_attempt(None)
 
     async def adopt_app(self) -> None:
         """A relaunched AppMaster: the executors still running register with it (with the
@@ -290,24 +291,26 @@ class AppMaster(Service):
             lost = ExecutorSlot(-1, "")
             lost.tasks = orphans
             await self._place_lost_tasks([lost], set())
-        await self._run_attempt(latest.checkpoint_id if latest else 0)
+        await self._run_attempt(latest)
 
     def _live_slots(self) -> list[ExecutorSlot]:
         return [slot for slot in self.executors.values() if not slot.lost]
 
-    async def _run_attempt(self, restore_checkpoint: int) -> None:
+    async def _run_attempt(self, restore: cp.CheckpointMeta | None) -> None:
         """Launch every live executor's tasks in the current epoch (replacing older ones),
-        restored from ``restore_checkpoint``; start them once all are subscribed."""
+        restored from checkpoint ``restore`` (None: a fresh start); start them once all
+        are subscribed."""
         slots = self._live_slots()
-        await asyncio.gather(*(self._launch_tasks(slot, restore_checkpoint) for slot in slots))
+        await asyncio.gather(*(self._launch_tasks(slot, restore) for slot in slots))
         for slot in slots:
             await self.bus.request(subjects.executor_control(self.app_id, slot.executor_id), StartAllTasks())
         self._act(self.coordinator.start(time.monotonic()))
 
-    async def _launch_tasks(self, slot: ExecutorSlot, restore_checkpoint: int) -> None:
+    async def _launch_tasks(self, slot: ExecutorSlot, restore: cp.CheckpointMeta | None) -> None:
         await self.bus.request(
             subjects.executor_control(self.app_id, slot.executor_id),
-            LaunchTasks(slot.tasks, self.app.graph.digest(), self.start_ms, self.epoch, restore_checkpoint),
+            LaunchTasks(slot.tasks, self.app.graph.digest(), self.start_ms, self.epoch,
+                        restore.checkpoint_id if restore else 0, restore.epoch if restore else 0),
             expect=TaskRegistered,
         )
 
@@ -326,6 +329,7 @@ class AppMaster(Service):
         for action in actions:
             kind = type(action)
             if kind is cp.TriggerCheckpoint:
+                self._checkpoint_epochs[action.checkpoint_id] = action.epoch
                 self.spawn(self.bus.publish(subjects.checkpoint_trigger(self.app_id),
                                             TriggerCheckpoint(action.checkpoint_id, action.epoch)),
                            f"trigger-{action.checkpoint_id}")
@@ -359,7 +363,13 @@ class AppMaster(Service):
         tasks = [(t.processor, t.index) for t in self._plan_tasks()]
         for checkpoint_id in checkpoint_ids:
             try:
-                await self.store.delete(checkpoint_id, tasks)
+                epoch = self._checkpoint_epochs.pop(checkpoint_id, None)
+                if epoch is None:  # completed under an earlier AppMaster
+                    record = await self.store.record(checkpoint_id)
+                    if record is None:
+                        continue
+                    epoch = record["epoch"]
+                await self.store.delete(checkpoint_id, epoch, tasks)
             except Exception as exc:
                 log.warning("checkpoint_prune_failed", checkpoint_id=checkpoint_id, error=repr(exc))
 
@@ -437,10 +447,9 @@ class AppMaster(Service):
                 return
             self.epoch += 1
             self._act(self.coordinator.restart(self.epoch, time.monotonic()))
-            latest = self.coordinator.latest()
-            restore = latest.checkpoint_id if latest else 0
-            log.warning("rolling_back", reason=reason, epoch=self.epoch, restore_checkpoint=restore,
-                        restarts=self.restarts)
+            restore = self.coordinator.latest()
+            log.warning("rolling_back", reason=reason, epoch=self.epoch,
+                        restore_checkpoint=restore.checkpoint_id if restore else 0, restarts=self.restarts)
             self.unfinished = {(t.processor, t.index) for t in self._plan_tasks()}
             while not self._ending:
                 try:
@@ -448,7 +457,7 @@ class AppMaster(Service):
                     lost = [slot for slot in self.executors.values() if slot.lost and slot.tasks]
                     await self._place_lost_tasks(lost, {s.worker_id for s in lost if s.suspect})
                     await self._run_attempt(restore)
-                    log.info("rolled_back", epoch=self.epoch, restore_checkpoint=restore)
+                    log.info("rolled_back", epoch=self.epoch)
                     return
                 except AppFailure as failure:
                     self._fail(failure.error)

@@ -128,7 +128,8 @@ class Executor(Service):
         for task_id in msg.tasks:
             envelope = None
             if msg.restore_checkpoint:
-                data = await self.store.get_snapshot(msg.restore_checkpoint, (task_id.processor, task_id.index))
+                data = await self.store.get_snapshot(msg.restore_checkpoint, msg.restore_epoch,
+                                                     (task_id.processor, task_id.index))
                 envelope = pickle.loads(data)
             runner = TaskRunner(
                 self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
@@ -199,7 +200,7 @@ class Executor(Service):
     async def _store_snapshot(self, runner: TaskRunner, snapshot: Snapshot, data: bytes) -> None:
         task = (runner.task_id.processor, runner.task_id.index)
         try:
-            await self.store.put_snapshot(snapshot.checkpoint_id, task, data)
+            await self.store.put_snapshot(snapshot.checkpoint_id, runner.epoch, task, data)
         except Exception as exc:
             await self._decline(runner, snapshot.checkpoint_id, f"storing the snapshot of {runner.name} failed: "
                                                                 f"{type(exc).__name__}: {exc}")

@@ -154,9 +154,9 @@ class Outputs:
             await self._publish(channel, channel.watermark, False, 0, records[:half])
             await self._publish(channel, watermark, eos, barrier, records[half:])
             return
+        await channel.acquire()  # one credit per frame, however many messages carry it
         channel.seq, channel.watermark = seq, watermark
         for message in split_message(data, self.processor, self.index, self.epoch, self.max_message):
-            await channel.acquire()
             await self.nc.publish(channel.subject, message)
         self.frames_out += 1
         self.records_out += len(records)

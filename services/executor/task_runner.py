@@ -16,7 +16,7 @@ from gearbus.api.graph import Application
 from gearbus.api.task import TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime.chain import failure_report
-from gearbus.runtime.core import END, DataPlaneError, Flush, Grant, Snapshot, TaskCore
+from gearbus.runtime.core import DataPlaneError, End, Flush, Grant, Snapshot, TaskCore
 from gearbus.runtime.tasks import DataSourceTask
 from services.executor.frames import Frame, FrameReader, decode_credit, encode_credit
 from services.executor.outputs import DataPlaneConfig, Outputs
@@ -28,7 +28,7 @@ log = structlog.get_logger()
 
 #: Errors that a rollback to the last checkpoint can repair (the rest are the user's).
 RECOVERABLE = (DataPlaneError, ConnectionError, TimeoutError, OSError)
-INBOX_SLACK = 64  # messages beyond the credit window an inbox accepts before dropping
+INBOX_SLACK_BYTES = 8 << 20  # beyond what the credit granted allows, before an inbox drops
 
 
 class _Stop:
@@ -77,7 +77,9 @@ class TaskRunner:
         edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(self.processor)]
         self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, epoch, edges, config)
         self.inbox: asyncio.Queue = asyncio.Queue()
-        self.inbox_limit = max(len(senders), 1) * config.credit_frames * 4 + INBOX_SLACK
+        # What credit lets legitimate senders have in flight (twice over): the bound on the inbox.
+        self.inbox_limit = max(len(senders), 1) * config.credit_frames * config.batch_bytes * 2 + INBOX_SLACK_BYTES
+        self.inbox_bytes = 0
         self.local_senders: dict[tuple[int, int], TaskRunner] = {}
         self.reader = FrameReader()
         self.injected: list[int] = []  # checkpoint ids whose barriers a source task has to inject
@@ -117,9 +119,10 @@ class TaskRunner:
         index, processor = self.task_id.index, self.processor.id
 
         async def on_data(msg):
-            if self.inbox.qsize() >= self.inbox_limit:  # only a sender ignoring credit gets here
+            if self.inbox_bytes >= self.inbox_limit:  # only a sender ignoring credit gets here
                 self._drop("inbox full: a sender is not respecting its credit")
                 return
+            self.inbox_bytes += len(msg.data)
             self.inbox.put_nowait(msg.data)
 
         async def on_credit(msg):
@@ -217,7 +220,7 @@ class TaskRunner:
                 continue
             self.records_read += count
             await self._act(core.advance_source(task.watermark))
-            await self._flush(core.watermark)
+            await self._flush(core.watermark)  # the batch, when the watermark did not move
             await asyncio.sleep(0)  # let the executor's other tasks run between batches
 
     async def _inject_pending(self) -> None:
@@ -261,6 +264,7 @@ class TaskRunner:
         if type(data) is Frame:
             sender, frame = (data.src_processor, data.src_index), data
         else:
+            self.inbox_bytes -= len(data)
             try:
                 sender, frame = self.reader.feed(data)
             except DataPlaneError as exc:
@@ -279,13 +283,13 @@ class TaskRunner:
             if kind is Grant:
                 await self._grant(*action)
             elif kind is Flush:
-                await self._flush(action.watermark)
-            elif action is END:
-                await self._flush(self.core.watermark)
+                await self.outputs.send(action.records, action.watermark)
+            elif kind is End:
+                await self.outputs.send(action.records, WATERMARK_MAX)
                 await self.outputs.finish(WATERMARK_MAX)
                 await self.on_ended(self)
             elif kind is Snapshot:
-                await self._flush(self.core.watermark)
+                await self.outputs.send(action.records, action.watermark)
                 await self.outputs.barrier(action.checkpoint_id)
                 self.on_snapshot(self, action)
 

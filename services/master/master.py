@@ -19,7 +19,7 @@ from services.master.lease import LeaderLease
 from services.master.store import ApplicationRecord, StateStore, WorkerRecord
 from services.checkpoint_store import ensure_buckets
 from shared import subjects
-from shared.bus import RequestError, bad_request, not_found
+from shared.bus import RequestError, RequestTimeout, bad_request, not_found
 from shared.logging import configure
 from shared.messages import (
     PROTOCOL_VERSION,
@@ -276,18 +276,30 @@ class Master(Service):
         return SubmitApplicationResult(app_id)
 
     async def _launch_appmaster(self, record: ApplicationRecord, attempt: int, avoid: str = "") -> str:
-        """Start the app's AppMaster on a worker (away from ``avoid`` when another has room)."""
-        exclude = frozenset({avoid}) if avoid and any(
-            w.alive and w.worker_id != avoid for w in self.workers.values()) else frozenset()
-        allocation = (await self._allocate(record.app_id, 1, Placement.ANY, "", record.priority, 1, exclude))[0]
-        launch = LaunchExecutor(
-            app_id=record.app_id, executor_id=APPMASTER_EXECUTOR_ID, kind=ExecutorKind.APPMASTER,
-            artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind, args=list(record.args),
-            config=dict(record.config), app_name=record.name, priority=record.priority, attempt=attempt,
-            start_ms=record.submitted_ms,
-        )
-        await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
-        return allocation.worker_id
+        """Start the app's AppMaster on a worker (away from ``avoid`` when another has room).
+        A worker that does not answer the launch (it may be gone without this master
+        knowing yet) is skipped for the next live one."""
+        skipped: set[str] = {avoid} if avoid else set()
+        while True:
+            alive_elsewhere = any(w.alive and w.worker_id not in skipped for w in self.workers.values())
+            exclude = frozenset(skipped) if alive_elsewhere else frozenset()
+            allocation = (await self._allocate(record.app_id, 1, Placement.ANY, "", record.priority, 1, exclude))[0]
+            launch = LaunchExecutor(
+                app_id=record.app_id, executor_id=APPMASTER_EXECUTOR_ID, kind=ExecutorKind.APPMASTER,
+                artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
+                args=list(record.args), config=dict(record.config), app_name=record.name, priority=record.priority,
+                attempt=attempt, start_ms=record.submitted_ms,
+            )
+            try:
+                await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
+                return allocation.worker_id
+            except RequestError as exc:
+                self.scheduler.release(record.app_id, allocation.worker_id, 1)
+                if not alive_elsewhere or not isinstance(exc, RequestTimeout):
+                    raise
+                log.warning("appmaster_launch_failed", app_id=record.app_id, worker_id=allocation.worker_id,
+                            error=exc.message)
+                skipped.add(allocation.worker_id)
 
     async def _relaunch_appmaster(self, app_id: int, reason: str, avoid: str) -> None:
         """The AppMaster of a running app is gone: start a new one, which adopts the

@@ -451,11 +451,14 @@ def test_doc_describes_every_message_field_and_subject():
                     "processor": "<processor>", "index": "<index>"}
     for name, value in vars(subjects).items():
         if name.startswith("_") or name in ("annotations", "STATE_BUCKET", "ARTIFACT_BUCKET", "MASTERS_BUCKET",
-                                            "NEXT_APP_ID_KEY"):
+                                            "CHECKPOINT_BUCKET", "NEXT_APP_ID_KEY"):
             continue
         kv_keys = {"app_state_key": "`apps.<app>`", "worker_state_key": "`workers.<worker>`",
-                   "master_registry_key": "`master.<id>`"}
-        if name in kv_keys:  # keys of the master's KV buckets, listed with the buckets
+                   "master_registry_key": "`master.<id>`",
+                   "checkpoint_object": "`app<app>/cp<id>e<epoch>/<processor>.<index>`",
+                   "checkpoint_key": "`app<app>.cp<id>`", "checkpoint_latest_key": "`app<app>.latest`",
+                   "checkpoint_epoch_key": "`app<app>.epoch`"}
+        if name in kv_keys:  # keys and object names of the buckets, listed with the buckets
             assert kv_keys[name] in text
             continue
         if isinstance(value, str):
@@ -464,5 +467,6 @@ def test_doc_describes_every_message_field_and_subject():
             params = inspect.signature(value).parameters
             subject = value(*(placeholders[p] for p in params))
             assert f"| `{subject}` |" in text, f"subject {subject} is not in the subject table"
-    for bucket in (subjects.STATE_BUCKET, subjects.ARTIFACT_BUCKET, subjects.MASTERS_BUCKET):
+    for bucket in (subjects.STATE_BUCKET, subjects.ARTIFACT_BUCKET, subjects.MASTERS_BUCKET,
+                   subjects.CHECKPOINT_BUCKET):
         assert f"| `{bucket}` |" in text

@@ -6,7 +6,7 @@ import pytest
 from gearbus.api.graph import Processor
 from gearbus.api.task import Record, Task, TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.runtime.core import END, DataPlaneError, Flush, Frame, Grant, Snapshot, TaskCore
+from gearbus.runtime.core import DataPlaneError, End, Flush, Frame, Grant, Snapshot, TaskCore
 
 A, B = (0, 0), (0, 1)
 
@@ -64,13 +64,13 @@ def test_records_then_watermark_then_end_with_the_minimum_over_inputs():
     task, core = make_core(credit=100)
     a, b = Channel(A), Channel(B)
     assert core.receive(A, a.frame([1, 2], watermark=10)) == []  # B still at -inf
-    assert core.receive(B, b.frame([3], watermark=5)) == [Flush(5)]
+    assert core.receive(B, b.frame([3], watermark=5)) == [Flush([], 5)]
     assert core.receive(A, a.frame([], watermark=WATERMARK_MAX, eos=True)) == []
     actions = core.receive(B, b.frame([4], watermark=WATERMARK_MAX, eos=True))
-    assert actions == [END]  # the final watermark goes out with end-of-stream
+    assert actions == [End([Record(10, 1)])]  # the final watermark goes out with end-of-stream
     assert task.calls == [("batch", [1, 2]), ("batch", [3]), ("watermark", 5), ("batch", [4]),
                           ("watermark", WATERMARK_MAX), ("end",)]
-    assert core.ended and core.watermark == WATERMARK_MAX and task.output[0].value == 10
+    assert core.ended and core.watermark == WATERMARK_MAX and task.output == []
 
 
 def test_a_gap_in_sequence_numbers_means_lost_frames():
@@ -109,7 +109,7 @@ def test_barriers_align_holding_back_the_channel_that_is_ahead():
     actions = core.receive(B, b.frame([], barrier=7))
     snapshots = [x for x in actions if type(x) is Snapshot]
     assert snapshots == [Snapshot(7, {"task": 3, "ended": False, "watermark": WATERMARK_MIN, "checkpoint_id": 7},
-                                  False)]
+                                  False, [], WATERMARK_MIN)]
     assert task.total == 1003  # the held frame was processed after the snapshot
 
 
@@ -155,7 +155,7 @@ def test_end_of_stream_held_behind_a_barrier_comes_after_the_snapshot():
     core.receive(A, a.frame([1], watermark=WATERMARK_MAX, eos=True))  # held
     core.receive(B, b.frame([], watermark=WATERMARK_MAX, eos=True))
     actions = core.receive(B, b.frame([], barrier=4))
-    assert [type(x).__name__ for x in actions if type(x) in (Snapshot, type(END))] == ["Snapshot", "End"]
+    assert [type(x).__name__ for x in actions if type(x) in (Snapshot, End)] == ["Snapshot", "End"]
     assert not actions[[type(x) for x in actions].index(Snapshot)].ended
 
 
@@ -172,8 +172,28 @@ def test_restore_resumes_the_state_and_a_task_that_had_ended_does_not_end_twice(
 
 def test_a_source_snapshots_where_the_barrier_is_injected_and_ends_with_the_final_watermark():
     task, core = make_core(senders=())
-    assert core.advance_source(100) == [Flush(100)]
+    assert core.advance_source(100) == [Flush([], 100)]
     [snapshot] = core.inject_barrier(3)
     assert snapshot.checkpoint_id == 3 and snapshot.state["watermark"] == 100
-    assert core.end_source() == [END]
+    assert core.end_source() == [End([Record(0, 0)])]
     assert task.calls[-2:] == [("watermark", WATERMARK_MAX), ("end",)]
+
+
+class Echo(Task):
+    def on_batch(self, records):
+        self.output.extend(records)
+
+
+def test_output_of_frames_held_behind_a_barrier_follows_the_barrier():
+    """Completing the alignment releases held frames in the same event: their output
+    must not be sent before the barrier (it would be counted twice after a restore)."""
+    task = Echo(TaskContext(1, "app", _processor(), 0, 0))
+    core = TaskCore(task, (A, B), 100)
+    a, b = Channel(A), Channel(B)
+    core.receive(A, a.frame([1]))
+    core.receive(A, a.frame([], barrier=3))
+    core.receive(A, a.frame([2]))  # after the barrier: held
+    actions = core.receive(B, b.frame([], barrier=3))
+    [snapshot] = [x for x in actions if type(x) is Snapshot]
+    assert [r.value for r in snapshot.records] == [1]  # only what came before the barrier
+    assert [r.value for r in task.output] == [2]  # the held frame's output waits for the next send

@@ -1,0 +1,231 @@
+"""Exactly-once under failure, with real processes killed while a pipeline runs.
+
+A pipeline reads 200,000 JSON events from a 4-subject JetStream stream, while the test
+publishes them, into three stateful branches (keyed tumbling-window counts to
+JetStream, a low-level task numbering each user's events to a JSON Lines file, a
+map-side-combined count per user to another file). In turn: SIGKILL an executor,
+SIGKILL a worker, SIGKILL the AppMaster, SIGKILL the leading master, and SIGSTOP an
+executor with its worker until the executor is declared lost, then SIGCONT both (the
+zombie must be refused). Every output must equal a computation written here: nothing
+lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import signal
+
+import nats
+import pytest
+import structlog
+
+from gearbus.artifact import pack
+from gearbus.client import Client
+from gearbus.cluster import LocalCluster
+from gearbus.connectors.jetstream import Publisher, ensure_stream_async
+from gearbus.natsserver import NatsServer
+from shared import subjects
+from shared.messages import AppState
+from tests.conftest import REPO, wait_for_workers, wait_until
+from tests.integration.test_cluster import wait_exited, wait_state
+from tests.integration.test_master_ha import next_election
+from tests.integration.test_recovery import processes_of
+
+log = structlog.get_logger()
+APP = os.path.join(REPO, "tests", "apps", "exactly_once.py")
+EVENTS = 200_000
+USERS = 50
+BASE_TS = 1_700_000_000_000
+PUBLISH_RATE = 8_000  # events/s: the run lasts long enough for every failure in turn
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def event(n: int) -> tuple[str, dict]:
+    """Event n and its subject: each user always on the same one of four subjects."""
+    k = (n * 7919) % USERS
+    return f"ev.{k % 4}", {"id": n, "user": f"u{k}", "ts": BASE_TS + n * 5}
+
+
+def expected_outputs():
+    windows, ranks, totals = collections.Counter(), [], collections.Counter()
+    seen = collections.Counter()
+    for n in range(EVENTS):
+        _, e = event(n)
+        windows[(e["user"], (e["ts"] // 1000) * 1000)] += 1
+        seen[e["user"]] += 1
+        ranks.append((n, e["user"], seen[e["user"]]))
+        totals[e["user"]] += 1
+    return ({json.dumps({"user": u, "start": s, "count": c}, sort_keys=True) for (u, s), c in windows.items()},
+            sorted(ranks), dict(totals))
+
+
+async def publish_events(url: str, first: int, end: int) -> None:
+    """Publish events first..end-1 in order at PUBLISH_RATE, acknowledged."""
+    nc = await nats.connect(url)
+    try:
+        publisher = await Publisher(nc).open()
+        loop = asyncio.get_running_loop()
+        started, step = loop.time() - first / PUBLISH_RATE, PUBLISH_RATE // 20
+        for n in range(first, end):
+            subject, e = event(n)
+            await publisher.publish(subject, json.dumps(e).encode(), f"ev-{n}")  # a republish is deduplicated
+            if n % step == step - 1:
+                ahead = started + (n + 1) / PUBLISH_RATE - loop.time()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+        await publisher.drain()
+    finally:
+        await nc.close()
+
+
+async def read_stream(url: str, stream: str, subject: str) -> list[dict]:
+    """Every message of a stream's subject, through an ordered consumer."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        expected = (await js.stream_info(stream)).state.messages
+        values: list[dict] = []
+        done = asyncio.Event()
+
+        async def collect(msg):
+            values.append(json.loads(msg.data))
+            if len(values) >= expected:
+                done.set()
+
+        sub = await js.subscribe(subject, ordered_consumer=True, cb=collect)
+        if expected:
+            await asyncio.wait_for(done.wait(), 60)
+        await sub.unsubscribe()
+        return values
+    finally:
+        await nc.close()
+
+
+def read_jsonl(path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+class Run:
+    """The app, its cluster and the client, with waits on its progress."""
+
+    def __init__(self, cluster: LocalCluster, client: Client, app_id: int):
+        self.cluster, self.client, self.app_id = cluster, client, app_id
+
+    async def status(self):
+        return await self.client.status(self.app_id)
+
+    async def progressed(self, since_checkpoint: int, epoch_at_least: int, timeout: float = 60):
+        """Until a checkpoint newer than ``since_checkpoint`` completed in an epoch of at
+        least ``epoch_at_least``: the app recovered and goes on."""
+
+        async def probe():
+            status = await self.status()
+            assert status.state == AppState.ACTIVE, f"the app ended {status.state}: {status.error}"
+            cp = status.checkpoints
+            return status if cp and cp.last_id > since_checkpoint and cp.epoch >= epoch_at_least else None
+
+        return await wait_until(self.client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
+
+    def processes(self, kind: str) -> list[tuple[int, str, str]]:
+        return [p for p in processes_of(self.cluster) if p[2] == kind]
+
+
+async def kill_executor(run: Run, status):
+    victim, _, _ = run.processes("executor")[0]
+    os.kill(victim, signal.SIGKILL)
+    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1)
+
+
+async def kill_worker(run: Run, status):
+    """A worker that does not host the AppMaster, with the executors it runs."""
+    [(_, appmaster_worker, _)] = run.processes("appmaster")
+    worker = next(w for _, w, _ in run.processes("executor") if w != appmaster_worker)
+    run.cluster.workers[worker].send_signal(signal.SIGKILL)
+    await wait_exited(run.cluster.workers[worker].pid, 10)
+    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1)
+
+
+async def kill_appmaster(run: Run, status):
+    [(appmaster, _, _)] = run.processes("appmaster")
+    os.kill(appmaster, signal.SIGKILL)
+    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1)
+
+
+async def kill_master(run: Run, status):
+    """The leading master: the app runs on without it (no rollback needed)."""
+    leader = (await run.client.info()).leader
+    elected = await next_election(run.client, exclude=leader)
+    run.cluster.masters[leader].send_signal(signal.SIGKILL)
+    await asyncio.wait_for(elected, 30)
+    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch)
+
+
+async def stop_executor(run: Run, status):
+    """A zombie: an executor (and its worker, so it cannot be killed) stopped until the
+    executor is declared lost, then let go once its replacement runs; it must stop
+    (its heartbeat is answered "fenced") and nothing it sends may count."""
+    [(_, appmaster_worker, _)] = run.processes("appmaster")
+    zombie, zombie_worker, _ = next(p for p in run.processes("executor") if p[1] != appmaster_worker)
+    worker_pid = run.cluster.workers[zombie_worker].pid
+    os.kill(worker_pid, signal.SIGSTOP)
+    os.kill(zombie, signal.SIGSTOP)
+    try:
+        status = await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1)
+    finally:
+        os.kill(zombie, signal.SIGCONT)
+        os.kill(worker_pid, signal.SIGCONT)
+    await wait_exited(zombie, 20)
+    return status
+
+
+FAILURES = {"executor": kill_executor, "worker": kill_worker, "appmaster": kill_appmaster, "master": kill_master,
+            "zombie": stop_executor}
+
+
+async def test_every_failure_in_turn_leaves_every_output_exact(tmp_path):
+    running, totals = tmp_path / "out" / "running.jsonl", tmp_path / "out" / "totals.jsonl"
+    store = tmp_path / "jetstream"
+    os.makedirs(store)
+    with NatsServer(store_dir=str(store), log_path=str(tmp_path / "nats.log")) as server, \
+            LocalCluster(workers=3, slots=4, masters=2, log_dir=str(tmp_path / "logs"), nats=server,
+                         heartbeat_interval=0.25) as cluster:
+        url = server.url
+        async with Client(url, timeout=30) as client:
+            await ensure_stream_async(client.bus.nc, "EV", ["ev.*"], 120, "file")
+            await ensure_stream_async(client.bus.nc, "OUT", ["out.windows"], 600, "file")
+            await wait_for_workers(client, 3)
+            await publish_events(url, 0, 1000)  # every subject exists before the app starts
+            publishing = asyncio.create_task(publish_events(url, 1000, EVENTS))
+            app_id = await client.submit(
+                pack(APP), ["--stream", "EV", "--until", str(EVENTS), "--windows-subject", "out.windows",
+                            "--running", str(running), "--totals", str(totals)],
+                config={"checkpoint_interval_ms": 300, "max_restarts": 20})
+            await wait_state(client, app_id, AppState.ACTIVE)
+            run = Run(cluster, client, app_id)
+            status = await run.progressed(0, 0)
+            assert status.guarantee == "exactly-once", status.guarantee_detail
+
+            for failure, inflict in FAILURES.items():
+                status = await inflict(run, status)
+                log.info("survived", failure=failure, epoch=status.checkpoints.epoch)
+
+            await publishing
+            final = await client.wait(app_id, timeout=120)
+            assert final.state == AppState.SUCCEEDED, final.error
+            assert sum(t.late_records for t in final.tasks) == 0, "the expected outputs assume no late events"
+            windows = await read_stream(url, "OUT", "out.windows")
+            assert (await client.bus.js.stream_info("EV")).state.messages == EVENTS
+
+    expected_windows, expected_ranks, expected_totals = expected_outputs()
+    got_windows = [json.dumps(w, sort_keys=True) for w in windows]
+    assert len(got_windows) == len(set(got_windows)), "a window result was published twice"
+    assert set(got_windows) == expected_windows
+    ranks = sorted((r["id"], r["user"], r["rank"]) for r in read_jsonl(running))
+    assert len(ranks) == EVENTS and ranks == expected_ranks
+    got_totals = {r["user"]: r["count"] for r in read_jsonl(totals)}
+    assert len(read_jsonl(totals)) == USERS and got_totals == expected_totals
