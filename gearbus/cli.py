@@ -107,7 +107,7 @@ async def _run(args) -> int:
     started = loop.time()
     if args.runner in ("test", "spark"):
         if args.runner == "spark":
-            result = SparkRunner(args.spark_master).run(args.app, args.app_args)
+            result = SparkRunner(args.spark_master, nats_url=args.nats).run(args.app, args.app_args)
         else:
             result = TestRunner().run(args.app, args.app_args, raise_on_failure=False)
         app = AppSummary(app_id=0, name=result.name, state=result.state, submitted_ms=0, error=result.error)
@@ -167,10 +167,27 @@ async def _with_client(args, action) -> int:
 
 async def _submit(args) -> int:
     artifact, name = prepare(args.app, args.app_args, "cluster")
+    config = {}
+    if args.from_savepoint:
+        config = {"from_savepoint": args.from_savepoint, "allow_unclaimed_state": args.allow_unclaimed_state}
 
     async def go(client: Client) -> int:
-        app_id = await client.submit(artifact, args.app_args, name=args.name or name)
+        app_id = await client.submit(artifact, args.app_args, name=args.name or name, config=config)
         print(json.dumps({"app_id": app_id}) if args.json else app_id)
+        return 0
+
+    return await _with_client(args, go)
+
+
+async def _savepoint(args) -> int:
+    async def go(client: Client) -> int:
+        taken = await client.savepoint(args.app_id, args.name, args.stop)
+        if args.json:
+            print(_as_json(taken))
+        else:
+            stopped = f"; app {args.app_id} stopped" if args.stop else ""
+            print(f"savepoint {taken.name} (checkpoint {taken.checkpoint_id}, {taken.size_bytes} bytes, "
+                  f"steps: {', '.join(taken.steps) or '-'}){stopped}")
         return 0
 
     return await _with_client(args, go)
@@ -242,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--spark-master", default="local[*]",
                      help="Spark master URL for --runner spark (default local[*]; e.g. spark://host:7077)")
     run.add_argument("--nats", default=os.environ.get("GEARBUS_NATS_URL", DEFAULT_URL),
-                     help="NATS URL of the cluster for --runner cluster")
+                     help="NATS URL of the cluster for --runner cluster, and of JetStream steps for --runner spark")
     run.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
     run.add_argument("--slots", type=int, default=4, help="slots per worker (default 4)")
     run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
@@ -262,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help="submit an app to a cluster and print its id")
     cluster_args(submit)
     submit.add_argument("--name", default="", help="application name (default: the app's own)")
+    submit.add_argument("--from-savepoint", default="", metavar="NAME",
+                        help="start from a savepoint, matching its state to this pipeline's steps by name")
+    submit.add_argument("--allow-unclaimed-state", action="store_true",
+                        help="with --from-savepoint: drop saved state no step claims, start unmatched steps empty")
     submit.add_argument("app")
     submit.add_argument("app_args", nargs=argparse.REMAINDER)
     submit.set_defaults(handler=_submit)
@@ -272,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
         cluster_args(p)
         p.add_argument("app_id", type=int)
         p.set_defaults(handler=handler)
+
+    savepoint = sub.add_parser("savepoint", help="write a named checkpoint of a running app (--stop: then end it)")
+    cluster_args(savepoint)
+    savepoint.add_argument("app_id", type=int)
+    savepoint.add_argument("--name", default="", help="letters, digits, - and _ (default app<id>-<checkpoint>)")
+    savepoint.add_argument("--stop", action="store_true", help="end the app once the savepoint is written")
+    savepoint.set_defaults(handler=_savepoint)
 
     wait = sub.add_parser("wait", help="wait for an app to end; exit 0 only if it SUCCEEDED")
     cluster_args(wait)

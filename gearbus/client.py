@@ -22,12 +22,15 @@ from shared.messages import (
     ListApplications,
     QueryApplication,
     QueryCluster,
+    SavepointTaken,
     SubmitApplication,
     SubmitApplicationResult,
+    TakeSavepoint,
     decode,
 )
 
 SUBMIT_TIMEOUT_S = 180.0  # the master may wait 60 s for a slot, then 60 s for the AppMaster
+SAVEPOINT_TIMEOUT_S = 130.0  # the master allows the AppMaster 120 s (a checkpoint, then copying its state)
 QUERY_ATTEMPT_S = 5.0  # a status/list/info/kill not answered this fast is asked again
 
 
@@ -85,6 +88,11 @@ class Client:
 
     async def kill(self, app_id: int) -> None:
         await self._request(subjects.APP_KILL, KillApplication(app_id))
+
+    async def savepoint(self, app_id: int, name: str = "", stop: bool = False) -> SavepointTaken:
+        """Write a named checkpoint of a running app (and end it, with ``stop``)."""
+        return await self._request(subjects.APP_SAVEPOINT, TakeSavepoint(app_id, name, stop), SavepointTaken,
+                                   SAVEPOINT_TIMEOUT_S, idempotent=False)
 
     async def info(self) -> ClusterInfo:
         return await self._request(subjects.MASTER_INFO, QueryCluster(), ClusterInfo)

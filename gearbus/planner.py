@@ -10,6 +10,7 @@ a map-side combine before that edge, so keys cross the bus rarely.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 
 from gearbus.api.dsl import Pipeline, Step
@@ -29,6 +30,7 @@ from gearbus.runtime.chain import (
     ValueOp,
     WindowAggregateOp,
 )
+from gearbus.runtime.savepoints import stateful_steps
 
 DEFAULT_COMBINE_KEYS = 100_000
 RUNNERS = ("test", "local", "cluster")
@@ -154,7 +156,22 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
     for segment in segments:
         for upstream, partitioner in segment.inputs:
             graph.connect(upstream.processor, segment.processor, partitioner)
-    return Application(pipeline.name, graph, dict(pipeline.config))
+    app = Application(pipeline.name, graph, dict(pipeline.config))
+    _warn_unnamed_state(pipeline, app)
+    return app
+
+
+class UnnamedStatefulStep(UserWarning):
+    """A stateful step has a derived name, which a changed pipeline may not keep."""
+
+
+def _warn_unnamed_state(pipeline: Pipeline, app: Application) -> None:
+    stateful = {step for p in app.graph.processors for step in stateful_steps(p)}
+    unnamed = sorted(s.name for s in pipeline.steps if not s.named and s.name in stateful)
+    if unnamed:
+        warnings.warn(f"pipeline {pipeline.name!r}: stateful step(s) {', '.join(map(repr, unnamed))} have derived "
+                      "names; savepoints match state by step name and derived names change when the pipeline "
+                      "does: give them name=...", UnnamedStatefulStep, stacklevel=3)
 
 
 def _operator(step: Step) -> Op | None:

@@ -68,16 +68,40 @@ class CheckpointStore:
             return None
         return msgpack.unpackb(entry.value) if entry.value else None
 
-    async def put_epoch(self, epoch: int) -> None:
-        """Record the app's current attempt, so a relaunched AppMaster starts a newer one."""
-        await (await self._records()).put(subjects.checkpoint_epoch_key(self.app_id), str(epoch).encode())
+    async def put_savepoint(self, name: str, record: dict, parts: dict[tuple[str, int], bytes]) -> None:
+        """Write a savepoint: each step's state per task index, then its record."""
+        store = await self._store()
+        for (step, index), data in parts.items():
+            await store.put(subjects.savepoint_object(name, step, index), data)
+        await (await self._records()).put(subjects.savepoint_key(name), msgpack.packb(record))
 
-    async def get_epoch(self) -> int:
+    async def savepoint(self, name: str) -> dict | None:
+        """A savepoint's record: app, checkpoint, and ``steps`` {step: parallelism}."""
+        try:
+            entry = await (await self._records()).get(subjects.savepoint_key(name))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return msgpack.unpackb(entry.value) if entry.value else None
+
+    async def savepoint_part(self, name: str, step: str, index: int) -> bytes:
+        try:
+            return (await (await self._store()).get(subjects.savepoint_object(name, step, index))).data
+        except nats.js.errors.ObjectNotFoundError:
+            raise LookupError(f"savepoint {name!r} has no state of step {step!r} task {index}") from None
+
+    async def put_epoch(self, epoch: int, restarts: int) -> None:
+        """Record the app's current attempt and restarts so far, so a relaunched AppMaster
+        starts a newer attempt and keeps counting against the restart budget."""
+        await (await self._records()).put(subjects.checkpoint_epoch_key(self.app_id), f"{epoch} {restarts}".encode())
+
+    async def get_epoch(self) -> tuple[int, int]:
+        """(epoch, restarts) as last recorded; (0, 0) before any."""
         try:
             entry = await (await self._records()).get(subjects.checkpoint_epoch_key(self.app_id))
         except nats.js.errors.KeyNotFoundError:
-            return 0
-        return int(entry.value or b"0")
+            return 0, 0
+        epoch, restarts = (entry.value or b"0 0").split()
+        return int(epoch), int(restarts)
 
     async def record(self, checkpoint_id: int) -> dict | None:
         try:

@@ -374,6 +374,23 @@ class KillApplication(Message):
     app_id: int
 
 
+class TakeSavepoint(Message):
+    """Write a named checkpoint of a running app (on ``app.savepoint``; the master passes
+    it to the app's AppMaster); with ``stop``, the app ends once it is written."""
+
+    app_id: int
+    name: str = ""  # letters, digits, "-" and "_"; default "app<id>-<checkpoint id>"
+    stop: bool = False
+
+
+class SavepointTaken(Message):
+    app_id: int
+    name: str
+    checkpoint_id: int
+    size_bytes: int
+    steps: list[str] = dataclasses.field(default_factory=list)  # the stateful steps it holds
+
+
 class QueryApplication(Message):
     app_id: int
 

@@ -7,6 +7,7 @@ APP_SUBMIT = "app.submit"
 APP_KILL = "app.kill"
 APP_STATUS = "app.status"
 APP_LIST = "app.list"
+APP_SAVEPOINT = "app.savepoint"
 MASTER_INFO = "master.info"
 
 # workers and AppMasters -> leader master
@@ -108,6 +109,21 @@ def checkpoint_key(app_id: int, checkpoint_id: int) -> str:
 def checkpoint_latest_key(app_id: int) -> str:
     """The id and record of the app's latest completed checkpoint."""
     return f"app{app_id}.latest"
+
+
+def appmaster_savepoint(app_id: int) -> str:
+    """The master passes a client's TakeSavepoint to the app's AppMaster."""
+    return f"appmaster.{app_id}.savepoint"
+
+
+def savepoint_object(name: str, step: str, index: int) -> str:
+    """One task's state of one step in a savepoint (checkpoint object store)."""
+    return f"savepoints/{name}/{step}/{index}"
+
+
+def savepoint_key(name: str) -> str:
+    """A savepoint's record in the checkpoint KV bucket."""
+    return f"savepoint.{name}"
 
 
 def checkpoint_epoch_key(app_id: int) -> str:

@@ -34,6 +34,7 @@ class Step:
     fn: Callable | None = None
     parallelism: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    named: bool = True  # the user gave the name (savepoints match state by step name)
 
     def __repr__(self) -> str:
         return f"Step({self.kind} {self.name!r})"
@@ -57,6 +58,7 @@ class Pipeline:
              **params) -> Step:
         """Add a step; without a name it gets ``default``, the function's name or the
         kind, made unique with a suffix."""
+        named = name is not None
         if name is None:
             base = default or (getattr(fn, "__name__", "") if fn is not None else "")
             base = base if base.isidentifier() and base != "<lambda>" else kind
@@ -72,7 +74,7 @@ class Pipeline:
             raise GraphError(f"step {name!r}: parallelism must be an integer >= 1, got {parallelism!r}")
         if fn is not None and not callable(fn):
             raise GraphError(f"step {name!r}: {fn!r} is not callable")
-        step = Step(kind, name, inputs, fn, parallelism, params)
+        step = Step(kind, name, inputs, fn, parallelism, params, named)
         self._names.add(name)
         self.steps.append(step)
         return step

@@ -237,8 +237,12 @@ class _RangeReader:
         config = {"deliver_policy": "by_start_sequence", "opt_start_seq": start, "ack_policy": "none",
                   "replay_policy": "instant", "mem_storage": True, "num_replicas": 1,
                   "inactive_threshold": int(30e9), "max_waiting": 64}
-        if self.subject:
-            config["filter_subject"] = self.subject
+        if self.subject:  # one filter, or several comma-separated (JetStream's filter_subjects)
+            filters = self.subject.split(",")
+            if len(filters) == 1:
+                config["filter_subject"] = filters[0]
+            else:
+                config["filter_subjects"] = filters
         inbox = self.nc.new_inbox()
         gen = self.gen
 
@@ -602,9 +606,9 @@ def _tally(messages) -> str:
 
 class JetStreamDataSource(DataSource):
     """Format ``jetstream``. Read options: ``servers`` (comma-separated NATS URLs), ``stream``,
-    ``subject`` (a filter), ``start_seq`` (default 1; streaming also 'earliest'/'latest'),
-    ``end_seq`` (batch; default the stream's last sequence at planning), ``partitions``
-    (default: the session's parallelism), ``max_records_per_batch`` (streaming).
+    ``subject`` (a filter, or several comma-separated), ``start_seq`` (default 1; streaming also
+    'earliest'/'latest'), ``end_seq`` (batch; default the stream's last sequence at planning),
+    ``partitions`` (default: the session's parallelism), ``max_records_per_batch`` (streaming).
     Write options: ``servers``, ``subject`` (or a ``subject`` column), ``stream`` (created if
     missing, with ``duplicate_window`` seconds, default 120). Rows to write need a ``data``
     column (binary or string) and may have ``id`` (the dedup id) and ``subject`` columns."""

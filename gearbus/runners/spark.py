@@ -7,11 +7,18 @@ assigners and aggregators as the bus runtime, and the same late-data rule: a rec
 judged against the watermark as the bus would have it when the record arrives (the
 source's watermark after each batch of ``batch_records`` records). A bounded Spark job
 emits final window results only: early triggers are ignored (said once at plan time).
+
+JetStream replays too: ``read_jetstream`` with a bounded ``until`` reads its stream range
+through the ``jetstream`` data source, decoded, stamped and watermarked per subject as the
+bus source does; ``write_jetstream`` publishes with ids that are the same on every run, so
+a rerun stores nothing twice (within the stream's duplicate window).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import operator
 import os
 import re
 import shutil
@@ -39,11 +46,18 @@ from gearbus.api.windows import (
     WindowResult,
 )
 from gearbus.connectors.files import CollectionSource, JsonLinesSink, JsonLinesSource, TextFileSource
+from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, JetStreamTransactionalSink, LoopThread, api,
+                                        connect, dedup_id, run_fresh, stream_info)
+from gearbus.connectors.jetstream_source import JetStreamSource, _decoder
 from shared.messages import AppError, AppState
 
 STEP_FAILURE = "gearbus step failure"
 DEFAULT_BATCH_RECORDS = 4096
 MASTER_CONNECT_TIMEOUT_S = 5.0
+NATS_URL_ENV = "GEARBUS_NATS_URL"
+#: A step's watermark setting when its records carry the watermark in force at their
+#: arrival as a fourth item (computed at a JetStream source, per subject, as the bus does).
+CARRIED = "carried"
 
 
 class SparkUnavailable(RuntimeError):
@@ -125,13 +139,17 @@ def spark_session(master: str = "local[*]", app_name: str = "gearbus"):
 class SparkPlan:
     """The translation of one pipeline; :meth:`run` executes its sinks."""
 
-    def __init__(self, pipeline: Pipeline, sc, warn=print):
+    def __init__(self, pipeline: Pipeline, spark, nats_servers: Sequence[str] = (), warn=print):
         self.pipeline = pipeline
-        self.sc = sc
+        self.spark = spark
+        self.sc = spark.sparkContext
+        self.nats_servers = list(nats_servers)
+        self.warn = warn
         self.batch = int(pipeline.config.get("batch_records", DEFAULT_BATCH_RECORDS))
         self.rdds: dict[Step, object] = {}
-        self.watermarks: dict[Step, object] = {}  # step -> its source's watermark generator settings
-        self.outputs: list[tuple[JsonLinesSink, object]] = []  # (sink, RDD of records) written by run()
+        self.watermarks: dict[Step, object] = {}  # step -> its source's max delay, CARRIED or None
+        self.outputs: list = []  # what run() does, in order: functions that each write one output
+        self.cached: list = []   # RDDs persisted for this run, released after it
         self.ingestion_ms = now_ms()
         for step in pipeline.steps:
             translate = TRANSLATIONS.get(step.kind)
@@ -147,6 +165,9 @@ class SparkPlan:
 
     def source(self, step: Step) -> None:
         data_source = step.params["data_source"]
+        if isinstance(data_source, JetStreamSource):
+            self._jetstream(step, data_source)
+            return
         if isinstance(data_source, JsonLinesSource):
             rdd = self._json_lines(step, data_source.path)
         elif isinstance(data_source, TextFileSource):
@@ -155,7 +176,7 @@ class SparkPlan:
             rdd = self.sc.parallelize(data_source.items, self.sc.defaultParallelism)
         else:
             raise GraphError(f"step {step.name!r}: the spark runner cannot read a {type(data_source).__name__}; "
-                             "it reads TextFileSource, JsonLinesSource and CollectionSource")
+                             "it reads TextFileSource, JsonLinesSource, CollectionSource and JetStreamSource")
         if step.fn is not None:
             stamp = _guard(step.name, step.fn)
             records = rdd.map(lambda v: (v, int(stamp(v)), None))
@@ -176,15 +197,113 @@ class SparkPlan:
         lines = self.sc.textFile(path, self.sc.defaultParallelism).zipWithIndex()
         return lines.filter(lambda pair: pair[0].strip()).map(parse)
 
-    # --- stateless steps --------------------------------------------------------------
+    def _jetstream(self, step: Step, source: JetStreamSource) -> None:
+        """The stream range the bus source would read, through the ``jetstream`` data source,
+        in stream order. Values decode as on the bus (what does not decode is counted,
+        skipped and sent to ``dead_letter``); event time is ``timestamp_fn(value)`` or the
+        stream's time stamp; each record carries the watermark the bus source would have
+        given before its batch (:meth:`_subject_watermarks`)."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        from gearbus.connectors.spark_jetstream import FORMAT, register
+
+        if source.until is None:
+            raise GraphError(f"step {step.name!r}: the Spark runner replays bounded history; give until=\"now\" "
+                             "or a stream sequence")
+        if source.start == "new":
+            raise GraphError(f"step {step.name!r}: start=\"new\" reads only what arrives after the start, which a "
+                             "bounded replay never sees; give start=\"first\", a stream sequence or a datetime")
+        servers = self._servers(step, source.servers)
+        first, last = _on_nats(servers, lambda nc: _replay_range(nc, step.name, source))
+        register(self.spark)
+        reader = (self.spark.read.format(FORMAT).option("servers", ",".join(servers))
+                  .option("stream", source.stream).option("start_seq", first).option("end_seq", last))
+        if source.subjects:
+            reader = reader.option("subject", ",".join(source.subjects))
+        rows = reader.load().select("subject", "seq", "data", F.unix_millis("timestamp")).rdd
+        decode = _decoder(source.decode)
+        stamp = _guard(step.name, source.timestamp_fn) if source.timestamp_fn is not None else None
+
+        def decoded(partition):
+            """(subject, None, value, event time), or (subject, error, (seq, data), None)."""
+            for subject, seq, data, stream_ms in partition:
+                data = bytes(data)
+                try:
+                    value = data if decode is None else decode(data)
+                except Exception as exc:
+                    yield subject, f"{type(exc).__name__}: {exc}", (seq, data), None
+                    continue
+                yield subject, None, value, stream_ms if stamp is None else int(stamp(value))
+
+        messages = rows.mapPartitions(decoded).persist(StorageLevel.MEMORY_AND_DISK)
+        self.cached.append(messages)
+        indexed = messages.zipWithIndex()
+        batch = self.batch
+        stats = (indexed.map(lambda m: ((m[1] // batch, m[0][0]), (m[0][3], m[1], m[0][1] is not None)))
+                 .reduceByKey(_merge_stats).collect())
+        before = self.sc.broadcast(self._subject_watermarks(stats, source.max_out_of_orderness_ms))
+        self.rdds[step] = indexed.filter(lambda m: m[0][1] is None).map(
+            lambda m: (m[0][2], m[0][3], None, before.value[m[1] // batch]))
+        self.watermarks[step] = CARRIED
+        failed = sum(stat[2] for _, stat in stats)
+        if failed:
+            self.warn(f"spark runner: step {step.name!r}: {failed} messages of stream {source.stream!r} did not "
+                      "decode and are skipped" + (f"; they go to {source.dead_letter}" if source.dead_letter else ""),
+                      file=sys.stderr)
+            if source.dead_letter:
+                dead = messages.filter(lambda m: m[1] is not None)
+                publish = _dead_letters(servers, source.stream, source.dead_letter)
+                self.outputs.append(lambda: dead.foreachPartition(publish))
+
+    def _subject_watermarks(self, stats, max_out_of_orderness_ms: int) -> list[int]:
+        """The watermark in force as each batch of ``batch_records`` messages arrives: the bus
+        source's after the batch before (and WATERMARK_MIN before its first record). As there,
+        it is the minimum over the subjects with messages still to come of their newest
+        timestamp − ``max_out_of_orderness_ms`` − 1 (a subject not yet seen: WATERMARK_MIN);
+        once no subject has more to come, the newest of all; it never goes back. ``stats``:
+        ((batch, subject), (newest event time or None, last index, undecoded count))."""
+        newest: dict[int, dict[str, int]] = {}
+        last_index: dict[str, int] = {}
+        for (b, subject), (ts, index, _) in stats:
+            if ts is not None:
+                newest.setdefault(b, {})[subject] = ts
+            last_index[subject] = max(last_index.get(subject, -1), index)
+        by_end = sorted(last_index, key=last_index.get)
+        delay = max_out_of_orderness_ms + 1
+        max_ts: dict[str, int] = {}
+        watermark, ended, before = None, 0, []
+        for b in range(max((key[0] for key, _ in stats), default=-1) + 1):
+            before.append(WATERMARK_MIN if watermark is None else watermark)
+            for subject, ts in newest.get(b, {}).items():
+                max_ts[subject] = max(max_ts.get(subject, ts), ts)
+            while ended < len(by_end) and last_index[by_end[ended]] < (b + 1) * self.batch:
+                ended += 1
+            if not max_ts:
+                continue
+            holding = by_end[ended:]
+            current = (min(max_ts[s] - delay if s in max_ts else WATERMARK_MIN for s in holding) if holding
+                       else max(max_ts.values()) - delay)
+            watermark = current if watermark is None else max(watermark, current)
+        return before
+
+    def _servers(self, step: Step, own: list[str]) -> list[str]:
+        """The step's own NATS servers, else the runner's."""
+        servers = own or self.nats_servers
+        if not servers:
+            raise GraphError(f"step {step.name!r}: no NATS servers; pass servers=... to the step, nats_url=... to "
+                             f"the SparkRunner, or set {NATS_URL_ENV}")
+        return servers
+
+    # --- stateless steps (a record's items after the key, if any, go along) -------------
 
     def map(self, step: Step) -> None:
         fn = _guard(step.name, step.fn)
-        self._then(step, lambda rdd: rdd.map(lambda r: (fn(r[0]), r[1], r[2])))
+        self._then(step, lambda rdd: rdd.map(lambda r: (fn(r[0]),) + r[1:]))
 
     def flat_map(self, step: Step) -> None:
         fn = _guard(step.name, lambda v: list(step.fn(v)))
-        self._then(step, lambda rdd: rdd.flatMap(lambda r: [(v, r[1], r[2]) for v in fn(r[0])]))
+        self._then(step, lambda rdd: rdd.flatMap(lambda r: [(v,) + r[1:] for v in fn(r[0])]))
 
     def filter(self, step: Step) -> None:
         fn = _guard(step.name, step.fn)
@@ -192,7 +311,7 @@ class SparkPlan:
 
     def group_by(self, step: Step) -> None:
         fn = _guard(step.name, step.fn)
-        self._then(step, lambda rdd: rdd.map(lambda r: (r[0], r[1], fn(r[0]))))
+        self._then(step, lambda rdd: rdd.map(lambda r: (r[0], r[1], fn(r[0])) + r[3:]))
 
     def merge(self, step: Step) -> None:
         self.rdds[step] = self.sc.union([self.rdds[i] for i in step.inputs])
@@ -242,10 +361,13 @@ class SparkPlan:
 
     def _arrival_watermarks(self, rdd, delay):
         """Each record with the watermark in force when the bus would deliver it: the
-        source's watermark after the previous batch of ``batch_records`` records."""
+        source's watermark after the previous batch of ``batch_records`` records (or the
+        one the record carries from its source)."""
         indexed = rdd.zipWithIndex()
+        if delay == CARRIED:
+            return indexed.map(lambda ri: (ri[0][:3], ri[0][3], ri[1]))
         if delay is None:
-            return indexed.map(lambda ri: (ri[0], WATERMARK_MIN, ri[1]))
+            return indexed.map(lambda ri: (ri[0][:3], WATERMARK_MIN, ri[1]))
         batch = self.batch
         newest = dict(indexed.map(lambda ri: (ri[1] // batch, ri[0][1])).reduceByKey(max).collect())
         after, running = {}, WATERMARK_MIN
@@ -277,7 +399,8 @@ class SparkPlan:
         if late_sink is not None:
             if not isinstance(late_sink, JsonLinesSink):
                 raise GraphError(f"step {step.name!r}: the spark runner writes late records to a JsonLinesSink only")
-            self.outputs.append((late_sink, arrivals.filter(too_late).map(lambda a: a[0])))
+            late = arrivals.filter(too_late).map(lambda a: a[0])
+            self.outputs.append(lambda: _write_jsonl(late_sink, late))
 
         def create(item):
             return [_apply(name, add, make(), item[0]), item[1]]
@@ -316,20 +439,154 @@ class SparkPlan:
     # --- sinks --------------------------------------------------------------------------
 
     def sink(self, step: Step) -> None:
-        data_sink = step.params["data_sink"]
-        if not isinstance(data_sink, JsonLinesSink):
+        data_sink, rdd = step.params["data_sink"], self.rdds[step.inputs[0]]
+        if isinstance(data_sink, JsonLinesSink):
+            self.outputs.append(lambda: _write_jsonl(data_sink, rdd))
+        elif isinstance(data_sink, JetStreamTransactionalSink):
+            self._jetstream_sink(step, data_sink, rdd)
+        else:
             raise GraphError(f"step {step.name!r}: the spark runner cannot write a {type(data_sink).__name__}; "
-                             "it writes JsonLinesSink")
-        self.outputs.append((data_sink, self.rdds[step.inputs[0]]))
+                             "it writes JsonLinesSink and JetStreamTransactionalSink")
+
+    def _jetstream_sink(self, step: Step, data_sink: JetStreamTransactionalSink, rdd) -> None:
+        """Each value as JSON, through the ``jetstream`` data source's sink, under a
+        Nats-Msg-Id that every run of the job gives it again: ``id_fn(value)``, else the
+        pipeline, step and content with the value's rank among equal ones (Spark's output
+        order varies between runs; the multiset of values does not). So a rerun stores
+        nothing twice and equal values are not taken for repeats of each other."""
+        from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+        from gearbus.connectors.spark_jetstream import FORMAT, register
+
+        servers, subject, id_fn = self._servers(step, data_sink.servers), data_sink.subject, data_sink.id_fn
+        encode = _guard(step.name, lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode())
+        if id_fn is not None:
+            make_id = _guard(step.name, lambda v: str(id_fn(v)))
+            rows = rdd.map(lambda r: (encode(r[0]), make_id(r[0])))
+        else:
+            prefix = f"{self.pipeline.name}/{step.name}"
+            rows = rdd.map(lambda r: (encode(r[0]), 1)).reduceByKey(operator.add).flatMap(
+                lambda dn: [(dn[0], f"{prefix}/{dedup_id(subject, dn[0])}/{i}") for i in range(dn[1])])
+        schema = StructType([StructField("data", BinaryType(), False), StructField("id", StringType(), False)])
+
+        def write() -> None:
+            register(self.spark)
+            writer = (self.spark.createDataFrame(rows, schema).write.format(FORMAT).mode("append")
+                      .option("servers", ",".join(servers)).option("subject", subject))
+            if data_sink.stream:
+                writer = (writer.option("stream", data_sink.stream)
+                          .option("duplicate_window", data_sink.duplicate_window_s))
+            writer.save()
+
+        self.outputs.append(write)
 
     def run(self) -> None:
-        for data_sink, rdd in self.outputs:
-            path = data_sink.path
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
-            rdd.map(lambda r: json.dumps(r[0], ensure_ascii=False)).saveAsTextFile(path)
+        try:
+            for write in self.outputs:
+                write()
+        finally:
+            for rdd in self.cached:
+                rdd.unpersist()
+
+
+def _write_jsonl(data_sink: JsonLinesSink, rdd) -> None:
+    path = data_sink.path
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+    rdd.map(lambda r: json.dumps(r[0], ensure_ascii=False)).saveAsTextFile(path)
+
+
+async def _replay_range(nc, step: str, source: JetStreamSource) -> tuple[int, int]:
+    """The first and last stream sequence the bus source would read, as of now; the same
+    refusals as the bus (a missing stream, a subject filter without messages), and an
+    ``until`` past the stream's end, which the bus would wait for and a replay cannot."""
+    try:
+        info = await stream_info(nc, source.stream)
+    except JetStreamError as exc:
+        if "not found" in str(exc):
+            raise JetStreamError(f"step {step!r}: JetStream stream {source.stream!r} does not exist") from None
+        raise
+    for subject_filter in source.subjects:
+        found = await api(nc, f"$JS.API.STREAM.INFO.{source.stream}", {"subjects_filter": subject_filter})
+        if not found["state"].get("subjects"):
+            configured = ", ".join(info["config"].get("subjects", []))
+            raise JetStreamError(f"step {step!r}: stream {source.stream!r} has no messages on a subject matching "
+                                 f"{subject_filter!r} (its subjects: {configured})")
+    last = info["state"]["last_seq"]
+    until = last if source.until == "now" else source.until
+    if until > last:
+        raise JetStreamError(f"step {step!r}: until={until} is past the end of stream {source.stream!r} (sequence "
+                             f"{last}): the Spark runner replays what the stream holds and cannot wait for more")
+    if source.start == "first":
+        return 1, until
+    if isinstance(source.start, datetime.datetime):
+        return await _sequence_before(nc, source) + 1, until
+    return source.start, until
+
+
+async def _sequence_before(nc, source: JetStreamSource) -> int:
+    """The last stream sequence before ``source.start`` (a datetime), found as the bus finds
+    it: a consumer started at that time reports it as delivered."""
+    config = {"deliver_policy": "by_start_time",
+              "opt_start_time": source.start.astimezone(datetime.timezone.utc).isoformat(),
+              "ack_policy": "none", "mem_storage": True, "num_replicas": 1, "inactive_threshold": int(30e9)}
+    if source.subjects:
+        config["filter_subjects"] = source.subjects
+    info = await api(nc, f"$JS.API.CONSUMER.CREATE.{source.stream}", {"stream_name": source.stream, "config": config})
+    await api(nc, f"$JS.API.CONSUMER.DELETE.{source.stream}.{info['name']}")
+    return info["delivered"]["stream_seq"]
+
+
+def _on_nats(servers: list[str], work):
+    """``work(nc)`` on a connection of its own, on a thread of its own: the runner may be
+    called inside a running event loop (the CLI's)."""
+
+    async def go():
+        nc = await connect(servers, name="gearbus-spark-plan")
+        try:
+            return await work(nc)
+        finally:
+            await nc.close()
+
+    thread = LoopThread("gearbus-spark-plan")
+    try:
+        return thread.call(go())
+    finally:
+        thread.stop()
+
+
+def _merge_stats(a, b):
+    """Two (newest event time or None, last index, undecoded count) of a batch's subject, as one."""
+    newest = b[0] if a[0] is None else a[0] if b[0] is None else max(a[0], b[0])
+    return newest, max(a[1], b[1]), a[2] + b[2]
+
+
+def _dead_letters(servers: list[str], stream: str, subject: str):
+    """A partition's undecoded messages republished to ``subject`` with the bus source's
+    headers (and its Nats-Msg-Id, so neither a rerun nor the bus stores one twice)."""
+
+    def publish(partition) -> None:
+        messages = list(partition)
+
+        async def go():
+            nc = await connect(servers, name="gearbus-spark-dead-letter")
+            try:
+                for source_subject, error, (seq, data), _ in messages:
+                    await nc.publish(subject, data, headers={
+                        "Gearbus-Error": " ".join(error.split())[:1000],
+                        "Gearbus-Source": f"{stream}/{seq}/{source_subject}",
+                        "Nats-Msg-Id": f"gearbus-dead-letter/{stream}/{seq}",
+                    })
+                await nc.flush(timeout=API_TIMEOUT)
+            finally:
+                await nc.close()
+
+        if messages:
+            run_fresh(go())
+
+    return publish
 
 
 def _apply(step: str, fn, *args):
@@ -384,11 +641,15 @@ def failure_from(exc: BaseException) -> AppError:
 
 
 class SparkRunner:
-    """Runs a DSL pipeline on Spark (``local[*]`` by default, or a ``spark://`` master)."""
+    """Runs a DSL pipeline on Spark (``local[*]`` by default, or a ``spark://`` master).
+    ``nats_url`` (default ``$GEARBUS_NATS_URL``): the NATS of JetStream steps without
+    servers of their own."""
 
-    def __init__(self, master: str = "local[*]", spark=None):
+    def __init__(self, master: str = "local[*]", spark=None, nats_url: str | Sequence[str] | None = None):
         self.master = master
         self.spark = spark
+        nats_url = nats_url or os.environ.get(NATS_URL_ENV)
+        self.nats_servers = nats_url.split(",") if isinstance(nats_url, str) else list(nats_url or [])
 
     def run(self, app, args: Sequence[str] = ()):
         from gearbus.runners import RunResult, load_pipeline
@@ -397,9 +658,10 @@ class SparkRunner:
         spark = self.spark or spark_session(self.master, pipeline.name)
         if isinstance(app, str):
             ship_module(spark.sparkContext, app)
-        plan = SparkPlan(pipeline, spark.sparkContext)
         try:
-            plan.run()
+            SparkPlan(pipeline, spark, self.nats_servers).run()
+        except GraphError:
+            raise
         except Exception as exc:
             return RunResult(AppState.FAILED, error=failure_from(exc), name=pipeline.name)
         return RunResult(AppState.SUCCEEDED, name=pipeline.name)

@@ -416,7 +416,8 @@ class ChainSourceTask(ChainTask, DataSourceTask):
         return {"source": DataSourceTask.snapshot(self), "steps": ChainTask.snapshot(self)}
 
     def restore(self, state) -> None:
-        DataSourceTask.restore(self, state["source"])
+        if state["source"] is not None:  # None: restored from a savepoint that had no state for it
+            DataSourceTask.restore(self, state["source"])
         ChainTask.restore(self, state["steps"])
 
     def stamp(self, records):

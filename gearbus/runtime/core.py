@@ -160,7 +160,8 @@ class TaskCore:
 
     def restore(self, envelope: dict) -> None:
         """Resume from a snapshot's envelope (see :meth:`_snapshot`)."""
-        self.task.restore(envelope["task"])
+        if envelope["task"] is not None:  # None: a savepoint held nothing for this task
+            self.task.restore(envelope["task"])
         self.ended = envelope["ended"]
         self.watermark = envelope["watermark"]
         self.last_checkpoint = envelope["checkpoint_id"]

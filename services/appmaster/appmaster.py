@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import pickle
+import re
 import time
 import traceback
 
 import structlog
 
 from gearbus.api.graph import Application
+from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.guarantee import delivery_guarantee
+from gearbus.runtime.savepoints import SavepointMismatch, claim, join_task_state, split_task_state
 from services.appmaster import checkpoints as cp
 from services.appmaster.clock import ClockService
 from services.checkpoint_store import CheckpointStore
@@ -44,8 +48,10 @@ from shared.messages import (
     ReRegister,
     RequestResource,
     ResourceAllocated,
+    SavepointTaken,
     ShutdownExecutor,
     StartAllTasks,
+    TakeSavepoint,
     TaskCheckpointed,
     TaskCounters,
     TaskEnded,
@@ -72,6 +78,8 @@ DEFAULT_CHECKPOINT_INTERVAL_MS = 1000  # app config "checkpoint_interval_ms"; 0 
 DEFAULT_CHECKPOINT_TIMEOUT_MS = 60_000  # app config "checkpoint_timeout_ms": then a checkpoint is abandoned
 DEFAULT_CHECKPOINTS_KEPT = 3  # app config "checkpoints_kept"
 DEFAULT_CHECKPOINT_FAILURES = 10  # app config "checkpoint_failures_tolerated": consecutive, then the app fails
+SAVEPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+SAVEPOINT_CHECKPOINT_ID = 1  # an app started from a savepoint restores it as its checkpoint 1
 FENCE_TIMEOUT_S = 5.0  # how long to wait for a worker to kill an executor declared lost
 
 
@@ -140,6 +148,7 @@ class AppMaster(Service):
         self._last_completed_ms = 0
         self.guarantee = ("", "")
         self._checkpoint_epochs: dict[int, int] = {}  # checkpoint id -> the epoch it was taken in
+        self._savepoint_waiters: list[tuple[int, asyncio.Future]] = []  # (first usable checkpoint id, result)
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -155,6 +164,8 @@ class AppMaster(Service):
         await self.bus.listen(subjects.appmaster_checkpoint_ack(self.app_id),
                               {TaskCheckpointed: self.on_checkpointed, CheckpointDeclined: self.on_declined})
         await self.bus.listen(subjects.appmaster_worker_lost(self.app_id), {WorkerLost: self.on_worker_lost})
+        await self.bus.serve(subjects.appmaster_savepoint(self.app_id), {TakeSavepoint: self.on_savepoint},
+                             concurrent=True)
         await self.register()
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
         await self.bus.listen(subjects.appmaster_reregister(self.app_id), {ReRegister: self.on_master_changed})
@@ -189,7 +200,7 @@ class AppMaster(Service):
             log.info("app_active", executors=len(self.executors), tasks=len(self.unfinished),
                      guarantee=self.guarantee[0])
             self.spawn(self.checkpoint_loop(), "checkpoints")
-            await self.outcome
+            state = await self.outcome or AppState.SUCCEEDED
         except AppFailure as failure:
             state, error = AppState.FAILED, failure.error
         except Exception as exc:
@@ -219,11 +230,21 @@ class AppMaster(Service):
         config = self.config = {**self.app.config, **self.launch.config}
         self.start_ms = self.launch.start_ms or int(time.time() * 1000)
         tasks = self._plan_tasks()
-        keys = [(t.processor, t.index) for t in tasks]
+        self.coordinator = self._new_coordinator(latest)
+        self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
+        self.unfinished = {(t.processor, t.index) for t in tasks}
+        self.clock = ClockService([self._task_name(t) for t in tasks],
+                                  float(config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
+        return tasks
+
+    def _new_coordinator(self, latest: cp.CheckpointMeta | None) -> cp.CheckpointCoordinator:
+        """The checkpoint coordinator, from the app's config, continuing after ``latest``."""
+        config = self.config
+        keys = [(t.processor, t.index) for t in self._plan_tasks()]
         sources = [(p.id, i) for p in self.app.graph.processors if p.is_source for i in range(p.parallelism)]
         try:
             self.checkpoint_interval_ms = int(config.get("checkpoint_interval_ms", DEFAULT_CHECKPOINT_INTERVAL_MS))
-            self.coordinator = cp.CheckpointCoordinator(
+            return cp.CheckpointCoordinator(
                 keys, sources, interval_s=self.checkpoint_interval_ms / 1000,
                 timeout_s=int(config.get("checkpoint_timeout_ms", DEFAULT_CHECKPOINT_TIMEOUT_MS)) / 1000,
                 keep=int(config.get("checkpoints_kept", DEFAULT_CHECKPOINTS_KEPT)),
@@ -231,15 +252,15 @@ class AppMaster(Service):
                 epoch=self.epoch, restored_from=latest)
         except (TypeError, ValueError) as exc:
             raise AppFailure(AppError("ConfigError", f"checkpoint configuration: {exc}", "planning tasks")) from None
-        self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
-        self.unfinished = set(keys)
-        self.clock = ClockService([self._task_name(t) for t in tasks],
-                                  float(config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
-        return tasks
 
     async def start_app(self) -> None:
         tasks = await self._prepare(None)
-        await self.store.put_epoch(self.epoch)
+        restore = None
+        if self.config.get("from_savepoint"):
+            restore = await self._from_savepoint(str(self.config["from_savepoint"]),
+                                                 bool(self.config.get("allow_unclaimed_state")))
+            self.coordinator = self._new_coordinator(restore)
+        await self.store.put_epoch(self.epoch, self.restarts)
         config = self.config
         wanted = max(1, min(int(config.get("executors", DEFAULT_EXECUTORS)), len(tasks)))
         allocated = await self.bus.request(
@@ -267,7 +288,7 @@ class AppMaster(Service):
             # by_index puts task i of every processor together (Flink's slot sharing), so
             # co-located partitions stay in one process; round_robin spreads processors.
             slots[(task.index if placement == "by_index" else n) % len(slots)].tasks.append(task)
-        await self._run_attempt(None)
+        await self._run_attempt(restore)
 
     async def adopt_app(self) -> None:
         """A relaunched AppMaster: the executors still running register with it (with the
@@ -276,7 +297,8 @@ class AppMaster(Service):
         hosts any more get new executors."""
         record = await self.store.latest()
         latest = cp.CheckpointMeta.from_dict(record) if record else None
-        self.epoch = await self.store.get_epoch() + 1
+        epoch, self.restarts = await self.store.get_epoch()
+        self.epoch = epoch + 1
         tasks = await self._prepare(latest)
         self.adopting = True
         await self.bus.publish(subjects.executor_reregister(self.app_id), ReRegister("the AppMaster was relaunched"))
@@ -286,7 +308,7 @@ class AppMaster(Service):
         orphans = [t for t in tasks if (t.processor, t.index) not in hosted]
         log.info("app_adopted", executors=len(self.executors), orphaned_tasks=len(orphans),
                  restore_checkpoint=latest.checkpoint_id if latest else 0, epoch=self.epoch)
-        await self.store.put_epoch(self.epoch)
+        await self.store.put_epoch(self.epoch, self.restarts)
         if orphans:
             lost = ExecutorSlot(-1, "")
             lost.tasks = orphans
@@ -337,6 +359,7 @@ class AppMaster(Service):
                 self.spawn(self._store_checkpoint(action.meta), f"store-{action.meta.checkpoint_id}")
             elif kind is cp.NotifyComplete:
                 log.info("checkpoint_completed", checkpoint_id=action.checkpoint_id, final=action.final)
+                self._savepoint_checkpoint_ended(action.checkpoint_id, self.coordinator.latest(), "")
                 self._last_completed_ms = int(time.time() * 1000)
                 self.spawn(self.bus.publish(subjects.checkpoint_complete(self.app_id),
                                             CheckpointComplete(action.checkpoint_id, action.epoch, action.final)),
@@ -344,6 +367,7 @@ class AppMaster(Service):
             elif kind is cp.PruneCheckpoints:
                 self.spawn(self._prune(action.checkpoint_ids), "prune-checkpoints")
             elif kind is cp.AbandonCheckpoint:
+                self._savepoint_checkpoint_ended(action.checkpoint_id, None, action.reason)
                 self._checkpoint_failure = f"checkpoint {action.checkpoint_id}: {action.reason}"
                 log.warning("checkpoint_abandoned", checkpoint_id=action.checkpoint_id, reason=action.reason)
                 self.spawn(self._prune((action.checkpoint_id,)), f"discard-{action.checkpoint_id}")
@@ -372,6 +396,88 @@ class AppMaster(Service):
                 await self.store.delete(checkpoint_id, epoch, tasks)
             except Exception as exc:
                 log.warning("checkpoint_prune_failed", checkpoint_id=checkpoint_id, error=repr(exc))
+
+    # --- savepoints ----------------------------------------------------------------
+
+    async def on_savepoint(self, msg: TakeSavepoint) -> SavepointTaken:
+        """Checkpoint now, then keep that checkpoint's state by step under ``msg.name``;
+        with ``msg.stop`` the app then ends (TERMINATED)."""
+        if self.coordinator is None or self._ending or self.adopting:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is not running: no savepoint now",
+                               retryable=True)
+        if msg.name and not SAVEPOINT_NAME.fullmatch(msg.name):
+            raise RequestError(ErrorCode.BAD_REQUEST, f"savepoint name {msg.name!r}: use 1-64 letters, digits, "
+                                                      "'-' or '_'")
+        if msg.name and await self.store.savepoint(msg.name) is not None:
+            raise RequestError(ErrorCode.CONFLICT, f"a savepoint named {msg.name!r} already exists")
+        done = asyncio.get_running_loop().create_future()
+        self._savepoint_waiters.append((self.coordinator.next_id, done))
+        self._act(self.coordinator.request(time.monotonic()))
+        meta: cp.CheckpointMeta = await done
+        name = msg.name or f"app{self.app_id}-{meta.checkpoint_id}"
+        steps = await self._write_savepoint(name, meta)
+        log.info("savepoint_taken", name=name, checkpoint_id=meta.checkpoint_id, stop=msg.stop)
+        if msg.stop and not self.outcome.done():
+            self.outcome.set_result(AppState.TERMINATED)
+        return SavepointTaken(self.app_id, name, meta.checkpoint_id, meta.size_bytes, sorted(steps))
+
+    def _savepoint_checkpoint_ended(self, checkpoint_id: int, meta: cp.CheckpointMeta | None, reason: str) -> None:
+        """A checkpoint completed (``meta``) or was abandoned: answer the savepoints waiting for it."""
+        waiting = []
+        for first_id, done in self._savepoint_waiters:
+            if done.done():
+                continue
+            if checkpoint_id < first_id:
+                waiting.append((first_id, done))
+            elif meta is not None:
+                done.set_result(meta)
+            else:
+                done.set_exception(RequestError(ErrorCode.UNAVAILABLE, f"the savepoint's checkpoint "
+                                                                       f"{checkpoint_id} failed: {reason}", True))
+        self._savepoint_waiters = waiting
+
+    async def _write_savepoint(self, name: str, meta: cp.CheckpointMeta) -> dict[str, int]:
+        """Copy a completed checkpoint's state, step by step, under the savepoint's name."""
+        parts: dict[tuple[str, int], bytes] = {}
+        steps: dict[str, int] = {}
+        for processor in self.app.graph.processors:
+            for index in range(processor.parallelism):
+                data = await self.store.get_snapshot(meta.checkpoint_id, meta.epoch, (processor.id, index))
+                envelope = pickle.loads(data)
+                for step, state in split_task_state(processor, envelope["task"]).items():
+                    parts[(step, index)] = pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+                    steps[step] = processor.parallelism
+        record = {"name": name, "app_id": self.app_id, "app_name": self.app.name, "checkpoint_id": meta.checkpoint_id,
+                  "created_ms": int(time.time() * 1000), "steps": steps}
+        await self.store.put_savepoint(name, record, parts)
+        return steps
+
+    async def _from_savepoint(self, name: str, allow_unclaimed: bool) -> cp.CheckpointMeta:
+        """Turn a savepoint into this app's first checkpoint, each task's state joined from
+        the steps it claims; the tasks then start restored from it."""
+        record = await self.store.savepoint(name)
+        if record is None:
+            raise AppFailure(AppError("SavepointNotFound", f"no savepoint named {name!r}", "restoring a savepoint"))
+        try:
+            claimed = claim(self.app, record["steps"], allow_unclaimed)
+        except SavepointMismatch as exc:
+            raise AppFailure(AppError("SavepointMismatch", f"savepoint {name!r}: {exc}",
+                                      "restoring a savepoint")) from None
+        size, tasks = 0, []
+        for processor in self.app.graph.processors:
+            mine = [step for step, owner in claimed.items() if owner is processor]
+            for index in range(processor.parallelism):
+                states = {step: pickle.loads(await self.store.savepoint_part(name, step, index)) for step in mine}
+                envelope = {"task": join_task_state(processor, states) if states else None, "ended": False,
+                            "watermark": WATERMARK_MIN, "checkpoint_id": SAVEPOINT_CHECKPOINT_ID}
+                data = pickle.dumps(envelope, pickle.HIGHEST_PROTOCOL)
+                await self.store.put_snapshot(SAVEPOINT_CHECKPOINT_ID, self.epoch, (processor.id, index), data)
+                size += len(data)
+                tasks.append((processor.id, index))
+        meta = cp.CheckpointMeta(SAVEPOINT_CHECKPOINT_ID, self.epoch, time.monotonic(), 0.0, size, tuple(tasks), False)
+        await self.store.put_record(meta.to_dict())
+        log.info("restoring_savepoint", name=name, steps=sorted(claimed), from_app=record["app_id"])
+        return meta
 
     async def on_checkpointed(self, msg: TaskCheckpointed) -> None:
         self._act(self.coordinator.ack(msg.checkpoint_id, msg.epoch, (msg.task.processor, msg.task.index),
@@ -432,18 +538,24 @@ class AppMaster(Service):
             return False
         return True
 
-    async def _rollback(self, reason: str, worker_id: str, where: str) -> None:
+    async def _rollback(self, reason: str, worker_id: str, where: str, failed_epoch: int | None = None) -> None:
         """Global recovery: a new epoch; lost executors' tasks get new executors; every
         task restarts from the last completed checkpoint (sources rewind, sinks re-commit
-        what it sealed, frames of the old epoch are dropped everywhere)."""
-        if self._ending or not self._count_failure(worker_id, reason, where):
+        what it sealed, frames of the old epoch are dropped everywhere).
+
+        ``failed_epoch``: a task of that epoch failed; a rollback already under way, or
+        done since, covers it (one lost NATS server fails many tasks at once)."""
+        def covered() -> bool:
+            return failed_epoch is not None and (self._rollback_queued or failed_epoch < self.epoch)
+
+        if self._ending or covered() or not self._count_failure(worker_id, reason, where):
             return
         if self._rollback_queued:  # a rollback that has not begun yet covers this failure too
             return
         self._rollback_queued = True
         async with self._recovering:
             self._rollback_queued = False
-            if self._ending:
+            if self._ending or (failed_epoch is not None and failed_epoch < self.epoch):
                 return
             self.epoch += 1
             self._act(self.coordinator.restart(self.epoch, time.monotonic()))
@@ -453,7 +565,7 @@ class AppMaster(Service):
             self.unfinished = {(t.processor, t.index) for t in self._plan_tasks()}
             while not self._ending:
                 try:
-                    await self.store.put_epoch(self.epoch)
+                    await self.store.put_epoch(self.epoch, self.restarts)
                     lost = [slot for slot in self.executors.values() if slot.lost and slot.tasks]
                     await self._place_lost_tasks(lost, {s.worker_id for s in lost if s.suspect})
                     await self._run_attempt(restore)
@@ -625,7 +737,7 @@ class AppMaster(Service):
             log.warning("task_failed_recovering", task=task, error=msg.error.message)
             slot = self.executors.get(msg.executor_id)
             self.spawn(self._rollback(f"task {task} failed: {msg.error.message}", slot.worker_id if slot else "",
-                                      f"task {task}"), f"recover-task-{task}")
+                                      f"task {task}", msg.epoch), f"recover-task-{task}")
             return
         log.error("task_failed", task=task, error=msg.error.message)
         self._fail(msg.error)

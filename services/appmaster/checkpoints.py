@@ -198,6 +198,7 @@ class CheckpointCoordinator:
         self._timer_from: float | None = None  # when the interval started counting
         self._ended: set[TaskKey] = set()
         self._finished = False  # a final checkpoint completed: nothing more to checkpoint
+        self._requested = False  # a checkpoint was asked for (a savepoint): trigger when idle
         self._failed = False  # FailApplication was emitted: terminal
         self._consecutive_failures = 0
         self._completed_count = 0
@@ -217,6 +218,11 @@ class CheckpointCoordinator:
     def in_flight(self) -> int | None:
         """The id of the checkpoint in flight or being stored, if any."""
         return self._pending.checkpoint_id if self._pending else None
+
+    @property
+    def next_id(self) -> int:
+        """The id the next triggered checkpoint gets."""
+        return self._next_id
 
     def latest(self) -> CheckpointMeta | None:
         """The last completed checkpoint: what a recovery restores."""
@@ -310,6 +316,14 @@ class CheckpointCoordinator:
             return []
         return self._abandon(f"store failed: {reason}", failure=True) + self._final_if_due(now)
 
+    def request(self, now: float) -> list[Action]:
+        """Checkpoint as soon as possible (a savepoint): at once when none is in flight,
+        else right after the one in flight completes or is abandoned."""
+        if self._failed or self._finished:
+            return []
+        self._requested = True
+        return self._final_if_due(now)
+
     def task_ended(self, task: TaskKey, now: float) -> list[Action]:
         """A task of a bounded app ran out of input; once all have, the final checkpoint
         is triggered at once (or as soon as the one in flight ends)."""
@@ -340,8 +354,9 @@ class CheckpointCoordinator:
         self._phase = phase
 
     def _final_due(self) -> bool:
+        """The final checkpoint, or a requested one, is due (and nothing is in flight)."""
         return (not self._failed and not self._finished and self._pending is None
-                and self._ended == self.tasks)
+                and (self._ended == self.tasks or self._requested))
 
     def _final_if_due(self, now: float) -> list[Action]:
         """Back in IDLE (or a task ended): the final checkpoint goes at once when due."""
@@ -351,6 +366,7 @@ class CheckpointCoordinator:
         self._enter(Phase.IN_FLIGHT)
         self._pending = _Pending(self._next_id, self.epoch, now, {})
         self._next_id += 1
+        self._requested = False
         self._timer_from = now
         return [TriggerCheckpoint(self._pending.checkpoint_id, self.epoch, self.sources)]
 

@@ -43,6 +43,8 @@ from shared.messages import (
     ListApplications,
     Placement,
     QueryApplication,
+    SavepointTaken,
+    TakeSavepoint,
     QueryCluster,
     RegisterAppMaster,
     RegisterWorker,
@@ -66,6 +68,7 @@ APPMASTER_EXECUTOR_ID = -1
 STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
 MASTERS_LOOKUP_S = 2.0
 SETUP_DEADLINE_S = 60.0  # how long a master waits at start for JetStream (a new cluster elects leaders)
+SAVEPOINT_TIMEOUT_S = 120.0  # how long a savepoint may take (its checkpoint, then copying its state)
 DEFAULT_APPMASTER_RESTARTS = 3  # app config "appmaster_restarts": AppMaster relaunches before the app fails
 
 
@@ -188,6 +191,7 @@ class Master(Service):
         self._office = [
             await serve(subjects.APP_SUBMIT, {SubmitApplication: self.on_submit}, concurrent=True, guard=guard),
             await serve(subjects.APP_KILL, {KillApplication: self.on_kill}, guard=guard),
+            await serve(subjects.APP_SAVEPOINT, {TakeSavepoint: self.on_savepoint}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATUS, {QueryApplication: self.on_status}, guard=guard),
             await serve(subjects.APP_LIST, {ListApplications: self.on_list}, guard=guard),
             await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info}, guard=guard),
@@ -334,6 +338,15 @@ class Master(Service):
         future = self._appmaster_registered.get(msg.app_id)
         if future is not None and not future.done():
             future.set_exception(RequestError(ErrorCode.CONFLICT, "the app was killed while starting"))
+
+    async def on_savepoint(self, msg: TakeSavepoint) -> SavepointTaken:
+        """Pass the request to the app's AppMaster, which takes the savepoint."""
+        record = self._app(msg.app_id)
+        if record.state != AppState.ACTIVE:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is {record.state}: only a running app "
+                                                   "can take a savepoint")
+        return await self.bus.request(subjects.appmaster_savepoint(msg.app_id), msg, expect=SavepointTaken,
+                                      timeout=SAVEPOINT_TIMEOUT_S)
 
     async def on_status(self, msg: QueryApplication) -> ApplicationStatus:
         return ApplicationStatus(self._summary(self._app(msg.app_id)))

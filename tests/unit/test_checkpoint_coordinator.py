@@ -387,3 +387,17 @@ def test_properties_over_random_event_sequences(events, interval_s, timeout_s, k
         assert fails <= 1
         if completed:
             assert c.latest().checkpoint_id == completed[-1]
+
+
+def test_a_requested_checkpoint_goes_at_once_or_right_after_the_one_in_flight():
+    c = CheckpointCoordinator([(0, 0), (1, 0)], [(0, 0)], interval_s=100, timeout_s=10, keep=2,
+                              max_consecutive_failures=3)
+    c.start(0.0)
+    [trigger] = c.request(1.0)
+    assert isinstance(trigger, TriggerCheckpoint) and trigger.checkpoint_id == 1
+    assert c.request(1.5) == []  # one in flight: the request waits for it
+    c.ack(1, 0, (0, 0), 10, False, 2.0)
+    [store] = c.ack(1, 0, (1, 0), 10, False, 2.0)
+    actions = c.stored(1, 2.5)
+    assert [type(a) for a in actions] == [NotifyComplete, TriggerCheckpoint]
+    assert actions[1].checkpoint_id == 2

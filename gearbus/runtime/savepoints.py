@@ -1,0 +1,92 @@
+"""Savepoints: a checkpoint's state by step name, so a changed pipeline can take it over.
+
+A task's snapshot is laid out by its processor (a chain of steps, a source with steps, a
+sink, a custom task); planning may chain the same steps differently in another version
+of the pipeline. A savepoint therefore keeps each stateful step's state on its own,
+``{step: {task index: state}}``, and a new plan claims it step by step. Auto-derived
+step names are fragile for this: they change when steps are added or reordered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gearbus.api.graph import Application, Processor
+from gearbus.api.task import Task
+from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
+from gearbus.runtime.tasks import DataSinkTask, DataSourceTask
+
+
+class SavepointMismatch(ValueError):
+    """A savepoint's state does not fit the pipeline restored from it."""
+
+
+def _ops(processor: Processor) -> list[Op]:
+    return list(processor.config.get("ops", ()))
+
+
+def stateful_steps(processor: Processor) -> list[str]:
+    """The steps of a processor whose tasks keep state across a checkpoint."""
+    task_class = processor.task_class
+    steps = [op.step for op in _ops(processor) if type(op).snapshot is not Op.snapshot] \
+        if issubclass(task_class, ChainTask) else []
+    if issubclass(task_class, ChainSourceTask):
+        return [processor.config["steps"][0], *steps]
+    if issubclass(task_class, ChainTask):
+        return steps
+    if issubclass(task_class, (DataSourceTask, DataSinkTask)) or task_class.snapshot is not Task.snapshot:
+        return [processor.name]
+    return []
+
+
+def split_task_state(processor: Processor, state: Any) -> dict[str, Any]:
+    """A task's snapshot (``Task.snapshot()``) as ``{step: state}``."""
+    task_class = processor.task_class
+    if issubclass(task_class, ChainSourceTask):
+        return {processor.config["steps"][0]: state["source"], **state["steps"]}
+    if issubclass(task_class, ChainTask):
+        return dict(state)
+    return {} if state is None else {processor.name: state}
+
+
+def join_task_state(processor: Processor, steps: dict[str, Any]) -> Any:
+    """The inverse of :func:`split_task_state`, for a task of ``processor``."""
+    task_class = processor.task_class
+    if issubclass(task_class, ChainSourceTask):
+        source = processor.config["steps"][0]
+        return {"source": steps.get(source), "steps": {k: v for k, v in steps.items() if k != source}}
+    if issubclass(task_class, ChainTask):
+        return dict(steps)
+    return steps.get(processor.name)
+
+
+def claim(app: Application, saved: dict[str, int], allow_unclaimed: bool) -> dict[str, Processor]:
+    """Match the savepoint's steps (``{step: parallelism}``) to the stateful steps of
+    ``app``; return which processor claims each saved step. Raises SavepointMismatch
+    naming the steps when a stateful step finds no state or a saved step is claimed by
+    nobody (unless ``allow_unclaimed``: such steps start empty, such state is dropped),
+    or when a parallelism differs."""
+    claimed: dict[str, Processor] = {}
+    missing, resized = [], []
+    for processor in app.graph.processors:
+        for step in stateful_steps(processor):
+            if step not in saved:
+                missing.append(step)
+            elif saved[step] != processor.parallelism:
+                resized.append(f"{step!r} (saved with parallelism {saved[step]}, now {processor.parallelism})")
+            else:
+                claimed[step] = processor
+    problems = []
+    if missing and not allow_unclaimed:
+        problems.append(f"stateful step(s) {', '.join(map(repr, missing))} have no state in the savepoint "
+                        "(renamed? name your steps explicitly); pass --allow-unclaimed-state to start them empty")
+    if resized:
+        problems.append(f"the parallelism of {', '.join(resized)} changed; restoring with another "
+                        "parallelism is not supported yet")
+    unclaimed = sorted(set(saved) - set(claimed) - set(missing))
+    if unclaimed and not allow_unclaimed:
+        problems.append(f"the savepoint holds state of step(s) {', '.join(map(repr, unclaimed))} that this "
+                        "pipeline does not have; pass --allow-unclaimed-state to drop it")
+    if problems:
+        raise SavepointMismatch("; ".join(problems))
+    return claimed

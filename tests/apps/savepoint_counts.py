@@ -1,0 +1,41 @@
+"""Counts per user from a JetStream stream, in versions, for the savepoint tests.
+
+    --stream EV --until N --output PATH [--version 1|2|3]
+
+Version 2 changes the code of the ``format`` map (adds a field); version 3 renames the
+``count`` step, so its state no longer matches a savepoint of version 1 or 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gearbus import Pipeline
+
+
+def user(event: dict) -> str:
+    return event["user"]
+
+
+def format_v1(result) -> dict:
+    return {"user": result.key, "count": result.value}
+
+
+def format_v2(result) -> dict:
+    return {"user": result.key, "count": result.value, "format": 2}
+
+
+def application(args: list[str]) -> Pipeline:
+    parser = argparse.ArgumentParser(prog="savepoint_counts")
+    parser.add_argument("--stream", required=True)
+    parser.add_argument("--until", type=int, required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--version", type=int, choices=(1, 2, 3), default=1)
+    opts = parser.parse_args(args)
+    pipeline = Pipeline("savepoint-counts", parallelism=2, config={"checkpoint_interval_ms": 200})
+    (pipeline.read_jetstream(opts.stream, until=opts.until, name="events")
+        .group_by(user, name="by_user")
+        .count(name="total" if opts.version == 3 else "count")
+        .map(format_v1 if opts.version == 1 else format_v2, name="format")
+        .write_jsonl(opts.output, name="write"))
+    return pipeline

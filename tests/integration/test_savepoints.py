@@ -1,0 +1,87 @@
+"""Savepoints on a real cluster: stop an app with a savepoint half-way through a stream,
+change a map's code, resume from the savepoint: the state carries over and the final
+counts are exact; a pipeline whose stateful steps do not match is refused, naming them."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import nats
+import pytest
+
+from gearbus.artifact import pack
+from gearbus.client import Client
+from gearbus.connectors.jetstream import Publisher, ensure_stream_async
+from shared import subjects
+from shared.bus import RequestError
+from shared.messages import AppState
+from tests.conftest import REPO, wait_until
+from tests.integration.test_cluster import wait_state
+
+APP = os.path.join(REPO, "tests", "apps", "savepoint_counts.py")
+EVENTS = 6_000
+USERS = 7
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def publish(url: str, first: int, end: int) -> None:
+    nc = await nats.connect(url)
+    try:
+        publisher = await Publisher(nc).open()
+        for n in range(first, end):
+            await publisher.publish("ev.1", json.dumps({"n": n, "user": f"u{n % USERS}"}).encode(), f"ev-{n}")
+        await publisher.drain()
+    finally:
+        await nc.close()
+
+
+def args(output, version: int) -> list[str]:
+    return ["--stream", "EV", "--until", str(EVENTS), "--output", str(output), "--version", str(version)]
+
+
+async def test_stop_with_a_savepoint_change_the_code_and_resume_exactly(cluster, client, tmp_path):
+    url, output = cluster.url, tmp_path / "counts.jsonl"
+    await ensure_stream_async(client.bus.nc, "EV", ["ev.*"], 120, "file")
+    await publish(url, 0, EVENTS // 2)
+    first = await client.submit(pack(APP), args(output, 1))
+    await wait_state(client, first, AppState.ACTIVE)
+
+    async def read_half():
+        status = await client.status(first)
+        read = sum(c.records_in for c in status.tasks if c.task.processor == 0)
+        return status if read >= EVENTS // 2 and status.checkpoints and status.checkpoints.last_id else None
+
+    await wait_until(client, subjects.APPMASTER_HEARTBEAT, read_half)
+    taken = await client.savepoint(first, "half", stop=True)
+    assert taken.name == "half" and {"events", "by_user", "count", "write"} <= set(taken.steps)
+    assert (await client.wait(first, timeout=30)).state == AppState.TERMINATED
+    assert not os.path.exists(output) or os.path.getsize(output) == 0  # the counts come at the end
+
+    with pytest.raises(RequestError, match="only a running app can take a savepoint"):
+        await client.savepoint(first, "again")
+    await publish(url, EVENTS // 2, EVENTS)
+    second = await client.submit(pack(APP), args(output, 2), config={"from_savepoint": "half"})
+    final = await client.wait(second, timeout=60)
+    assert final.state == AppState.SUCCEEDED, final.error
+    with open(output, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    expected = collections.Counter(f"u{n % USERS}" for n in range(EVENTS))
+    assert sorted(rows, key=lambda r: r["user"]) == [{"user": u, "count": c, "format": 2}
+                                                       for u, c in sorted(expected.items())]
+
+    renamed = await client.submit(pack(APP), args(tmp_path / "other.jsonl", 3), config={"from_savepoint": "half"})
+    refused = await client.wait(renamed, timeout=60)
+    assert refused.state == AppState.FAILED and refused.error.error_type == "SavepointMismatch"
+    assert "'total'" in refused.error.message and "'count'" in refused.error.message
+
+
+async def test_a_savepoint_that_does_not_exist_fails_the_app_clearly(cluster, client, tmp_path):
+    await ensure_stream_async(client.bus.nc, "EV", ["ev.*"], 120, "file")
+    await publish(cluster.url, 0, 10)
+    app_id = await client.submit(pack(APP), args(tmp_path / "o.jsonl", 1), config={"from_savepoint": "nope"})
+    final = await client.wait(app_id, timeout=60)
+    assert final.state == AppState.FAILED and final.error.error_type == "SavepointNotFound"
+    assert "'nope'" in final.error.message
