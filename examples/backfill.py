@@ -5,7 +5,7 @@ JetStream stream that bus apps write into, with its results published to a JetSt
         --output-subject sensors.averages --checkpoint /tmp/backfill-ckpt [--available-now]
 
 Input messages: JSON ``{"sensor": str, "temp": float, "ts": epoch_ms}`` (as a bus app with
-``JetStreamSink`` writes them). Output messages: JSON ``{"sensor", "window_start",
+``write_jetstream`` writes them). Output messages: JSON ``{"sensor", "window_start",
 "window_end", "avg", "count"}`` per one-minute event-time window, re-published whenever a
 window's value changes (the last message of a window is its answer). Offsets live in the
 checkpoint and every message's ``Nats-Msg-Id`` is derived from its content, so a restarted

@@ -253,55 +253,6 @@ class LoopThread:
         self.loop.close()
 
 
-class JetStreamSink(DataSink):
-    """A bus sink that publishes each record's value, as JSON, to a JetStream subject with
-    acknowledgement, so other engines (Spark's ``jetstream`` source) can read what the bus
-    produces. Each message's ``Nats-Msg-Id`` comes from ``id_fn(value)`` (default: a hash
-    of subject and data), so a task restarted after a failure does not store duplicates.
-
-    Tasks run in the executor's event loop while ``write`` is synchronous, so each sink
-    task keeps its own NATS connection on a thread of its own.
-    """
-
-    def __init__(self, servers: str | list[str], subject: str, stream: str | None = None, id_fn=None,
-                 duplicate_window_s: float = 120.0):
-        self.servers = servers.split(",") if isinstance(servers, str) else list(servers)
-        self.subject = subject
-        self.stream = stream
-        self.id_fn = id_fn
-        self.duplicate_window_s = duplicate_window_s
-
-    def open(self, context: TaskContext) -> None:
-        self._thread = LoopThread("jetstream-sink")
-        self._call = self._thread.call
-        self._call(self._connect())
-        if self.stream:
-            self._call(ensure_stream_async(self._nc, self.stream, [self.subject], self.duplicate_window_s, "file"))
-
-    async def _connect(self) -> None:
-        self._nc = await connect(self.servers, name="gearbus-jetstream-sink")
-        self._publisher = await Publisher(self._nc).open()
-
-    def write(self, records: list[Record]) -> None:
-        self._call(self._publish(records))
-
-    async def _publish(self, records: list[Record]) -> None:
-        subject, id_fn = self.subject, self.id_fn
-        for record in records:
-            data = json.dumps(record.value, ensure_ascii=False, separators=(",", ":")).encode()
-            await self._publisher.publish(subject, data, str(id_fn(record.value)) if id_fn else dedup_id(subject, data))
-        await self._publisher.drain()
-
-    def close(self) -> None:
-        if getattr(self, "_thread", None) is None:
-            return
-        try:
-            self._call(self._nc.close())
-        finally:
-            self._thread.stop()
-            self._thread = None
-
-
 class JetStreamTransactionalSink(DataSink):
     """Exactly-once output into JetStream by two-phase commit (Flink's
     TwoPhaseCommitSinkFunction on JetStream's deduplication).

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
-import time
 
 import structlog
 
@@ -14,6 +13,7 @@ from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
 from gearbus.runtime.tasks import DataSourceTask
 from services.checkpoint_store import CheckpointStore
+from services.executor.heartbeat import Heartbeat
 from services.executor.outputs import DataPlaneConfig
 from services.executor.task_runner import TaskRunner
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
@@ -65,7 +65,7 @@ class Executor(Service):
         self._running: dict[TaskRunner, asyncio.Task] = {}
         self.store: CheckpointStore | None = None
         self.heartbeat_interval = 1.0
-        self._appmaster_seen = time.monotonic()
+        self.heartbeat: Heartbeat | None = None
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -81,7 +81,7 @@ class Executor(Service):
         await self.bus.listen(subjects.checkpoint_trigger(self.app_id), {TriggerCheckpoint: self.on_trigger})
         await self.bus.listen(subjects.checkpoint_complete(self.app_id), {CheckpointComplete: self.on_complete})
         await self.register()
-        self.spawn(self.heartbeat_loop(), "heartbeat")
+        self._start_heartbeat()
 
     async def register(self) -> None:
         """Register with the AppMaster; with a relaunched one, say which tasks run here."""
@@ -93,13 +93,14 @@ class Executor(Service):
             expect=ExecutorRegistered,
         )
         self.heartbeat_interval = registered.heartbeat_interval_s
-        self._appmaster_seen = time.monotonic()
 
     async def on_reregister(self, msg: ReRegister) -> None:
         log.info("reregistering_with_appmaster", reason=msg.reason)
         self.spawn(self.register(), "reregister")
 
     async def shutdown(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         await self._stop_runners()
 
     # --- handlers --------------------------------------------------------------
@@ -227,30 +228,34 @@ class Executor(Service):
             await self.bus.publish(subjects.appmaster_task_failed(self.app_id),
                                    TaskFailed(self.executor_id, runner.task_id, error, runner.epoch, recoverable))
 
-    async def heartbeat_loop(self) -> None:
-        """Heartbeats are requests: an AppMaster that stays silent past the deadline is
-        gone for good, and an executor without one stops itself; one that answers
-        "fenced" has replaced this executor, which stops at once."""
-        subject = subjects.appmaster_executor_heartbeat(self.app_id)
+    def _start_heartbeat(self) -> None:
+        """Heartbeats go from a thread of their own (see services/executor/heartbeat.py)."""
         deadline = float({**self.app.config, **self.launch.config}.get("appmaster_timeout_s",
                                                                         DEFAULT_APPMASTER_TIMEOUT_S))
+        self.heartbeat = Heartbeat(
+            self.servers, f"gearbus-executor-app{self.app_id}-{self.executor_id}-heartbeat",
+            subjects.appmaster_executor_heartbeat(self.app_id),
+            lambda: ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners]),
+            self.heartbeat_interval, deadline, self._on_fenced, self._on_appmaster_gone, EXIT_FENCED)
+        self.heartbeat.start(asyncio.get_running_loop())
+        self.spawn(self._loop_turns(), "loop-turns")
+
+    async def _loop_turns(self) -> None:
+        """Tell the heartbeat thread the task loop turns."""
         while True:
-            beat = ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners])
-            try:
-                await self.bus.request(subject, beat, timeout=max(self.heartbeat_interval, 0.5))
-                self._appmaster_seen = time.monotonic()
-            except RequestError as exc:
-                if exc.code == ErrorCode.FENCED:
-                    log.error("fenced", reason=exc.message)
-                    await self._stop_runners()
-                    self.stop(exit_code=EXIT_FENCED)
-                    return
-                silent = time.monotonic() - self._appmaster_seen
-                if silent > deadline:
-                    log.error("appmaster_gone", silent_s=round(silent, 1), error=exc.message)
-                    self.stop(exit_code=EXIT_APPMASTER_GONE)
-                    return
-            await asyncio.sleep(self.heartbeat_interval)
+            self.heartbeat.loop_turned()
+            await asyncio.sleep(0.25)
+
+    def _on_fenced(self, reason: str) -> None:
+        async def stop() -> None:
+            await self._stop_runners()
+            self.stop(exit_code=EXIT_FENCED)
+
+        self.spawn(stop(), "fenced")
+
+    def _on_appmaster_gone(self, silent_s: float, error: str) -> None:
+        log.error("appmaster_gone", silent_s=round(silent_s, 1), error=error)
+        self.stop(exit_code=EXIT_APPMASTER_GONE)
 
 
 def main(argv: list[str] | None = None) -> int:

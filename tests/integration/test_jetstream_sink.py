@@ -1,5 +1,6 @@
-"""Bus apps write into JetStream (for Spark's jetstream source to read): acknowledged,
-and deduplicated by ids taken from the data, so running the same work again stores nothing twice."""
+"""Bus apps write into JetStream (for Spark's jetstream source to read) with
+write_jetstream: with ids taken from the data (``id_fn``), running the same work again
+stores nothing twice."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from shared.messages import AppState
 
 APP = '''
 from gearbus import Pipeline
-from gearbus.connectors.jetstream import JetStreamSink
 
 def reading(n):
     return {"sensor": f"s{n % 4}", "temp": n % 30, "ts": 1_700_000_000_000 + n * 250}
@@ -22,7 +22,7 @@ def application(args):
     p = Pipeline("to-jetstream", parallelism=2)
     (p.from_collection(range(int(count)), parallelism=2)
       .map(reading, name="reading")
-      .sink(JetStreamSink(url, "readings.raw", stream="READINGS"), parallelism=2, name="publish"))
+      .write_jetstream("readings.raw", stream="READINGS", id_fn=lambda r: r["ts"], name="publish", servers=url))
     return p
 '''
 

@@ -12,7 +12,6 @@ import nats
 import pytest
 
 from gearbus.artifact import pack
-from gearbus.client import Client
 from gearbus.connectors.jetstream import Publisher, ensure_stream_async
 from shared import subjects
 from shared.bus import RequestError

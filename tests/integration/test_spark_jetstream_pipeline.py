@@ -14,12 +14,13 @@ import pytest
 
 from gearbus import Pipeline, TumblingWindows
 from gearbus.api.graph import GraphError
-from gearbus.connectors.jetstream import Publisher, connect, ensure_stream, run_fresh, stream_state
+from gearbus.connectors.jetstream import connect, ensure_stream, run_fresh, stream_state
 from gearbus.natsserver import NatsServer
 from gearbus.runners import TestRunner
 from gearbus.runners.spark import SparkRunner
 from shared.messages import AppState
 from tests.integration.spark_session import shared_spark
+from tests.integration.test_jetstream_source import publish
 
 T0 = 1_700_000_000_000
 WINDOW_MS = 1_000
@@ -42,22 +43,6 @@ def names(prefix: str) -> tuple[str, str]:
     """A fresh (stream, subject prefix) pair."""
     tag = uuid.uuid4().hex[:8]
     return f"{prefix}_{tag}".upper(), f"{prefix}.{tag}"
-
-
-def publish(url: str, messages: list[tuple[str, bytes]]) -> None:
-    """Each (subject, payload) in order, acknowledged."""
-
-    async def go():
-        nc = await connect([url], name="test-publish")
-        try:
-            publisher = await Publisher(nc).open()
-            for subject, data in messages:
-                await publisher.publish(subject, data, None)
-            await publisher.drain()
-        finally:
-            await nc.close()
-
-    run_fresh(go())
 
 
 def stored(url: str, stream: str) -> list[tuple[dict, bytes]]:
