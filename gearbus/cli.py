@@ -166,7 +166,7 @@ async def _with_client(args, action) -> int:
 
 
 async def _submit(args) -> int:
-    artifact, name = prepare(args.app, args.app_args, "cluster")
+    artifact, name = prepare(args.app, args.app_args, "cluster", args.nats)
     config = {}
     if args.from_savepoint:
         config = {"from_savepoint": args.from_savepoint, "allow_unclaimed_state": args.allow_unclaimed_state}

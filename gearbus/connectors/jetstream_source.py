@@ -130,6 +130,7 @@ class JetStreamSource(_Decoding, DataSource):
     """
 
     replayable = True
+    checked_at_submit = True
     _name = "jetstream source"
 
     def __init__(self, stream: str, subjects: str | list[str] | None = None, *, start="first", until=None,

@@ -11,11 +11,13 @@ Each has a blocking ``run()``; Local and Cluster runners also have async ``start
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gearbus.api.dsl import Pipeline
-from gearbus.api.graph import Application
+from gearbus.api.graph import Application, GraphError
+from gearbus.api.task import TaskContext
 from gearbus.artifact import Artifact, load_local, load_pipeline as load_pipeline_file, pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
@@ -80,7 +82,7 @@ class ClusterRunner:
 
     async def start(self, app_path: str, args: Sequence[str] = (), config: dict | None = None) -> int:
         """Check the app locally, submit it and return its id without waiting."""
-        artifact, name = prepare(app_path, args, "cluster")
+        artifact, name = prepare(app_path, args, "cluster", self.nats_url)
         self.client = Client(self.nats_url, timeout=self.request_timeout)
         await self.client.__aenter__()
         self.app_id = await self.client.submit(artifact, args, name=name, config=config)
@@ -142,11 +144,31 @@ class LocalRunner(ClusterRunner):
             await asyncio.get_running_loop().run_in_executor(None, self.cluster.stop)
 
 
-def prepare(app_path: str, args: Sequence[str], runner: str) -> tuple[Artifact, str]:
-    """Build and plan the app here first, so a bad file, bad arguments or a step the
-    runner cannot run are reported before anything is submitted."""
+def prepare(app_path: str, args: Sequence[str], runner: str,
+            servers: str | Sequence[str] | None = None) -> tuple[Artifact, str]:
+    """Build and plan the app here first, so a bad file, bad arguments, a step the runner
+    cannot run, or (with the cluster's ``servers``) a stream that does not exist are
+    reported before anything is submitted."""
     app = load_local(app_path, list(args), runner)
+    if servers:
+        check_sources(app, [servers] if isinstance(servers, str) else list(servers))
     return pack(app_path), app.name
+
+
+def check_sources(app: Application, servers: list[str]) -> None:
+    """Open (and close) the first task of every source that can be checked from here."""
+    for processor in app.graph.processors:
+        source = processor.data_source
+        if source is None or not source.checked_at_submit:
+            continue
+        probe = copy.deepcopy(source)
+        try:
+            probe.open(TaskContext(0, app.name, processor, 0, 0, nats_servers=servers))
+        except Exception as exc:
+            step = (processor.config.get("steps") or [processor.name])[0]
+            raise GraphError(f"step {step!r}: {exc}") from None
+        finally:
+            probe.close()
 
 
 __all__ = ["ClusterRunner", "LocalRunner", "PipelineFailed", "RunResult", "TestRunner", "prepare"]
