@@ -80,7 +80,8 @@ DEFAULT_CHECKPOINTS_KEPT = 3  # app config "checkpoints_kept"
 DEFAULT_CHECKPOINT_FAILURES = 10  # app config "checkpoint_failures_tolerated": consecutive, then the app fails
 SAVEPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SAVEPOINT_CHECKPOINT_ID = 1  # an app started from a savepoint restores it as its checkpoint 1
-FENCE_TIMEOUT_S = 5.0  # how long to wait for a worker to kill an executor declared lost
+FENCE_TIMEOUT_S = 5.0
+REPEAT_AFTER_S = 1.0  # a checkpoint's trigger, or the final completion, is sent again after this  # how long to wait for a worker to kill an executor declared lost
 
 
 class AppFailure(Exception):
@@ -148,6 +149,7 @@ class AppMaster(Service):
         self._last_completed_ms = 0
         self.guarantee = ("", "")
         self._checkpoint_epochs: dict[int, int] = {}  # checkpoint id -> the epoch it was taken in
+        self._last_trigger_sent = self._last_final_sent = 0.0
         self._savepoint_waiters: list[tuple[int, asyncio.Future]] = []  # (first usable checkpoint id, result)
 
     # --- lifecycle -------------------------------------------------------------
@@ -343,8 +345,27 @@ class AppMaster(Service):
         period = max(min(self.checkpoint_interval_ms / 4000, 0.25), 0.01) if self.checkpoint_interval_ms > 0 else 0.25
         while not self._ending:
             if not self._recovering.locked():
-                self._act(self.coordinator.tick(time.monotonic()))
+                now = time.monotonic()
+                self._act(self.coordinator.tick(now))
+                await self._repeat_lost_messages(now)
             await asyncio.sleep(period)
+
+    async def _repeat_lost_messages(self, now: float) -> None:
+        """Control messages are core NATS: a server restart can lose them. A checkpoint in
+        flight for over a second is triggered again (sources ignore a barrier they passed,
+        executors repeat their acks); a final checkpoint is announced again until every task
+        finished (commits are idempotent)."""
+        in_flight = self.coordinator.in_flight
+        if in_flight is not None and self.coordinator.phase is cp.Phase.IN_FLIGHT \
+                and now - self._last_trigger_sent >= REPEAT_AFTER_S:
+            self._last_trigger_sent = now
+            await self.bus.publish(subjects.checkpoint_trigger(self.app_id),
+                                   TriggerCheckpoint(in_flight, self.coordinator.epoch))
+        latest = self.coordinator.latest()
+        if latest is not None and latest.final and self.unfinished and now - self._last_final_sent >= REPEAT_AFTER_S:
+            self._last_final_sent = now
+            await self.bus.publish(subjects.checkpoint_complete(self.app_id),
+                                   CheckpointComplete(latest.checkpoint_id, latest.epoch, True))
 
     def _act(self, actions: list) -> None:
         """Carry out what the coordinator decided."""
@@ -352,6 +373,7 @@ class AppMaster(Service):
             kind = type(action)
             if kind is cp.TriggerCheckpoint:
                 self._checkpoint_epochs[action.checkpoint_id] = action.epoch
+                self._last_trigger_sent = time.monotonic()
                 self.spawn(self.bus.publish(subjects.checkpoint_trigger(self.app_id),
                                             TriggerCheckpoint(action.checkpoint_id, action.epoch)),
                            f"trigger-{action.checkpoint_id}")
@@ -361,6 +383,7 @@ class AppMaster(Service):
                 log.info("checkpoint_completed", checkpoint_id=action.checkpoint_id, final=action.final)
                 self._savepoint_checkpoint_ended(action.checkpoint_id, self.coordinator.latest(), "")
                 self._last_completed_ms = int(time.time() * 1000)
+                self._last_final_sent = time.monotonic()
                 self.spawn(self.bus.publish(subjects.checkpoint_complete(self.app_id),
                                             CheckpointComplete(action.checkpoint_id, action.epoch, action.final)),
                            f"complete-{action.checkpoint_id}")

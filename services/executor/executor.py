@@ -46,6 +46,7 @@ log = structlog.get_logger()
 DEFAULT_APPMASTER_TIMEOUT_S = 30.0  # app config "appmaster_timeout_s": then an orphaned executor stops
 EXIT_APPMASTER_GONE = 3
 EXIT_FENCED = 4
+ACKS_KEPT = 4  # checkpoints whose acks an executor can repeat
 
 
 class Executor(Service):
@@ -66,6 +67,7 @@ class Executor(Service):
         self.store: CheckpointStore | None = None
         self.heartbeat_interval = 1.0
         self.heartbeat: Heartbeat | None = None
+        self._acks: dict[int, list[TaskCheckpointed]] = {}  # the last checkpoints' acks, to repeat if asked
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -125,6 +127,7 @@ class Executor(Service):
             return TaskRegistered(self.executor_id, [r.task_id for r in self.runners])
         await self._stop_runners()
         self.epoch = msg.epoch
+        self._acks.clear()
         runners = []
         for task_id in msg.tasks:
             envelope = None
@@ -165,8 +168,12 @@ class Executor(Service):
                 self._running[runner] = self.spawn(runner.run(), f"task-{runner.name}")
 
     async def on_trigger(self, msg: TriggerCheckpoint) -> None:
+        """Sources inject the barrier (again is harmless); a trigger repeated because acks
+        went missing (a NATS server restarted) gets this executor's acks again."""
         if msg.epoch != self.epoch:
             return
+        for ack in self._acks.get(msg.checkpoint_id, ()):
+            await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id), ack)
         for runner in self.runners:
             if isinstance(runner.task, DataSourceTask):
                 runner.inject(msg.checkpoint_id)
@@ -206,9 +213,13 @@ class Executor(Service):
             await self._decline(runner, snapshot.checkpoint_id, f"storing the snapshot of {runner.name} failed: "
                                                                 f"{type(exc).__name__}: {exc}")
             return
-        await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
-                               TaskCheckpointed(self.executor_id, runner.task_id, snapshot.checkpoint_id,
-                                                runner.epoch, len(data), snapshot.ended))
+        ack = TaskCheckpointed(self.executor_id, runner.task_id, snapshot.checkpoint_id, runner.epoch, len(data),
+                               snapshot.ended)
+        if runner.epoch == self.epoch:
+            self._acks.setdefault(snapshot.checkpoint_id, []).append(ack)
+            for old in sorted(self._acks)[:-ACKS_KEPT]:
+                del self._acks[old]
+        await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id), ack)
 
     async def _decline(self, runner: TaskRunner, checkpoint_id: int, reason: str) -> None:
         log.warning("checkpoint_declined", task=runner.name, checkpoint_id=checkpoint_id, reason=reason)

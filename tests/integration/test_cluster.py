@@ -53,7 +53,7 @@ def children_of(pid: int) -> list[int]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == pid:
+            if int(fields[1]) == pid and fields[0] != "Z":  # an exited child not reaped yet is gone
                 found.append(int(entry))
     return found
 
