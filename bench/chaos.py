@@ -43,7 +43,6 @@ once, in order. Exit 1 on wrong output, a failed app or a kill not recovered fro
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import json
@@ -64,6 +63,7 @@ import nats  # noqa: E402
 import structlog  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 
+from common import parser_from_doc  # noqa: E402  (bench/, beside this file)
 from gearbus.artifact import pack  # noqa: E402
 from gearbus.client import Client  # noqa: E402
 from gearbus.cluster import LocalCluster  # noqa: E402
@@ -327,43 +327,6 @@ async def first_output_from(nc, after_seq: int, since: tuple[int, int], timeout:
             pass
 
 
-# --------------------------------------------------------------------------- processes
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == pid:
-            found.append(int(entry))
-    return found
-
-
-def processes_of(cluster: LocalCluster) -> list[tuple[int, str, str]]:
-    """(pid, worker id, "executor" | "appmaster") of every process the live workers run."""
-    found = []
-    for worker_id, worker in cluster.workers.items():
-        if worker.poll() is not None:
-            continue
-        for pid in children_of(worker.pid):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    command = f.read()
-            except OSError:
-                continue
-            if b"services.appmaster" in command:
-                found.append((pid, worker_id, "appmaster"))
-            elif b"services.executor" in command:
-                found.append((pid, worker_id, "executor"))
-    return found
-
-
 class Chaos:
     def __init__(self, cluster: LocalCluster, server: NatsServer, client: Client, watch: Watch, feeder: Feeder,
                  opts, rng: random.Random):
@@ -373,7 +336,7 @@ class Chaos:
         self.seen_pids: set[int] = set()
 
     def _track(self) -> list[tuple[int, str, str]]:
-        procs = processes_of(self.cluster)
+        procs = self.cluster.processes()
         self.seen_pids.update(p for p, _, _ in procs)
         return procs
 
@@ -744,13 +707,8 @@ def print_report(opts, kills: list[dict], load_before: float) -> None:
           "stored in the output stream (goal <= 3 s, median)")
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
-                                     epilog=__doc__.split("\n\n", 2)[2])
+    parser = parser_from_doc(__doc__)
     parser.add_argument("--records", type=int, default=1_000_000, help="events published into the input stream")
     parser.add_argument("--rate", type=float, default=8_000, help="events/s published (the run lasts records/rate s)")
     parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint_interval_ms of the app")

@@ -58,6 +58,7 @@ import msgpack  # noqa: E402
 import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 
+from common import count_problems, parser_from_doc  # noqa: E402  (bench/, beside this file)
 from gearbus.artifact import pack  # noqa: E402
 from gearbus.client import Client  # noqa: E402
 from gearbus.cluster import LocalCluster  # noqa: E402
@@ -169,17 +170,7 @@ def verify(datas: list[bytes], expected: collections.Counter, what: str) -> None
         if key in got:
             problems.append(f"window {key} published twice ({got[key]} and {count})")
         got[key] = count
-    missing = [k for k in expected if k not in got]
-    extra = [k for k in got if k not in expected]
-    wrong = [k for k in expected if k in got and got[k] != expected[k]]
-    if missing:
-        problems.append(f"{len(missing)} windows missing, e.g. "
-                        + ", ".join(f"{k}={expected[k]}" for k in missing[:5]))
-    if extra:
-        problems.append(f"{len(extra)} unexpected windows, e.g. " + ", ".join(f"{k}={got[k]}" for k in extra[:5]))
-    if wrong:
-        problems.append(f"{len(wrong)} wrong counts, e.g. "
-                        + ", ".join(f"{k}: got {got[k]} want {expected[k]}" for k in wrong[:5]))
+    problems += count_problems(got, expected, "windows")
     if problems:
         raise BenchError(f"{what}: output does not match the independent count ({len(datas)} rows, "
                          f"{sum(v for v in got.values() if isinstance(v, int))} events counted; "
@@ -526,13 +517,8 @@ async def bench(opts, tmp: str) -> int:
     return 0
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
-                                     epilog=__doc__.split("\n\n", 2)[2])
+    parser = parser_from_doc(__doc__)
     parser.add_argument("--events", type=int, default=500_000, help="events in the stream")
     parser.add_argument("--users", type=int, default=100, help="distinct keys")
     parser.add_argument("--subjects", type=int, default=4, help="subjects of the input stream")

@@ -85,22 +85,8 @@ async def measure(trials: int, masters: int, workdir: str) -> list[float]:
     return times
 
 
-def executor_pids(cluster, kind: bytes = b"services.executor") -> list[int]:
-    found = []
-    for worker in cluster.workers.values():
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    command = f.read()
-            except OSError:
-                continue
-            if parent == worker.pid and kind in command:
-                found.append(int(entry))
-    return found
+def pids_of(cluster, kind: str = "executor") -> list[int]:
+    return [pid for pid, _, k in cluster.processes() if k == kind]
 
 
 def newest_tick_ms(path: str) -> int:
@@ -124,9 +110,9 @@ async def measure_recovery(trials: int, workdir: str) -> list[float]:
                                          config={"executors": 1, "max_restarts": trials + 1,
                                                  "appmaster_restarts": trials + 1})
             for trial in range(trials):
-                while not executor_pids(cluster) or newest_tick_ms(output) == 0:
+                while not pids_of(cluster) or newest_tick_ms(output) == 0:
                     await asyncio.sleep(0.05)
-                [victim] = executor_pids(cluster)
+                [victim] = pids_of(cluster)
                 killed_ms = time.time() * 1000
                 killed_at = time.monotonic()
                 os.kill(victim, signal.SIGKILL)
@@ -145,9 +131,9 @@ async def measure_recovery(trials: int, workdir: str) -> list[float]:
 async def measure_appmaster(client: Client, cluster, trials: int) -> list[float]:
     times = []
     for trial in range(trials):
-        while not executor_pids(cluster, b"services.appmaster"):
+        while not pids_of(cluster, "appmaster"):
             await asyncio.sleep(0.05)
-        [victim] = executor_pids(cluster, b"services.appmaster")
+        [victim] = pids_of(cluster, "appmaster")
         adopted = asyncio.get_running_loop().create_future()
 
         async def on_heartbeat(msg):

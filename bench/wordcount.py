@@ -42,6 +42,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from common import count_problems  # noqa: E402  (bench/, beside this file)
 APP = os.path.join(REPO, "examples", "wordcount.py")
 
 # From the issue, for context.
@@ -162,18 +164,7 @@ def verify(out: str, expected: collections.Counter) -> None:
             if word in got:
                 problems.append(f"line {number}: word {word!r} written twice ({got[word]} and {count})")
             got[word] = count
-    missing = [w for w in expected if w not in got]
-    extra = [w for w in got if w not in expected]
-    wrong = [w for w in expected if w in got and got[w] != expected[w]]
-    if missing:
-        problems.append(f"{len(missing)} words missing, e.g. "
-                        + ", ".join(f"{w}={expected[w]}" for w in missing[:5]))
-    if extra:
-        problems.append(f"{len(extra)} unexpected words, e.g. "
-                        + ", ".join(f"{w}={got[w]}" for w in extra[:5]))
-    if wrong:
-        problems.append(f"{len(wrong)} wrong counts, e.g. "
-                        + ", ".join(f"{w}: got {got[w]} want {expected[w]}" for w in wrong[:5]))
+    problems += count_problems(got, expected, "words")
     if problems:
         total_got = sum(v for v in got.values() if isinstance(v, int))
         raise BenchError(f"output {out} does not match the baseline "

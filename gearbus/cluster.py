@@ -13,6 +13,22 @@ import time
 from gearbus.natsserver import NatsCluster, NatsServer
 
 
+def children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (an exited child not reaped yet is gone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(parent) == pid and state != "Z":
+            found.append(int(entry))
+    return found
+
+
 class LocalCluster:
     def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None,
                  nats: NatsServer | NatsCluster | None = None,
@@ -48,6 +64,25 @@ class LocalCluster:
                               "--heartbeat-interval", str(self.heartbeat_interval))
         self.masters[master_id] = process
         return process
+
+    def processes(self) -> list[tuple[int, str, str]]:
+        """(pid, worker id, "executor" | "appmaster") of every process the live workers run:
+        for failure tests and benchmarks that kill them."""
+        found = []
+        for worker_id, worker in self.workers.items():
+            if worker.poll() is not None:
+                continue
+            for pid in children_of(worker.pid):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        command = f.read()
+                except OSError:
+                    continue
+                if b"services.appmaster" in command:
+                    found.append((pid, worker_id, "appmaster"))
+                elif b"services.executor" in command:
+                    found.append((pid, worker_id, "executor"))
+        return found
 
     def start_worker(self, worker_id: str, slots: int | None = None) -> subprocess.Popen:
         process = self._spawn(worker_id, "services.worker", "--worker-id", worker_id, "--slots",

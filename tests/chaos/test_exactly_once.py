@@ -32,7 +32,6 @@ from shared.messages import AppState
 from tests.conftest import REPO, wait_for_workers, wait_until
 from tests.integration.test_cluster import wait_exited, wait_state
 from tests.integration.test_master_ha import next_election
-from tests.integration.test_recovery import processes_of
 
 log = structlog.get_logger()
 APP = os.path.join(REPO, "tests", "apps", "exactly_once.py")
@@ -132,7 +131,7 @@ class Run:
         return await wait_until(self.client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
 
     def processes(self, kind: str) -> list[tuple[int, str, str]]:
-        return [p for p in processes_of(self.cluster) if p[2] == kind]
+        return [p for p in self.cluster.processes() if p[2] == kind]
 
 
 async def kill_executor(run: Run, status):

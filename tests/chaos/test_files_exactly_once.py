@@ -22,7 +22,6 @@ from services.launch import LAUNCH_ENV
 from shared import subjects
 from shared.messages import AppState, LaunchExecutor, decode
 from tests.conftest import EXAMPLES, wait_for_workers, wait_until
-from tests.integration.test_recovery import processes_of
 
 WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
 LINES = 300_000
@@ -46,7 +45,7 @@ def write_input(path) -> collections.Counter:
 def executor_ids(cluster) -> dict[int, int]:
     """executor id -> pid, from the launch message each executor process was given."""
     found = {}
-    for pid, _, kind in processes_of(cluster):
+    for pid, _, kind in cluster.processes():
         if kind != "executor":
             continue
         with open(f"/proc/{pid}/environ", "rb") as f:

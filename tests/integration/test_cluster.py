@@ -13,7 +13,7 @@ import pytest
 
 from gearbus.artifact import pack
 from gearbus.client import Client
-from gearbus.cluster import LocalCluster
+from gearbus.cluster import LocalCluster, children_of
 from gearbus.natsserver import NatsServer
 from shared import subjects
 from shared.bus import RemoteError
@@ -42,20 +42,6 @@ def read_counts(path) -> dict[str, int]:
 def expected_counts(path) -> dict[str, int]:
     with open(path, encoding="utf-8") as f:
         return dict(collections.Counter(f.read().split()))
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":  # an exited child not reaped yet is gone
-                found.append(int(entry))
-    return found
 
 
 async def wait_exited(pid: int, timeout: float) -> None:

@@ -15,28 +15,11 @@ from gearbus.client import Client
 from shared import subjects
 from shared.messages import AppState
 from tests.conftest import EXAMPLES, wait_for_workers, wait_until
-from tests.integration.test_cluster import children_of, wait_exited, wait_state
+from tests.integration.test_cluster import wait_exited, wait_state
 from tests.integration.test_master_ha import read_ticks
 
 log = structlog.get_logger()
 TICKER = os.path.join(EXAMPLES, "ticker.py")
-
-
-def processes_of(cluster) -> list[tuple[int, str, str]]:
-    """(pid, worker id, "executor" | "appmaster") of every process the workers run."""
-    found = []
-    for worker_id, worker in cluster.workers.items():
-        if worker.poll() is not None:
-            continue
-        for pid in children_of(worker.pid):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    command = f.read().decode()
-            except OSError:
-                continue
-            kind = "appmaster" if "services.appmaster" in command else "executor"
-            found.append((pid, worker_id, kind))
-    return found
 
 
 async def flowing_beyond(client, path, beyond: int, timeout: float = 30) -> list[int]:
@@ -69,7 +52,7 @@ def assert_at_most_once(seen: list[int]) -> None:
 async def test_a_killed_executor_is_replaced_and_the_app_goes_on(cluster, client, tmp_path):
     output = tmp_path / "ticks.jsonl"
     app_id = await start_ticker(client, output)
-    victim = next(pid for pid, _, kind in processes_of(cluster) if kind == "executor")
+    victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
     before = max(read_ticks(output))
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -92,13 +75,13 @@ async def test_a_worker_whose_executors_keep_failing_is_blacklisted(cluster_fact
         await wait_for_workers(client, 2)
         app_id = await start_ticker(client, output, executors=1, blacklist_after=2)
         for kill in range(2):
-            [(victim, worker_id, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+            [(victim, worker_id, _)] = [p for p in cluster.processes() if p[2] == "executor"]
             assert worker_id == "big"
             os.kill(victim, signal.SIGKILL)
             status = await restarts_reach(client, app_id, kill + 1)
             await flowing_beyond(client, output, max(read_ticks(output)) + 50)
         assert status.blacklisted_workers == ["big"]
-        [(_, worker_id, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+        [(_, worker_id, _)] = [p for p in cluster.processes() if p[2] == "executor"]
         assert worker_id == "small"
         await client.kill(app_id)
 
@@ -106,12 +89,12 @@ async def test_a_worker_whose_executors_keep_failing_is_blacklisted(cluster_fact
 async def test_a_worker_is_blacklisted_at_once_with_blacklist_after_1(cluster, client, tmp_path):
     output = tmp_path / "ticks.jsonl"
     app_id = await start_ticker(client, output, executors=1, blacklist_after=1)
-    [(victim, worker_id, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+    [(victim, worker_id, _)] = [p for p in cluster.processes() if p[2] == "executor"]
     os.kill(victim, signal.SIGKILL)
     status = await restarts_reach(client, app_id, 1)
     assert status.blacklisted_workers == [worker_id]
     await flowing_beyond(client, output, max(read_ticks(output)) + 100)
-    [(_, new_worker, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+    [(_, new_worker, _)] = [p for p in cluster.processes() if p[2] == "executor"]
     assert new_worker != worker_id
     await client.kill(app_id)
 
@@ -119,7 +102,7 @@ async def test_a_worker_is_blacklisted_at_once_with_blacklist_after_1(cluster, c
 async def test_a_lost_worker_has_its_executors_relaunched_elsewhere(cluster, client, tmp_path):
     output = tmp_path / "ticks.jsonl"
     app_id = await start_ticker(client, output)
-    processes = processes_of(cluster)
+    processes = cluster.processes()
     appmaster_worker = next(w for _, w, kind in processes if kind == "appmaster")
     victim = next((w for _, w, kind in processes if kind == "executor" and w != appmaster_worker), None)
     assert victim is not None, f"expected an executor away from the AppMaster's worker: {processes}"
@@ -130,7 +113,7 @@ async def test_a_lost_worker_has_its_executors_relaunched_elsewhere(cluster, cli
     seen = await flowing_beyond(client, output, before + 200)
     assert status.state == AppState.ACTIVE
     assert_at_most_once(seen)
-    assert all(w != victim for _, w, _ in processes_of(cluster))
+    assert all(w != victim for _, w, _ in cluster.processes())
     await client.kill(app_id)
 
 
@@ -138,7 +121,7 @@ async def test_an_exhausted_restart_budget_fails_the_app_with_the_last_error(clu
     output = tmp_path / "ticks.jsonl"
     app_id = await start_ticker(client, output, executors=1, max_restarts=1)
     for kill in range(2):
-        [(victim, _, _)] = [p for p in processes_of(cluster) if p[2] == "executor"]
+        [(victim, _, _)] = [p for p in cluster.processes() if p[2] == "executor"]
         os.kill(victim, signal.SIGKILL)
         await wait_exited(victim, 10)
         if kill == 0:  # the first loss is survived: wait for the replacement to run
@@ -153,14 +136,14 @@ async def test_an_exhausted_restart_budget_fails_the_app_with_the_last_error(clu
 async def test_a_killed_appmaster_is_relaunched_and_adopts_the_running_executors(cluster, client, tmp_path):
     output = tmp_path / "ticks.jsonl"
     app_id = await start_ticker(client, output)
-    [(appmaster, old_worker, _)] = [p for p in processes_of(cluster) if p[2] == "appmaster"]
-    executors_before = sorted(pid for pid, _, kind in processes_of(cluster) if kind == "executor")
+    [(appmaster, old_worker, _)] = [p for p in cluster.processes() if p[2] == "appmaster"]
+    executors_before = sorted(pid for pid, _, kind in cluster.processes() if kind == "executor")
     before = max(read_ticks(output))
     killed_at = time.monotonic()
     os.kill(appmaster, signal.SIGKILL)
 
     async def relaunched():
-        running = [p for p in processes_of(cluster) if p[2] == "appmaster" and p[0] != appmaster]
+        running = [p for p in cluster.processes() if p[2] == "appmaster" and p[0] != appmaster]
         return running if running and (await client.status(app_id)).executors else None
 
     await wait_until(client, subjects.APPMASTER_HEARTBEAT, relaunched)
@@ -168,7 +151,7 @@ async def test_a_killed_appmaster_is_relaunched_and_adopts_the_running_executors
     seen = await flowing_beyond(client, output, before + 200)
     status = await client.status(app_id)
     assert status.state == AppState.ACTIVE and status.restarts == 0
-    assert sorted(pid for pid, _, kind in processes_of(cluster) if kind == "executor") == executors_before
+    assert sorted(pid for pid, _, kind in cluster.processes() if kind == "executor") == executors_before
     assert sorted(seen) == list(range(len(seen))), "the executors kept running: no gap, no duplicate"
     await client.kill(app_id)
     final = await client.wait(app_id, timeout=10)
