@@ -184,7 +184,8 @@ class TaskRunner:
         """A source task: inject the barrier of ``checkpoint_id`` between two batches."""
         self.injected.append(checkpoint_id)
         self.wake.set()
-        self.inbox.put_nowait(checkpoint_id)  # an ended source waits on its inbox
+        if self.core.ended:  # an ended source waits on its inbox, a reading one on ``wake``
+            self.inbox.put_nowait(checkpoint_id)
 
     async def checkpoint_complete(self, checkpoint_id: int, final: bool) -> None:
         """Commit what was sealed up to ``checkpoint_id`` (off the loop, one commit at a
@@ -235,6 +236,8 @@ class TaskRunner:
         inbox, task = self.inbox, self.task
         linger = self.config.linger_ms / 1000
         batch = self.config.batch_records
+        if self.injected:  # asked for while the source read its last batch
+            await self._inject_pending()
         while True:
             if inbox.empty():
                 if task.output:
