@@ -10,6 +10,7 @@ import msgpack
 import nats.js.errors
 
 from shared import subjects
+from shared.bus import ride_out
 
 
 async def ensure_buckets(js, replicas: int) -> None:
@@ -25,13 +26,19 @@ async def ensure_buckets(js, replicas: int) -> None:
 
 
 class CheckpointStore:
-    """One app's checkpoints."""
+    """One app's checkpoints. Every operation waits out a JetStream outage (a lost server,
+    a stream electing its leader) for up to ``patience_s`` before it fails: a rollback or a
+    restore would rather be late than fail the app."""
 
-    def __init__(self, js, app_id: int):
+    def __init__(self, js, app_id: int, patience_s: float = 30.0):
         self.js = js
         self.app_id = app_id
+        self.patience_s = patience_s
         self._objects = None
         self._kv = None
+
+    async def _ride_out(self, op, what: str):
+        return await ride_out(op, f"app {self.app_id}: {what}", self.patience_s)
 
     async def _store(self):
         if self._objects is None:
@@ -43,82 +50,95 @@ class CheckpointStore:
             self._kv = await self.js.key_value(subjects.CHECKPOINT_BUCKET)
         return self._kv
 
+    async def _put_object(self, name: str, data: bytes) -> None:
+        async def put():
+            await (await self._store()).put(name, data)
+        await self._ride_out(put, f"storing {name}")
+
+    async def _get_object(self, name: str) -> bytes | None:
+        async def get():
+            try:
+                return (await (await self._store()).get(name)).data
+            except nats.js.errors.ObjectNotFoundError:
+                return None
+        return await self._ride_out(get, f"reading {name}")
+
+    async def _put_value(self, key: str, value: bytes) -> None:
+        async def put():
+            await (await self._records()).put(key, value)
+        await self._ride_out(put, f"writing {key}")
+
+    async def _get_value(self, key: str) -> bytes | None:
+        async def get():
+            try:
+                return (await (await self._records()).get(key)).value
+            except nats.js.errors.KeyNotFoundError:
+                return None
+        return await self._ride_out(get, f"reading {key}")
+
     async def put_snapshot(self, checkpoint_id: int, epoch: int, task: tuple[int, int], data: bytes) -> None:
-        await (await self._store()).put(subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task), data)
+        await self._put_object(subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task), data)
 
     async def get_snapshot(self, checkpoint_id: int, epoch: int, task: tuple[int, int]) -> bytes:
         name = subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task)
-        try:
-            return (await (await self._store()).get(name)).data
-        except nats.js.errors.ObjectNotFoundError:
-            raise LookupError(f"checkpoint {checkpoint_id} has no snapshot of task {task} ({name})") from None
+        data = await self._get_object(name)
+        if data is None:
+            raise LookupError(f"checkpoint {checkpoint_id} has no snapshot of task {task} ({name})")
+        return data
 
     async def put_record(self, record: dict) -> None:
         """Store a completed checkpoint's record, then make it the app's latest."""
-        kv = await self._records()
         data = msgpack.packb(record)
-        await kv.put(subjects.checkpoint_key(self.app_id, record["checkpoint_id"]), data)
-        await kv.put(subjects.checkpoint_latest_key(self.app_id), data)
+        await self._put_value(subjects.checkpoint_key(self.app_id, record["checkpoint_id"]), data)
+        await self._put_value(subjects.checkpoint_latest_key(self.app_id), data)
 
     async def latest(self) -> dict | None:
         """The record of the app's latest completed checkpoint, or None."""
-        try:
-            entry = await (await self._records()).get(subjects.checkpoint_latest_key(self.app_id))
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        return msgpack.unpackb(entry.value) if entry.value else None
+        value = await self._get_value(subjects.checkpoint_latest_key(self.app_id))
+        return msgpack.unpackb(value) if value else None
 
     async def put_savepoint(self, name: str, record: dict, parts: dict[tuple[str, int], bytes]) -> None:
         """Write a savepoint: each step's state per task index, then its record."""
-        store = await self._store()
         for (step, index), data in parts.items():
-            await store.put(subjects.savepoint_object(name, step, index), data)
-        await (await self._records()).put(subjects.savepoint_key(name), msgpack.packb(record))
+            await self._put_object(subjects.savepoint_object(name, step, index), data)
+        await self._put_value(subjects.savepoint_key(name), msgpack.packb(record))
 
     async def savepoint(self, name: str) -> dict | None:
         """A savepoint's record: app, checkpoint, and ``steps`` {step: parallelism}."""
-        try:
-            entry = await (await self._records()).get(subjects.savepoint_key(name))
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        return msgpack.unpackb(entry.value) if entry.value else None
+        value = await self._get_value(subjects.savepoint_key(name))
+        return msgpack.unpackb(value) if value else None
 
     async def savepoint_part(self, name: str, step: str, index: int) -> bytes:
-        try:
-            return (await (await self._store()).get(subjects.savepoint_object(name, step, index))).data
-        except nats.js.errors.ObjectNotFoundError:
-            raise LookupError(f"savepoint {name!r} has no state of step {step!r} task {index}") from None
+        data = await self._get_object(subjects.savepoint_object(name, step, index))
+        if data is None:
+            raise LookupError(f"savepoint {name!r} has no state of step {step!r} task {index}")
+        return data
 
     async def put_epoch(self, epoch: int, restarts: int) -> None:
         """Record the app's current attempt and restarts so far, so a relaunched AppMaster
         starts a newer attempt and keeps counting against the restart budget."""
-        await (await self._records()).put(subjects.checkpoint_epoch_key(self.app_id), f"{epoch} {restarts}".encode())
+        await self._put_value(subjects.checkpoint_epoch_key(self.app_id), f"{epoch} {restarts}".encode())
 
     async def get_epoch(self) -> tuple[int, int]:
         """(epoch, restarts) as last recorded; (0, 0) before any."""
-        try:
-            entry = await (await self._records()).get(subjects.checkpoint_epoch_key(self.app_id))
-        except nats.js.errors.KeyNotFoundError:
-            return 0, 0
-        epoch, restarts = (entry.value or b"0 0").split()
+        epoch, restarts = (await self._get_value(subjects.checkpoint_epoch_key(self.app_id)) or b"0 0").split()
         return int(epoch), int(restarts)
 
     async def record(self, checkpoint_id: int) -> dict | None:
-        try:
-            entry = await (await self._records()).get(subjects.checkpoint_key(self.app_id, checkpoint_id))
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        return msgpack.unpackb(entry.value) if entry.value else None
+        value = await self._get_value(subjects.checkpoint_key(self.app_id, checkpoint_id))
+        return msgpack.unpackb(value) if value else None
 
     async def delete(self, checkpoint_id: int, epoch: int, tasks: list[tuple[int, int]]) -> None:
         """Forget a checkpoint of ``epoch``: its snapshots and its record."""
-        store = await self._store()
-        for task in tasks:
+        async def delete():
+            store = await self._store()
+            for task in tasks:
+                try:
+                    await store.delete(subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task))
+                except nats.js.errors.NotFoundError:
+                    pass
             try:
-                await store.delete(subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task))
-            except nats.js.errors.NotFoundError:
+                await (await self._records()).delete(subjects.checkpoint_key(self.app_id, checkpoint_id))
+            except nats.js.errors.KeyNotFoundError:
                 pass
-        try:
-            await (await self._records()).delete(subjects.checkpoint_key(self.app_id, checkpoint_id))
-        except nats.js.errors.KeyNotFoundError:
-            pass
+        await self._ride_out(delete, f"deleting checkpoint {checkpoint_id}")

@@ -14,6 +14,7 @@ import os
 from gearbus.api.graph import Application
 from gearbus.artifact import load_artifact
 from shared import subjects
+from shared.bus import ride_out
 from shared.messages import LaunchExecutor, decode
 
 LAUNCH_ENV = "GEARBUS_LAUNCH"
@@ -39,7 +40,10 @@ def parse_launched_args(role: str, argv: list[str] | None = None) -> argparse.Na
 
 
 async def fetch_application(bus, launch: LaunchExecutor) -> Application:
-    """Download the artifact from the object store and build the user's Application."""
-    store = await bus.js.object_store(subjects.ARTIFACT_BUCKET)
-    result = await store.get(launch.artifact)
-    return load_artifact(result.data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV))
+    """Download the artifact from the object store (waiting out a JetStream outage) and
+    build the user's Application."""
+    async def download() -> bytes:
+        return (await (await bus.js.object_store(subjects.ARTIFACT_BUCKET)).get(launch.artifact)).data
+
+    data = await ride_out(download, f"downloading artifact {launch.artifact}")
+    return load_artifact(data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV))

@@ -19,6 +19,7 @@ from shared.messages import Ack, ErrorCode, ErrorReply, Message, ProtocolError, 
 log = structlog.get_logger()
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 Handler = Callable[[Message], Awaitable[Message | None]]
 
 
@@ -53,6 +54,28 @@ def not_found(what: str) -> RequestError:
 
 def bad_request(what: str) -> RequestError:
     return RequestError(ErrorCode.BAD_REQUEST, what)
+
+
+#: What JetStream answers while a stream elects a new leader or a server is down: worth waiting out.
+JETSTREAM_UNAVAILABLE = (nats.errors.TimeoutError, TimeoutError, nats.errors.NoRespondersError,
+                         nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
+
+
+async def ride_out(op: Callable[[], Awaitable[T]], what: str, patience_s: float = 30.0) -> T:
+    """``op()``, retried with backoff while JetStream is unavailable, for up to ``patience_s``
+    seconds; then the last error. Losing a server of a cluster makes KV and object stores
+    unavailable for seconds; work that can wait (checkpoint records, restores) should."""
+    loop = asyncio.get_running_loop()
+    deadline, delay = loop.time() + patience_s, 0.1
+    while True:
+        try:
+            return await op()
+        except JETSTREAM_UNAVAILABLE as exc:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning("jetstream_unavailable_retrying", what=what, error=repr(exc), retry_in_s=delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 async def unsubscribe_all(subscriptions: list) -> None:

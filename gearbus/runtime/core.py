@@ -55,10 +55,12 @@ class Frame(NamedTuple):
 
 
 class Grant(NamedTuple):
-    """Give ``frames`` credit back to ``sender``."""
+    """Tell ``sender`` that ``consumed`` of its frames (this epoch) were processed: it may
+    send up to sequence ``consumed`` + the credit window. A count, not an increment, so a
+    grant that is lost, repeated or overtaken changes nothing once a later one arrives."""
 
     sender: Sender
-    frames: int
+    consumed: int
 
 
 class Flush(NamedTuple):
@@ -89,14 +91,15 @@ class End(NamedTuple):
 class _Input:
     """What a task knows about one upstream sender."""
 
-    __slots__ = ("next_seq", "watermark", "ended", "held", "unacked")
+    __slots__ = ("next_seq", "watermark", "ended", "held", "consumed", "granted")
 
     def __init__(self):
         self.next_seq = 1
         self.watermark = WATERMARK_MIN
         self.ended = False
         self.held: list[Frame] | None = None  # frames after a barrier, while aligning
-        self.unacked = 0
+        self.consumed = 0  # frames processed (held ones once they are)
+        self.granted = 0  # the count last granted
 
 
 class TaskCore:
@@ -158,6 +161,17 @@ class TaskCore:
         self._end(actions)
         return actions
 
+    def repeat_grants(self) -> list:
+        """The current count to every open input, for a driver whose inbox is idle: a grant
+        lost (with a NATS server, say) would otherwise leave its sender waiting for good.
+        Counts are idempotent, so repeating them never lets a sender past the window."""
+        actions: list = []
+        for sender, state in self.inputs.items():
+            if not state.ended:
+                state.granted = state.consumed
+                actions.append(Grant(sender, state.consumed))
+        return actions
+
     def restore(self, envelope: dict) -> None:
         """Resume from a snapshot's envelope (see :meth:`_snapshot`)."""
         if envelope["task"] is not None:  # None: a savepoint held nothing for this task
@@ -169,10 +183,10 @@ class TaskCore:
     # --- rules -----------------------------------------------------------------------
 
     def _process(self, sender: Sender, state: _Input, frame: Frame, actions: list) -> None:
-        state.unacked += 1
-        if state.unacked * 2 >= self.credit_frames:
-            actions.append(Grant(sender, state.unacked))
-            state.unacked = 0
+        state.consumed += 1
+        if (state.consumed - state.granted) * 2 >= self.credit_frames:
+            state.granted = state.consumed
+            actions.append(Grant(sender, state.consumed))
         self.frames_in += 1
         records = frame.records
         if records:

@@ -58,18 +58,18 @@ def split_message(data: bytes, src_processor: int, src_index: int, epoch: int, m
     ]
 
 
-def encode_credit(processor: int, index: int, epoch: int, frames: int) -> bytes:
-    """A grant of ``frames`` more from receiver (processor, index) in attempt ``epoch``."""
-    return _packer.pack([processor, index, epoch, frames])
+def encode_credit(processor: int, index: int, epoch: int, consumed: int) -> bytes:
+    """Receiver (processor, index) of attempt ``epoch`` has processed ``consumed`` frames."""
+    return _packer.pack([processor, index, epoch, consumed])
 
 
 def decode_credit(data: bytes) -> tuple[int, int, int, int]:
-    """(receiver processor, receiver index, epoch, frames); DataPlaneError when malformed."""
+    """(receiver processor, receiver index, epoch, consumed); DataPlaneError when malformed."""
     try:
-        processor, index, epoch, frames = msgpack.unpackb(data)
-        if not all(type(v) is int for v in (processor, index, epoch, frames)) or frames < 0:
+        processor, index, epoch, consumed = msgpack.unpackb(data)
+        if not all(type(v) is int for v in (processor, index, epoch, consumed)) or consumed < 0:
             raise ValueError("expected four non-negative integers")
-        return processor, index, epoch, frames
+        return processor, index, epoch, consumed
     except Exception as exc:
         raise DataPlaneError(f"malformed credit grant: {exc}") from None
 

@@ -41,27 +41,29 @@ class Channel:
     frames are handed over as objects, skipping msgpack and NATS.
     """
 
-    __slots__ = ("subject", "credit", "available", "seq", "local", "watermark")
+    __slots__ = ("subject", "limit", "available", "seq", "local", "watermark")
 
-    def __init__(self, subject: str, credit: int):
+    def __init__(self, subject: str, window: int):
         self.subject = subject
-        self.credit = credit
+        self.limit = window  # the highest sequence number the receiver lets us send
         self.available = asyncio.Event()
         self.seq = 0
         self.local: asyncio.Queue | None = None
         self.watermark = WATERMARK_MIN  # the last watermark sent on this channel
 
-    def grant(self, frames: int, window: int) -> None:
-        """More credit, never past the window (a confused or hostile grant cannot let a
-        sender flood its receiver)."""
-        self.credit = min(self.credit + frames, window)
+    def grant(self, consumed: int, window: int) -> None:
+        """The receiver processed ``consumed`` frames: we may send up to ``consumed`` +
+        ``window``. Counts only raise the limit (an old or repeated grant is harmless) and
+        cannot exceed what was sent (a confused or hostile grant cannot let a sender flood
+        its receiver)."""
+        self.limit = max(self.limit, min(consumed, self.seq) + window)
         self.available.set()
 
     async def acquire(self) -> None:
-        while self.credit <= 0:
+        """Wait until the next frame is within the window; the caller then sends it."""
+        while self.seq >= self.limit:
             self.available.clear()
             await self.available.wait()
-        self.credit -= 1
 
 
 class Outputs:
@@ -92,12 +94,12 @@ class Outputs:
         for receiver, channel in self._by_receiver.items():
             channel.local = inboxes.get(receiver)
 
-    def grant(self, processor: int, index: int, epoch: int, frames: int) -> bool:
+    def grant(self, processor: int, index: int, epoch: int, consumed: int) -> bool:
         """Credit from a receiver; accepted only from a known receiver of this attempt."""
         channel = self._by_receiver.get((processor, index))
         if channel is None or epoch != self.epoch:
             return False
-        channel.grant(frames, self.config.credit_frames)
+        channel.grant(consumed, self.config.credit_frames)
         return True
 
     async def send(self, records: list[Record], watermark: int) -> None:

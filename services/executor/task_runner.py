@@ -29,6 +29,7 @@ log = structlog.get_logger()
 #: Errors that a rollback to the last checkpoint can repair (the rest are the user's).
 RECOVERABLE = (DataPlaneError, ConnectionError, TimeoutError, OSError)
 INBOX_SLACK_BYTES = 8 << 20  # beyond what the credit granted allows, before an inbox drops
+IDLE_GRANT_S = 0.5  # an idle task repeats its credit grants this often
 
 
 class _Stop:
@@ -246,12 +247,12 @@ class TaskRunner:
                             data = await asyncio.wait_for(inbox.get(), linger)
                         except asyncio.TimeoutError:
                             await self._flush(self.core.watermark)
-                            data = await inbox.get()
+                            data = await self._next_while_idle()
                     else:
                         await self._flush(self.core.watermark)
-                        data = await inbox.get()
+                        data = await self._next_while_idle()
                 else:
-                    data = await inbox.get()
+                    data = await self._next_while_idle()
             else:
                 data = inbox.get_nowait()
             if data is STOP:
@@ -262,6 +263,15 @@ class TaskRunner:
             await self._accept(data)
             if len(task.output) >= batch:
                 await self._flush(self.core.watermark)
+
+    async def _next_while_idle(self) -> bytes | Frame | int | object:
+        """The next inbox item; while none comes, the credit grants are repeated now and then,
+        so a grant lost with a NATS server cannot leave a sender waiting forever."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.inbox.get(), IDLE_GRANT_S)
+            except asyncio.TimeoutError:
+                await self._act(self.core.repeat_grants())
 
     async def _accept(self, data: bytes | Frame) -> None:
         if type(data) is Frame:
@@ -296,13 +306,13 @@ class TaskRunner:
                 await self.outputs.barrier(action.checkpoint_id)
                 self.on_snapshot(self, action)
 
-    async def _grant(self, sender: tuple[int, int], frames: int) -> None:
+    async def _grant(self, sender: tuple[int, int], consumed: int) -> None:
         local = self.local_senders.get(sender)
         if local is not None:
-            local.outputs.grant(self.processor.id, self.task_id.index, self.epoch, frames)
+            local.outputs.grant(self.processor.id, self.task_id.index, self.epoch, consumed)
             return
         await self.nc.publish(subjects.task_credit(self.app_id, *sender),
-                              encode_credit(self.processor.id, self.task_id.index, self.epoch, frames))
+                              encode_credit(self.processor.id, self.task_id.index, self.epoch, consumed))
 
     def _drop(self, reason: str) -> None:
         """Log and count a message that is not a frame from one of our senders."""

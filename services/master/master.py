@@ -19,7 +19,7 @@ from services.master.lease import LeaderLease
 from services.master.store import ApplicationRecord, StateStore, WorkerRecord
 from services.checkpoint_store import ensure_buckets
 from shared import subjects
-from shared.bus import RequestError, RequestTimeout, bad_request, not_found
+from shared.bus import JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout, bad_request, not_found, ride_out
 from shared.logging import configure
 from shared.messages import (
     PROTOCOL_VERSION,
@@ -137,21 +137,19 @@ class Master(Service):
         # keep this master from seeing the stream come back.
         lease_js = self.bus.nc.jetstream(timeout=max(self.lease_ttl_s / 2, 0.5))
         self.lease = LeaderLease(lease_js, self.node_id, self.lease_ttl_s, replicas=self.bus.replicas)
-        deadline = time.monotonic() + SETUP_DEADLINE_S
-        while True:  # streams of a new cluster may take a moment to get leaders
+        async def open_buckets() -> None:
             try:
-                try:
-                    await js.object_store(subjects.ARTIFACT_BUCKET)
-                except nats.js.errors.BucketNotFoundError:
-                    await js.create_object_store(subjects.ARTIFACT_BUCKET, replicas=self.bus.replicas)
-                await ensure_buckets(js, self.bus.replicas)
-                await self.lease.open()
-                break
-            except (nats.errors.TimeoutError, TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"JetStream did not serve the master's buckets within "
-                                       f"{SETUP_DEADLINE_S:g} s: {exc!r}") from None
-                await asyncio.sleep(0.5)
+                await js.object_store(subjects.ARTIFACT_BUCKET)
+            except nats.js.errors.BucketNotFoundError:
+                await js.create_object_store(subjects.ARTIFACT_BUCKET, replicas=self.bus.replicas)
+            await ensure_buckets(js, self.bus.replicas)
+            await self.lease.open()
+
+        try:  # streams of a new cluster may take a moment to get leaders
+            await ride_out(open_buckets, "the master's buckets", SETUP_DEADLINE_S)
+        except JETSTREAM_UNAVAILABLE as exc:
+            raise RuntimeError(f"JetStream did not serve the master's buckets within "
+                               f"{SETUP_DEADLINE_S:g} s: {exc!r}") from None
         self.spawn(self.campaign(), "election")
 
     async def campaign(self) -> None:
