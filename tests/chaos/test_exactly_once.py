@@ -4,10 +4,11 @@ A pipeline reads 200,000 JSON events from a 4-subject JetStream stream, while th
 publishes them, into three stateful branches (keyed tumbling-window counts to
 JetStream, a low-level task numbering each user's events to a JSON Lines file, a
 map-side-combined count per user to another file). In turn: SIGKILL an executor,
-SIGKILL a worker, SIGKILL the AppMaster, SIGKILL the leading master, and SIGSTOP an
+SIGKILL a worker, SIGKILL the AppMaster, SIGKILL the leading master, SIGSTOP an
 executor with its worker until the executor is declared lost, then SIGCONT both (the
-zombie must be refused). Every output must equal a computation written here: nothing
-lost, nothing twice.
+zombie must be refused), and restart the nats-server (its file store kept) under the
+running app. Every output must equal a computation written here: nothing lost, nothing
+twice.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def expected_outputs():
             sorted(ranks), dict(totals))
 
 
-async def publish_events(url: str, first: int, end: int) -> None:
-    """Publish events first..end-1 in order at PUBLISH_RATE, acknowledged."""
-    nc = await nats.connect(url)
+async def publish_events(url: str, first: int, end: int, gate: asyncio.Event | None = None) -> None:
+    """Publish events first..end-1 in order at PUBLISH_RATE, acknowledged; while ``gate``
+    is clear, wait (the nats-server is being restarted)."""
+    nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
     try:
         publisher = await Publisher(nc).open()
         loop = asyncio.get_running_loop()
@@ -73,6 +75,9 @@ async def publish_events(url: str, first: int, end: int) -> None:
             subject, e = event(n)
             await publisher.publish(subject, json.dumps(e).encode(), f"ev-{n}")  # a republish is deduplicated
             if n % step == step - 1:
+                if gate is not None and not gate.is_set():
+                    await gate.wait()
+                    started = loop.time() - (n + 1) / PUBLISH_RATE
                 ahead = started + (n + 1) / PUBLISH_RATE - loop.time()
                 if ahead > 0:
                     await asyncio.sleep(ahead)
@@ -112,8 +117,10 @@ def read_jsonl(path) -> list[dict]:
 class Run:
     """The app, its cluster and the client, with waits on its progress."""
 
-    def __init__(self, cluster: LocalCluster, client: Client, app_id: int):
+    def __init__(self, cluster: LocalCluster, client: Client, app_id: int, server: NatsServer,
+                 publishing: asyncio.Event):
         self.cluster, self.client, self.app_id = cluster, client, app_id
+        self.server, self.publishing = server, publishing
 
     async def status(self):
         return await self.client.status(self.app_id)
@@ -182,8 +189,21 @@ async def stop_executor(run: Run, status):
     return status
 
 
+async def restart_nats(run: Run, status):
+    """The nats-server stops and starts again on its port with its file store (the
+    publisher waits meanwhile): frames, credit and control messages in flight are lost."""
+    run.publishing.clear()
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, run.server.stop)
+        await loop.run_in_executor(None, run.server.start)
+    finally:
+        run.publishing.set()
+    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch)
+
+
 FAILURES = {"executor": kill_executor, "worker": kill_worker, "appmaster": kill_appmaster, "master": kill_master,
-            "zombie": stop_executor}
+            "zombie": stop_executor, "nats": restart_nats}
 
 
 async def test_every_failure_in_turn_leaves_every_output_exact(tmp_path):
@@ -199,13 +219,15 @@ async def test_every_failure_in_turn_leaves_every_output_exact(tmp_path):
             await ensure_stream_async(client.bus.nc, "OUT", ["out.windows"], 600, "file")
             await wait_for_workers(client, 3)
             await publish_events(url, 0, 1000)  # every subject exists before the app starts
-            publishing = asyncio.create_task(publish_events(url, 1000, EVENTS))
+            gate = asyncio.Event()
+            gate.set()
+            publishing = asyncio.create_task(publish_events(url, 1000, EVENTS, gate))
             app_id = await client.submit(
                 pack(APP), ["--stream", "EV", "--until", str(EVENTS), "--windows-subject", "out.windows",
                             "--running", str(running), "--totals", str(totals)],
                 config={"checkpoint_interval_ms": 300, "max_restarts": 20})
             await wait_state(client, app_id, AppState.ACTIVE)
-            run = Run(cluster, client, app_id)
+            run = Run(cluster, client, app_id, server, gate)
             status = await run.progressed(0, 0)
             assert status.guarantee == "exactly-once", status.guarantee_detail
 
