@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import signal
 
 from gearbus.api.graph import Application
 from gearbus.artifact import load_artifact
@@ -20,6 +21,9 @@ from shared.messages import LaunchExecutor, decode
 LAUNCH_ENV = "GEARBUS_LAUNCH"
 WORKER_ENV = "GEARBUS_WORKER_ID"
 WORKDIR_ENV = "GEARBUS_WORKDIR"  # a scratch directory the worker removes when the process exits
+#: The signal an executor gets when its worker dies (fatal until the executor is ready to
+#: report its own end: see services/executor/heartbeat.py).
+WORKER_GONE_SIGNAL = signal.SIGUSR1
 
 
 def encode_launch(message: LaunchExecutor) -> str:

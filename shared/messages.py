@@ -502,13 +502,15 @@ class ShutdownExecutor(Message):
 
 
 class ExecutorStopped(Message):
-    """A worker's report that a process it launched has exited."""
+    """A worker's report that a process it launched has exited; or an executor's own, as it
+    exits because its worker died (``worker_gone``: nobody else would report it)."""
 
     worker_id: str
     app_id: int
     executor_id: int
     kind: str
     exit_code: int
+    worker_gone: bool = False
 
 
 # --- appmaster <-> master -------------------------------------------------------

@@ -141,6 +141,7 @@ class AppMaster(Service):
         self._recovering = asyncio.Lock()
         self._rollback_queued = False
         self.adopting = False
+        self._all_adopted = asyncio.Event()  # while adopting: every planned task has a live executor
         self._ending = False
         self.store: CheckpointStore | None = None
         self.coordinator: cp.CheckpointCoordinator | None = None
@@ -301,13 +302,15 @@ class AppMaster(Service):
         latest = cp.CheckpointMeta.from_dict(record) if record else None
         epoch, self.restarts = await self.store.get_epoch()
         self.epoch = epoch + 1
-        tasks = await self._prepare(latest)
+        await self._prepare(latest)
         self.adopting = True
         await self.bus.publish(subjects.executor_reregister(self.app_id), ReRegister("the AppMaster was relaunched"))
-        await asyncio.sleep(ADOPTION_WINDOW_HEARTBEATS * self.heartbeat_interval)  # executors answer within it
+        try:  # executors answer within the window; once every task has its executor, no need to wait on
+            await asyncio.wait_for(self._all_adopted.wait(), ADOPTION_WINDOW_HEARTBEATS * self.heartbeat_interval)
+        except asyncio.TimeoutError:
+            pass
         self.adopting = False
-        hosted = {(t.processor, t.index) for slot in self._live_slots() for t in slot.tasks}
-        orphans = [t for t in tasks if (t.processor, t.index) not in hosted]
+        orphans = self._unhosted()
         log.info("app_adopted", executors=len(self.executors), orphaned_tasks=len(orphans),
                  restore_checkpoint=latest.checkpoint_id if latest else 0, epoch=self.epoch)
         await self.store.put_epoch(self.epoch, self.restarts)
@@ -316,6 +319,11 @@ class AppMaster(Service):
             lost.tasks = orphans
             await self._place_lost_tasks([lost], set())
         await self._run_attempt(latest)
+
+    def _unhosted(self) -> list[TaskId]:
+        """The planned tasks that no live executor hosts."""
+        hosted = {(t.processor, t.index) for slot in self._live_slots() for t in slot.tasks}
+        return [t for t in self._plan_tasks() if (t.processor, t.index) not in hosted]
 
     def _live_slots(self) -> list[ExecutorSlot]:
         return [slot for slot in self.executors.values() if not slot.lost]
@@ -716,6 +724,8 @@ class AppMaster(Service):
         slot.last_heartbeat = time.time()
         slot.registered.set_result(None)
         log.info("executor_registered", executor_id=msg.executor_id, worker_id=msg.worker_id)
+        if self.adopting and not self._unhosted():
+            self._all_adopted.set()
         return ExecutorRegistered(self.app_id, msg.executor_id, self.heartbeat_interval)
 
     async def on_heartbeat(self, msg: ExecutorHeartbeat) -> None:
@@ -737,8 +747,11 @@ class AppMaster(Service):
         if self._ending:
             slot.stopped = True
             return
-        self.executor_lost(slot, f"executor {msg.executor_id} on worker {msg.worker_id} exited with code "
-                                 f"{msg.exit_code}")
+        if msg.worker_gone:
+            self.executor_lost(slot, f"executor {msg.executor_id} lost its worker {msg.worker_id}", worker_suspect=True)
+        else:
+            self.executor_lost(slot, f"executor {msg.executor_id} on worker {msg.worker_id} exited with code "
+                                     f"{msg.exit_code}")
 
     async def on_task_finished(self, msg: TaskFinished) -> None:
         if msg.epoch != self.epoch:

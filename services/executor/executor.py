@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
+import signal
 
 import structlog
 
@@ -16,7 +17,7 @@ from services.checkpoint_store import CheckpointStore
 from services.executor.heartbeat import Heartbeat
 from services.executor.outputs import DataPlaneConfig
 from services.executor.task_runner import TaskRunner
-from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
+from services.launch import WORKER_ENV, WORKER_GONE_SIGNAL, fetch_application, launch_from_env, parse_launched_args
 from shared import subjects
 from shared.bus import RequestError
 from shared.logging import configure
@@ -26,7 +27,9 @@ from shared.messages import (
     CheckpointDeclined,
     ErrorCode,
     ExecutorHeartbeat,
+    ExecutorKind,
     ExecutorRegistered,
+    ExecutorStopped,
     LaunchExecutor,
     LaunchTasks,
     RegisterExecutor,
@@ -46,19 +49,22 @@ log = structlog.get_logger()
 DEFAULT_APPMASTER_TIMEOUT_S = 30.0  # app config "appmaster_timeout_s": then an orphaned executor stops
 EXIT_APPMASTER_GONE = 3
 EXIT_FENCED = 4
+EXIT_WORKER_GONE = 5
 ACKS_KEPT = 4  # checkpoints whose acks an executor can repeat
 
 
 class Executor(Service):
     role = "executor"
 
-    def __init__(self, servers, launch: LaunchExecutor, worker_id: str):
+    def __init__(self, servers, launch: LaunchExecutor, worker_id: str, worker_pid: int | None = None):
+        """``worker_pid``: the worker that launched this process (None: not launched by one)."""
         super().__init__(servers, node_id=f"app{launch.app_id}-executor{launch.executor_id}")
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.launch = launch
         self.app_id = launch.app_id
         self.executor_id = launch.executor_id
         self.worker_id = worker_id
+        self.worker_pid = worker_pid
         self.app: Application | None = None
         self.config: DataPlaneConfig | None = None
         self.epoch = -1  # the attempt whose tasks run here (-1: none launched yet)
@@ -247,7 +253,10 @@ class Executor(Service):
             self.servers, f"gearbus-executor-app{self.app_id}-{self.executor_id}-heartbeat",
             subjects.appmaster_executor_heartbeat(self.app_id),
             lambda: ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners]),
-            self.heartbeat_interval, deadline, self._on_fenced, self._on_appmaster_gone, EXIT_FENCED)
+            self.heartbeat_interval, deadline, self._on_fenced, self._on_appmaster_gone, EXIT_FENCED,
+            parent_pid=self.worker_pid, orphaned=self._orphaned)
+        if self.worker_pid:  # from now on the heartbeat thread reports the worker's death, then exits
+            signal.signal(WORKER_GONE_SIGNAL, signal.SIG_IGN)
         self.heartbeat.start(asyncio.get_running_loop())
         self.spawn(self._loop_turns(), "loop-turns")
 
@@ -264,6 +273,13 @@ class Executor(Service):
 
         self.spawn(stop(), "fenced")
 
+    def _orphaned(self) -> tuple[str, ExecutorStopped, int]:
+        """What the heartbeat thread publishes when the worker died (see heartbeat.py)."""
+        return (subjects.appmaster_executor_stopped(self.app_id),
+                ExecutorStopped(self.worker_id, self.app_id, self.executor_id, ExecutorKind.EXECUTOR,
+                                EXIT_WORKER_GONE, worker_gone=True),
+                EXIT_WORKER_GONE)
+
     def _on_appmaster_gone(self, silent_s: float, error: str) -> None:
         log.error("appmaster_gone", silent_s=round(silent_s, 1), error=error)
         self.stop(exit_code=EXIT_APPMASTER_GONE)
@@ -275,4 +291,4 @@ def main(argv: list[str] | None = None) -> int:
     worker_id = os.environ.get(WORKER_ENV, "")
     configure("executor", f"app{launch.app_id}-executor{launch.executor_id}", app_id=launch.app_id,
               executor_id=launch.executor_id)
-    return run_service(Executor(args.nats, launch, worker_id))
+    return run_service(Executor(args.nats, launch, worker_id, os.getppid() if worker_id else None))

@@ -9,6 +9,11 @@ The AppMaster's answers decide: "fenced" means this executor was declared lost a
 replaced — it must stop at once, and if its task loop does not let it within
 ``FENCE_GRACE_S`` the process exits from here; an AppMaster silent past the deadline
 means the app is gone, and the executor stops.
+
+The thread also watches the worker that launched the process. When it dies, nobody is
+left to report this executor's end, and the AppMaster would wait for missed heartbeats
+(seconds) before replacing it; so the executor reports its own end (``orphaned``) on this
+connection and exits at once, whatever its task loop is doing.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import structlog
 
 from gearbus.connectors.jetstream import LoopThread
 from shared.bus import Bus, RequestError
-from shared.messages import ErrorCode, ExecutorHeartbeat
+from shared.messages import ErrorCode, ExecutorHeartbeat, Message
 
 log = structlog.get_logger()
 
 FENCE_GRACE_S = 2.0  # a fenced executor whose task loop does not stop within this exits hard
 LOOP_BLOCKED_WARN_S = 2.0  # a task loop that has not turned for this long is logged
+PARENT_POLL_S = 0.05  # how often the thread looks whether the worker still lives
 
 
 class Heartbeat:
@@ -36,8 +42,12 @@ class Heartbeat:
 
     def __init__(self, servers: list[str], name: str, subject: str, beat: Callable[[], ExecutorHeartbeat],
                  interval: float, deadline_s: float, on_fenced: Callable[[str], None],
-                 on_appmaster_gone: Callable[[float, str], None], fenced_exit_code: int):
+                 on_appmaster_gone: Callable[[float, str], None], fenced_exit_code: int,
+                 parent_pid: int | None = None, orphaned: Callable[[], tuple[str, Message, int]] | None = None):
+        """``parent_pid``: the worker; when it is gone, publish ``orphaned()``'s (subject,
+        message) and exit with its code."""
         self.servers, self.name, self.subject, self.beat = servers, name, subject, beat
+        self.parent_pid, self.orphaned = parent_pid, orphaned
         self.interval = interval
         self.deadline_s = deadline_s
         self.on_fenced, self.on_appmaster_gone = on_fenced, on_appmaster_gone
@@ -66,6 +76,7 @@ class Heartbeat:
         bus = Bus(self.servers, name=self.name)
         await bus.connect()
         answered, warned = time.monotonic(), False
+        watch = asyncio.create_task(self._watch_parent(bus)) if self.parent_pid and self.orphaned else None
         try:
             while True:
                 blocked = time.monotonic() - self.loop_seen
@@ -85,7 +96,20 @@ class Heartbeat:
                         return
                 await asyncio.sleep(self.interval)
         finally:
+            if watch is not None:
+                watch.cancel()
             await bus.close()
+
+    async def _watch_parent(self, bus: Bus) -> None:
+        while os.getppid() == self.parent_pid:
+            await asyncio.sleep(PARENT_POLL_S)
+        subject, message, exit_code = self.orphaned()
+        log.error("worker_gone", worker_pid=self.parent_pid)
+        try:
+            await bus.publish(subject, message)
+            await asyncio.wait_for(bus.nc.flush(), 1.0)
+        finally:
+            os._exit(exit_code)
 
     def _fenced(self, reason: str) -> None:
         """Stop through the task loop; if it is stuck, exit the process from here."""

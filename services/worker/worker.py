@@ -13,11 +13,12 @@ import socket
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
-from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, encode_launch
+from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, WORKER_GONE_SIGNAL, encode_launch
 from shared import subjects
 from shared.bus import RequestError, RequestTimeout, bad_request
 from shared.logging import configure
@@ -42,10 +43,12 @@ PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the worker dies, even by SIGKILL (Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    """For the child before exec: get ``sig`` when the worker dies, even by SIGKILL (Linux)."""
+    def set_death_signal() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    return set_death_signal
 
 
 @dataclass
@@ -132,7 +135,10 @@ class Worker(Service):
         workdir = tempfile.mkdtemp(prefix=f"gearbus-app{msg.app_id}-{msg.kind}{max(msg.executor_id, 0)}-")
         env[WORKDIR_ENV] = workdir
         try:
-            process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=_die_with_parent)
+            # An AppMaster dies with its worker; an executor gets WORKER_GONE_SIGNAL, which
+            # kills it too unless it is far enough along to report its own end first.
+            death = WORKER_GONE_SIGNAL if msg.kind == ExecutorKind.EXECUTOR else signal.SIGKILL
+            process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=_die_with_parent(death))
         except OSError:
             shutil.rmtree(workdir, ignore_errors=True)
             raise

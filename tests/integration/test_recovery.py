@@ -4,6 +4,7 @@ blacklist a worker; an exhausted restart budget fails the app."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -13,7 +14,7 @@ import structlog
 from gearbus.artifact import pack
 from gearbus.client import Client
 from shared import subjects
-from shared.messages import AppState
+from shared.messages import AppState, ExecutorStopped, decode
 from tests.conftest import EXAMPLES, wait_for_workers, wait_until
 from tests.integration.test_cluster import wait_exited, wait_state
 from tests.integration.test_master_ha import read_ticks
@@ -106,8 +107,19 @@ async def test_a_lost_worker_has_its_executors_relaunched_elsewhere(cluster, cli
     appmaster_worker = next(w for _, w, kind in processes if kind == "appmaster")
     victim = next((w for _, w, kind in processes if kind == "executor" and w != appmaster_worker), None)
     assert victim is not None, f"expected an executor away from the AppMaster's worker: {processes}"
+    orphans = asyncio.Queue()
+
+    async def on_stopped(msg):
+        orphans.put_nowait(decode(msg.data))
+
+    sub = await client.bus.nc.subscribe(subjects.appmaster_executor_stopped(app_id), cb=on_stopped)
     before = max(read_ticks(output))
     cluster.workers[victim].send_signal(signal.SIGKILL)
+    # Its executors report their own end at once (nobody else is left to), rather than
+    # leaving the AppMaster to wait for five missed heartbeats.
+    report = await asyncio.wait_for(orphans.get(), 5)
+    await sub.unsubscribe()
+    assert isinstance(report, ExecutorStopped) and report.worker_gone and report.worker_id == victim
     await wait_exited(cluster.workers[victim].pid, 10)
     status = await restarts_reach(client, app_id, 1)
     seen = await flowing_beyond(client, output, before + 200)
