@@ -243,7 +243,14 @@ class TaskId(Struct):
     index: int
 
 
+#: Upper bounds (ms) of the buckets of ``TaskCounters.batch_ms_buckets``; the last bucket is
+#: everything above the last bound.
+BATCH_MS_BOUNDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0)
+
+
 class TaskCounters(Struct):
+    """One task's counters since it started (this attempt), measured where they arise."""
+
     task: TaskId
     records_in: int = 0
     records_out: int = 0
@@ -256,6 +263,58 @@ class TaskCounters(Struct):
     stale_frames: int = 0  # frames of another attempt (a replaced task's), dropped unread
     dead_letters: int = 0  # source messages that did not decode (sent to the dead-letter subject)
     epoch: int = 0
+    bytes_in: int = 0  # encoded frame bytes received
+    bytes_out: int = 0  # encoded frame bytes sent
+    inbox_depth: int = 0  # messages waiting in the task's inbox now
+    backpressure_ms: float = 0.0  # time spent waiting for a receiver's credit
+    busy_ms: float = 0.0  # time spent processing batches (the sum of the histogram below)
+    batch_ms_buckets: list[int] = dataclasses.field(default_factory=list)  # batches per BATCH_MS_BOUNDS bucket
+
+
+class ProcessorInfo(Struct):
+    id: int
+    name: str
+    parallelism: int
+    task: str = ""  # the task class
+
+
+class EdgeInfo(Struct):
+    source: int  # processor ids
+    target: int
+    partitioner: str
+
+
+class AppDag(Struct):
+    """The app's plan as its AppMaster runs it: processors and the partitioned edges between them."""
+
+    processors: list[ProcessorInfo] = dataclasses.field(default_factory=list)
+    edges: list[EdgeInfo] = dataclasses.field(default_factory=list)
+
+
+class ProcessorMetrics(Struct):
+    """One processor's tasks (of the current attempt) summed up by its AppMaster; rates and
+    shares are over the last heartbeat interval."""
+
+    processor: int
+    name: str
+    parallelism: int
+    records_in: int = 0
+    records_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    records_in_per_s: float = 0.0
+    records_out_per_s: float = 0.0
+    watermark: int | None = None  # the lowest of its tasks' (None before any)
+    watermark_lag_ms: int | None = None  # now - watermark, while a task has not ended
+    backpressure: float = 0.0  # the highest share of time one of its tasks waited for credit (0..1)
+    busy: float = 0.0  # the highest share of time one of its tasks spent processing (0..1)
+    latency_p50_ms: float | None = None  # batch processing time, from the merged histogram
+    latency_p99_ms: float | None = None
+    inbox_depth: int = 0
+    late_records: int = 0
+    messages_dropped: int = 0
+    dead_letters: int = 0
+    finished_tasks: int = 0
 
 
 class CheckpointStats(Struct):
@@ -309,6 +368,8 @@ class AppSummary(Struct):
     guarantee: str = ""  # "exactly-once", "at-least-once", "at-most-once" or "none"
     guarantee_detail: str = ""  # which step makes it weaker than exactly-once
     checkpoints: CheckpointStats | None = None
+    dag: AppDag | None = None  # once its AppMaster reported it
+    processors: list[ProcessorMetrics] = dataclasses.field(default_factory=list)
 
 
 class Allocation(Struct):
@@ -539,6 +600,8 @@ class AppMasterHeartbeat(Message):
     guarantee: str = ""
     guarantee_detail: str = ""
     checkpoints: CheckpointStats | None = None
+    dag: AppDag | None = None
+    processors: list[ProcessorMetrics] = dataclasses.field(default_factory=list)
 
 
 class RequestResource(Message):

@@ -19,6 +19,7 @@ from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.savepoints import SavepointMismatch, claim, join_task_state, split_task_state
 from services.appmaster import checkpoints as cp
 from services.appmaster.clock import ClockService
+from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
 from shared import subjects
@@ -26,6 +27,7 @@ from shared.bus import RequestError, RequestTimeout
 from shared.logging import configure
 from shared.messages import (
     AppError,
+    AppDag,
     AppMasterHeartbeat,
     AppMasterRegistered,
     ApplicationStateChanged,
@@ -33,6 +35,7 @@ from shared.messages import (
     CheckpointComplete,
     CheckpointDeclined,
     CheckpointStats,
+    EdgeInfo,
     ErrorCode,
     ExecutorHeartbeat,
     ExecutorKind,
@@ -43,6 +46,7 @@ from shared.messages import (
     LaunchTasks,
     MasterElected,
     Placement,
+    ProcessorInfo,
     RegisterAppMaster,
     RegisterExecutor,
     ReRegister,
@@ -140,6 +144,8 @@ class AppMaster(Service):
         self._failures: collections.Counter[str] = collections.Counter()
         self._recovering = asyncio.Lock()
         self._rollback_queued = False
+        self.dag: AppDag | None = None
+        self.metrics: ProcessorMetricsAggregator | None = None
         self.adopting = False
         self._all_adopted = asyncio.Event()  # while adopting: every planned task has a live executor
         self._ending = False
@@ -236,6 +242,8 @@ class AppMaster(Service):
         self.coordinator = self._new_coordinator(latest)
         self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
         self.unfinished = {(t.processor, t.index) for t in tasks}
+        self.dag = dag_of(self.app)
+        self.metrics = ProcessorMetricsAggregator(self.dag.processors)
         self.clock = ClockService([self._task_name(t) for t in tasks],
                                   float(config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
         return tasks
@@ -803,10 +811,12 @@ class AppMaster(Service):
             for name in set(stalled) - self._stalled_logged:
                 log.warning("task_stalled", task=name, stall_timeout_s=self.clock.stall_after_s)
             self._stalled_logged = set(stalled)
+        processors = self.metrics.update(counters, time.monotonic(), int(time.time() * 1000)) \
+            if self.metrics is not None else []
         await self.bus.publish(subjects.APPMASTER_HEARTBEAT,
                                AppMasterHeartbeat(self.app_id, len(self._live_slots()), counters, clock, stalled,
                                                   self.restarts, sorted(self.blacklist), *self.guarantee,
-                                                  self._checkpoint_stats()))
+                                                  self._checkpoint_stats(), self.dag, processors))
 
     def _task_name(self, task: TaskId) -> str:
         return f"{self.app.graph.processors[task.processor].name}[{task.index}]"
@@ -828,6 +838,13 @@ class AppMaster(Service):
                     slot.missed_logged = True
                     log.warning("executor_heartbeat_missed", executor_id=slot.executor_id, silent_s=round(silent, 1))
             await asyncio.sleep(self.heartbeat_interval)
+
+
+def dag_of(app: Application) -> AppDag:
+    """The plan as the dashboard and ``gearbus status`` show it."""
+    described = app.graph.describe()
+    return AppDag([ProcessorInfo(p["id"], p["name"], p["parallelism"], p["task"]) for p in described["processors"]],
+                  [EdgeInfo(e["from"], e["to"], e["partitioner"]) for e in described["edges"]])
 
 
 def main(argv: list[str] | None = None) -> int:

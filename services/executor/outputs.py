@@ -4,6 +4,8 @@ per destination, and publish each frame only when the receiver has granted credi
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gearbus.api.partitioners import Partitioner
@@ -37,7 +39,7 @@ class DataPlaneConfig:
 class Channel:
     """One sender -> receiver pair: FIFO subject, sequence numbers and credit.
 
-    When the receiver lives in the same executor, ``local`` is its inbox queue and
+    When the receiver lives in the same executor, ``local`` delivers into its inbox and
     frames are handed over as objects, skipping msgpack and NATS.
     """
 
@@ -48,7 +50,7 @@ class Channel:
         self.limit = window  # the highest sequence number the receiver lets us send
         self.available = asyncio.Event()
         self.seq = 0
-        self.local: asyncio.Queue | None = None
+        self.local: Callable[[Frame, int], None] | None = None  # (frame, its encoded size)
         self.watermark = WATERMARK_MIN  # the last watermark sent on this channel
 
     def grant(self, consumed: int, window: int) -> None:
@@ -59,11 +61,16 @@ class Channel:
         self.limit = max(self.limit, min(consumed, self.seq) + window)
         self.available.set()
 
-    async def acquire(self) -> None:
-        """Wait until the next frame is within the window; the caller then sends it."""
+    async def acquire(self) -> float:
+        """Wait until the next frame is within the window (the caller then sends it); return
+        the seconds waited: the time this sender was back-pressured."""
+        if self.seq < self.limit:
+            return 0.0
+        started = time.perf_counter()
         while self.seq >= self.limit:
             self.available.clear()
             await self.available.wait()
+        return time.perf_counter() - started
 
 
 class Outputs:
@@ -88,11 +95,13 @@ class Outputs:
             self.ports.append((partitioner, channels))
         self.records_out = 0
         self.frames_out = 0
+        self.bytes_out = 0
+        self.backpressure_s = 0.0
 
-    def link_local(self, inboxes: dict[tuple[int, int], asyncio.Queue]) -> None:
+    def link_local(self, deliver: dict[tuple[int, int], Callable[[Frame, int], None]]) -> None:
         """Deliver straight into the inboxes of receivers hosted by this executor."""
         for receiver, channel in self._by_receiver.items():
-            channel.local = inboxes.get(receiver)
+            channel.local = deliver.get(receiver)
 
     def grant(self, processor: int, index: int, epoch: int, consumed: int) -> bool:
         """Credit from a receiver; accepted only from a known receiver of this attempt."""
@@ -144,11 +153,12 @@ class Outputs:
         if channel.local is not None:
             # Handed over as objects, but encoded all the same: a value that cannot
             # travel fails here, whichever executor its receiver happens to be in.
-            await channel.acquire()
+            self.backpressure_s += await channel.acquire()
             channel.seq, channel.watermark = seq, watermark
-            channel.local.put_nowait(Frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier,
-                                           list(records)))
+            channel.local(Frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier, list(records)),
+                          len(data))
             self.frames_out += 1
+            self.bytes_out += len(data)
             self.records_out += len(records)
             return
         if len(data) > self.config.batch_bytes and len(records) > 1:
@@ -156,9 +166,10 @@ class Outputs:
             await self._publish(channel, channel.watermark, False, 0, records[:half])
             await self._publish(channel, watermark, eos, barrier, records[half:])
             return
-        await channel.acquire()  # one credit per frame, however many messages carry it
+        self.backpressure_s += await channel.acquire()  # one credit per frame, however many messages carry it
         channel.seq, channel.watermark = seq, watermark
         for message in split_message(data, self.processor, self.index, self.epoch, self.max_message):
             await self.nc.publish(channel.subject, message)
         self.frames_out += 1
+        self.bytes_out += len(data)
         self.records_out += len(records)

@@ -8,6 +8,7 @@ a recovery): after its end-of-stream it still passes barriers on and commits.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -20,6 +21,7 @@ from gearbus.runtime.core import DataPlaneError, End, Flush, Grant, Snapshot, Ta
 from gearbus.runtime.tasks import DataSourceTask
 from services.executor.frames import Frame, FrameReader, decode_credit, encode_credit
 from services.executor.outputs import DataPlaneConfig, Outputs
+from services.histogram import Histogram
 from shared import subjects
 from shared.bus import unsubscribe_all
 from shared.messages import AppError, TaskCounters, TaskId
@@ -89,6 +91,8 @@ class TaskRunner:
         self._commit_lock = asyncio.Lock()
         self.dropped = 0
         self.records_read = 0
+        self.bytes_in = 0
+        self.batches = Histogram()  # time to process each batch (a frame, or a source's read)
         self.finished = False
         self.stopped = False
         self._subs = []
@@ -108,12 +112,23 @@ class TaskRunner:
             stale_frames=self.core.stale_frames,
             dead_letters=getattr(source, "dead_letters", 0),
             epoch=self.epoch,
+            bytes_in=self.bytes_in,
+            bytes_out=self.outputs.bytes_out,
+            inbox_depth=self.inbox.qsize(),
+            backpressure_ms=self.outputs.backpressure_s * 1000,
+            busy_ms=self.batches.total_ms,
+            batch_ms_buckets=list(self.batches.counts),
         )
 
     def link_local(self, runners: dict[tuple[int, int], TaskRunner]) -> None:
         """Know the tasks in this executor: frames to them and credit from them skip NATS."""
-        self.outputs.link_local({key: runner.inbox for key, runner in runners.items()})
+        self.outputs.link_local({key: runner.deliver_local for key, runner in runners.items()})
         self.local_senders = {key: runner for key, runner in runners.items() if key in self.core.inputs}
+
+    def deliver_local(self, frame: Frame, size: int) -> None:
+        """A frame from a task in this executor (``size``: its encoded bytes)."""
+        self.bytes_in += size
+        self.inbox.put_nowait(frame)
 
     async def subscribe(self) -> None:
         """Open the inbox and the credit subject; called before any task starts."""
@@ -124,6 +139,7 @@ class TaskRunner:
                 self._drop("inbox full: a sender is not respecting its credit")
                 return
             self.inbox_bytes += len(msg.data)
+            self.bytes_in += len(msg.data)
             self.inbox.put_nowait(msg.data)
 
         async def on_credit(msg):
@@ -209,7 +225,10 @@ class TaskRunner:
                 await self._inject_pending()
             if self.stopped:
                 return
+            started = time.perf_counter()
             count = task.read(batch)
+            if count:
+                self.batches.observe((time.perf_counter() - started) * 1000)
             if count is None:
                 await self._act(core.end_source())
                 return
@@ -288,7 +307,10 @@ class TaskRunner:
         if sender not in self.core.inputs:
             self._drop(f"data from {sender}, which is not an input of this task")
             return
-        await self._act(self.core.receive(sender, frame))
+        started = time.perf_counter()
+        actions = self.core.receive(sender, frame)
+        self.batches.observe((time.perf_counter() - started) * 1000)
+        await self._act(actions)
 
     async def _act(self, actions: list) -> None:
         for action in actions:

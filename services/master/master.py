@@ -24,6 +24,7 @@ from shared.logging import configure
 from shared.messages import (
     PROTOCOL_VERSION,
     Allocation,
+    AppDag,
     AppError,
     AppMasterHeartbeat,
     CheckpointStats,
@@ -42,6 +43,7 @@ from shared.messages import (
     MasterElected,
     ListApplications,
     Placement,
+    ProcessorMetrics,
     QueryApplication,
     SavepointTaken,
     TakeSavepoint,
@@ -100,6 +102,8 @@ class AppLive:
     guarantee: str = ""
     guarantee_detail: str = ""
     checkpoints: CheckpointStats | None = None
+    dag: AppDag | None = None
+    processors: list[ProcessorMetrics] = field(default_factory=list)
     last_heartbeat: float = 0.0
     missed_logged: bool = False
 
@@ -446,6 +450,7 @@ class Master(Service):
         live.clock, live.stalled_tasks = msg.clock, list(msg.stalled_tasks)
         live.restarts, live.blacklisted_workers = msg.restarts, list(msg.blacklisted_workers)
         live.guarantee, live.guarantee_detail, live.checkpoints = msg.guarantee, msg.guarantee_detail, msg.checkpoints
+        live.dag, live.processors = msg.dag or live.dag, list(msg.processors)
         live.missed_logged = False
 
     async def on_appmaster_state(self, msg: ApplicationStateChanged) -> None:
@@ -484,7 +489,8 @@ class Master(Service):
         return record.summary(executors=live.executors, tasks=live.tasks, clock=live.clock,
                               stalled_tasks=live.stalled_tasks, restarts=live.restarts,
                               blacklisted_workers=live.blacklisted_workers, guarantee=live.guarantee,
-                              guarantee_detail=live.guarantee_detail, checkpoints=live.checkpoints)
+                              guarantee_detail=live.guarantee_detail, checkpoints=live.checkpoints,
+                              dag=live.dag, processors=live.processors)
 
     @staticmethod
     def _check_version(what: str, version: int) -> None:
