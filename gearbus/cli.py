@@ -19,6 +19,7 @@ from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from gearbus.runners.spark import SparkRunner, SparkUnavailable
 from shared.bus import RequestError
+from shared.logging import configure
 from shared.messages import AppState, AppSummary, CheckpointStats, ClusterInfo
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -316,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Logs go to stderr (stdout is for results and --json), errors only unless asked for more.
+    configure("cli", level=os.environ.get("GEARBUS_LOG_LEVEL", "error"))
     try:
         result = args.handler(args)
         return asyncio.run(result) if asyncio.iscoroutine(result) else result
@@ -327,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except asyncio.TimeoutError:
         print(f"gearbus {args.command}: timed out", file=sys.stderr)
+        return 1
+    except ConnectionError as exc:
+        print(f"gearbus {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

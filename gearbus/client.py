@@ -32,6 +32,7 @@ from shared.messages import (
 SUBMIT_TIMEOUT_S = 180.0  # the master may wait 60 s for a slot, then 60 s for the AppMaster
 SAVEPOINT_TIMEOUT_S = 130.0  # the master allows the AppMaster 120 s (a checkpoint, then copying its state)
 QUERY_ATTEMPT_S = 5.0  # a status/list/info/kill not answered this fast is asked again
+REACHABLE_WITHIN_S = 2.0  # a NATS URL that accepts no connection this fast is an error (2x for the handshake)
 
 
 class Client:
@@ -40,7 +41,7 @@ class Client:
         self.timeout = timeout
 
     async def __aenter__(self) -> Client:
-        await self.bus.connect()
+        await self.bus.connect(reachable_within=REACHABLE_WITHIN_S)
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -100,7 +101,13 @@ class Bus:
         self._subs = []
         self._closing = False
 
-    async def connect(self, timeout: float = 10.0) -> None:
+    async def connect(self, timeout: float = 10.0, reachable_within: float | None = None) -> None:
+        """Connect, reconnecting for as long as the process lives once connected.
+        ``reachable_within``: fail with ConnectionError naming the URLs when no server accepts
+        a TCP connection that fast (clients and tools; a role waits for its server instead)."""
+        if reachable_within is not None:
+            await self._check_reachable(reachable_within)
+
         async def on_error(exc):
             self.counters["connection_errors"] += 1
             log.warning("nats_error", error=repr(exc))
@@ -112,10 +119,10 @@ class Bus:
         async def on_reconnect():
             log.info("nats_reconnected", url=str(self.nc.connected_url.netloc) if self.nc.connected_url else "")
 
-        self.nc = await nats.connect(
+        connecting = nats.connect(
             servers=self.servers,
             name=self.name,
-            connect_timeout=timeout,
+            connect_timeout=timeout if reachable_within is None else reachable_within,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             error_cb=on_error,
@@ -123,6 +130,28 @@ class Bus:
             reconnected_cb=on_reconnect,
             pending_size=64 * 1024 * 1024,
         )
+        if reachable_within is None:
+            self.nc = await connecting
+            return
+        try:  # something listens, but it may not speak NATS
+            self.nc = await asyncio.wait_for(connecting, 2 * reachable_within)
+        except asyncio.TimeoutError:
+            raise ConnectionError(f"no NATS server answered at {', '.join(self.servers)} "
+                                  f"within {2 * reachable_within:g} s") from None
+
+    async def _check_reachable(self, within: float) -> None:
+        errors = []
+        for url in self.servers:
+            parsed = urllib.parse.urlsplit(url if "://" in url else f"nats://{url}")
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(parsed.hostname or "127.0.0.1", parsed.port or 4222), within)
+            except (OSError, asyncio.TimeoutError) as exc:
+                errors.append(f"{url} ({exc.strerror if isinstance(exc, OSError) and exc.strerror else 'no answer'})")
+                continue
+            writer.close()
+            return
+        raise ConnectionError(f"cannot reach NATS at {', '.join(errors)}")
 
     @property
     def js(self):

@@ -76,3 +76,21 @@ async def test_submit_status_list_kill_info_against_a_cluster(cluster, client):
 async def test_no_master_is_a_clear_error_within_the_deadline(nats_server):
     code, _, err = await gearbus("list", "--nats", nats_server.url, "--request-timeout", "1")
     assert code == 1 and "no master answered" in err
+
+
+async def test_every_command_fails_fast_on_an_unreachable_nats_url(tmp_path):
+    """A closed port, and a port that listens but does not speak NATS: one line naming the URL,
+    exit 1, within 5 s."""
+    silent = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+    silent_url = f"nats://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    commands = [["status", "1"], ["wait", "1"], ["list"], ["info"], ["kill", "1"], ["savepoint", "1"],
+                ["submit", os.path.join(APPS, "endless.py")]]
+    async with silent:
+        for url in ("nats://127.0.0.1:1", silent_url):
+            for command in commands:
+                started = asyncio.get_running_loop().time()
+                code, out, err = await gearbus(command[0], "--nats", url, *command[1:], timeout=20)
+                took = asyncio.get_running_loop().time() - started
+                assert code == 1, (command, url, err)
+                assert took < 5, f"{command} took {took:.1f} s"
+                assert f"gearbus {command[0]}: " in err and url in err.splitlines()[-1] and not out
