@@ -18,6 +18,10 @@ from gearbus.client import Client
 from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from gearbus.runners.spark import SparkRunner, SparkUnavailable
+from services.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
+from services.dashboard.server import add_arguments as dashboard_arguments
+from services.dashboard.server import serve as serve_dashboard
+from services.dashboard.server import servers_of as dashboard_servers
 from shared.bus import RequestError
 from shared.logging import configure
 from shared.messages import AppState, AppSummary, CheckpointStats, ClusterInfo
@@ -118,14 +122,19 @@ async def _run(args) -> int:
     else:
         runner = ClusterRunner(args.nats)
     seen: dict[str, float] = {}
+    dashboard = None
     try:
         await runner.start(args.app, args.app_args)
+        if args.dashboard is not None:  # it prints its URL once it listens
+            dashboard = asyncio.create_task(serve_dashboard([runner.nats_url], "127.0.0.1", args.dashboard))
         app = await runner.wait(args.timeout, seen)
     except (RequestError, asyncio.TimeoutError) as exc:
+        await _stop_dashboard(dashboard)
         await runner.stop()
         logs = f"\n{runner.cluster.logs_tail()}\nlogs kept in {runner.cluster.log_dir}" if args.runner == "local" else ""
         print(f"gearbus run: {exc}{logs}", file=sys.stderr)
         return 1
+    await _stop_dashboard(dashboard)
     await runner.stop()
     if args.runner == "local":
         if args.log_dir is None and app.state == AppState.SUCCEEDED:
@@ -138,6 +147,16 @@ async def _run(args) -> int:
         "running_s": round(seen.get(app.state, ended) - seen.get(AppState.ACTIVE, started), 3),
         "total_s": round(ended - started, 3),
     })
+
+
+async def _stop_dashboard(serving: asyncio.Task | None) -> None:
+    if serving is not None:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+
+
+async def _dashboard(args) -> int:
+    return await serve_dashboard(dashboard_servers(args), args.host, args.port)
 
 
 def _report_run(args, app: AppSummary, phases: dict) -> int:
@@ -267,9 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-dir", default=None, help="where process logs go (default: a temp dir)")
     run.add_argument("--json", action="store_true", help="print a JSON summary with phase timings")
     run.add_argument("-v", "--verbose", action="store_true", help="print the traceback of a failure")
+    run.add_argument("--dashboard", type=int, nargs="?", const=DASHBOARD_PORT, default=None, metavar="PORT",
+                     help=f"serve the web dashboard of the cluster while the app runs (default port {DASHBOARD_PORT})")
     run.add_argument("app", help="the application .py file or package directory")
     run.add_argument("app_args", nargs=argparse.REMAINDER, help="arguments for the application")
     run.set_defaults(handler=_run)
+
+    dashboard = sub.add_parser("dashboard", help="serve the web dashboard, REST API and /metrics of a cluster")
+    dashboard_arguments(dashboard)
+    dashboard.set_defaults(handler=_dashboard)
 
     plan_cmd = sub.add_parser("plan", help="print the processor plan of an app as JSON")
     plan_cmd.add_argument("--runner", choices=("test", "local", "cluster"), default="local")

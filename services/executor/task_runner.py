@@ -93,6 +93,7 @@ class TaskRunner:
         self.records_read = 0
         self.bytes_in = 0
         self.batches = Histogram()  # time to process each batch (a frame, or a source's read)
+        self.timed = config.task_metrics
         self.finished = False
         self.stopped = False
         self._subs = []
@@ -225,9 +226,9 @@ class TaskRunner:
                 await self._inject_pending()
             if self.stopped:
                 return
-            started = time.perf_counter()
+            started = time.perf_counter() if self.timed else 0.0
             count = task.read(batch)
-            if count:
+            if count and self.timed:
                 self.batches.observe((time.perf_counter() - started) * 1000)
             if count is None:
                 await self._act(core.end_source())
@@ -306,6 +307,9 @@ class TaskRunner:
                 return
         if sender not in self.core.inputs:
             self._drop(f"data from {sender}, which is not an input of this task")
+            return
+        if not self.timed:
+            await self._act(self.core.receive(sender, frame))
             return
         started = time.perf_counter()
         actions = self.core.receive(sender, frame)

@@ -1,0 +1,5 @@
+import sys
+
+from services.dashboard.server import main
+
+sys.exit(main())

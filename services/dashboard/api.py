@@ -1,0 +1,165 @@
+"""The dashboard's HTTP side: the REST API under /api/v1/, /metrics for Prometheus and the
+web UI's pages and assets (shipped in the package, nothing fetched at run time).
+
+Every answer is read from the cluster when asked (the dashboard keeps no state, so any
+number of them can run); FastAPI gives the OpenAPI description (/openapi.json, /docs)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from services.dashboard.cluster import ClusterView, Conflict, NotFound, Unreachable
+from services.dashboard.prometheus import exposition
+from shared.messages import (
+    AppDag,
+    AppError,
+    AppState,
+    AppSummary,
+    CheckpointStats,
+    ProcessorMetrics,
+    TaskCounters,
+    WorkerSummary,
+)
+
+STATIC = os.path.join(os.path.dirname(__file__), "static")
+
+
+def _json(value) -> JSONResponse:
+    if isinstance(value, list):
+        return JSONResponse([v.to_wire() for v in value])
+    return JSONResponse(value.to_wire() if hasattr(value, "to_wire") else value)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(view: ClusterView) -> FastAPI:
+    app = FastAPI(title="gearbus dashboard", version="1",
+                  description="A gearbus cluster's masters, workers and applications, read over NATS.")
+
+    @app.exception_handler(Unreachable)
+    async def unreachable(_: Request, exc: Unreachable):
+        return _error(503, f"cluster unreachable: {exc}")
+
+    @app.exception_handler(NotFound)
+    async def not_found(_: Request, exc: NotFound):
+        return _error(404, str(exc))
+
+    @app.exception_handler(Conflict)
+    async def conflict(_: Request, exc: Conflict):
+        return _error(409, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
+        return _error(400, f"bad request: {problems}")
+
+    # --- cluster ---------------------------------------------------------------
+
+    @app.get("/api/v1/cluster", summary="Masters, the leader, workers, and apps by state")
+    async def cluster():
+        info, apps = await view.info(), await view.apps()
+        by_state = {state: 0 for state in sorted(AppState.ALL)}
+        for summary in apps:
+            by_state[summary.state] += 1
+        return JSONResponse({**info.to_wire(), "apps_by_state": by_state,
+                             "slots": sum(w.slots for w in info.workers if w.alive),
+                             "slots_used": sum(w.slots_used for w in info.workers if w.alive)})
+
+    @app.get("/api/v1/masters", summary="The masters and which one leads")
+    async def masters():
+        info = await view.info()
+        return JSONResponse([{"master_id": m, "leader": m == info.leader} for m in info.masters])
+
+    @app.get("/api/v1/workers", response_model=list[WorkerSummary])
+    async def workers():
+        return _json((await view.info()).workers)
+
+    @app.get("/api/v1/workers/{worker_id}", response_model=WorkerSummary)
+    async def worker(worker_id: str):
+        for w in (await view.info()).workers:
+            if w.worker_id == worker_id:
+                return _json(w)
+        raise NotFound(f"no worker {worker_id!r}")
+
+    # --- apps ------------------------------------------------------------------
+
+    @app.get("/api/v1/apps", response_model=list[AppSummary], summary="Every application, newest last")
+    async def apps():
+        return _json(await view.apps())
+
+    @app.get("/api/v1/apps/{app_id}", response_model=AppSummary,
+             summary="One application: state, error, DAG, processors, tasks, checkpoints")
+    async def one_app(app_id: int):
+        return _json(await view.app(app_id))
+
+    def app_part(path: str, model, pick: Callable[[AppSummary], object], summary: str):
+        async def part(app_id: int):
+            return _json(pick(await view.app(app_id)))
+        app.get(f"/api/v1/apps/{{app_id}}/{path}", response_model=model, summary=summary)(part)
+
+    app_part("dag", AppDag | None, lambda a: a.dag, "The processors and edges (after chaining)")
+    app_part("processors", list[ProcessorMetrics], lambda a: a.processors, "Per-processor metrics")
+    app_part("tasks", list[TaskCounters], lambda a: a.tasks, "Per-task counters")
+    app_part("checkpoints", CheckpointStats | None, lambda a: a.checkpoints, "Checkpoint statistics")
+    app_part("error", AppError | None, lambda a: a.error, "Why the app failed (null otherwise)")
+
+    @app.get("/api/v1/apps/{app_id}/executors", summary="Executors, restarts and blacklisted workers")
+    async def executors(app_id: int):
+        summary = await view.app(app_id)
+        return JSONResponse({"executors": summary.executors, "appmaster_worker": summary.appmaster_worker,
+                             "restarts": summary.restarts, "blacklisted_workers": summary.blacklisted_workers})
+
+    @app.get("/api/v1/apps/{app_id}/processors/{processor_id}", response_model=ProcessorMetrics)
+    async def processor(app_id: int, processor_id: int):
+        for p in (await view.app(app_id)).processors:
+            if p.processor == processor_id:
+                return _json(p)
+        raise NotFound(f"app {app_id} has no processor {processor_id}")
+
+    @app.get("/api/v1/apps/{app_id}/tasks/{processor_id}/{index}", response_model=TaskCounters)
+    async def task(app_id: int, processor_id: int, index: int):
+        for t in (await view.app(app_id)).tasks:
+            if (t.task.processor, t.task.index) == (processor_id, index):
+                return _json(t)
+        raise NotFound(f"app {app_id} has no task {processor_id}.{index}")
+
+    @app.get("/api/v1/apps/{app_id}/metrics", summary="The app's metrics: processors, tasks, clock, checkpoints")
+    async def app_metrics(app_id: int):
+        a = await view.app(app_id)
+        return JSONResponse({"clock": a.clock, "restarts": a.restarts, "stalled_tasks": a.stalled_tasks,
+                             "processors": [p.to_wire() for p in a.processors],
+                             "tasks": [t.to_wire() for t in a.tasks],
+                             "checkpoints": a.checkpoints.to_wire() if a.checkpoints else None})
+
+    @app.post("/api/v1/apps/{app_id}/kill", summary="End the app (TERMINATED)")
+    async def kill(app_id: int):
+        await view.kill(app_id)
+        return JSONResponse({"app_id": app_id, "state": AppState.TERMINATED})
+
+    # --- Prometheus and the UI ---------------------------------------------------
+
+    @app.get("/metrics", summary="The whole cluster in Prometheus text format", response_class=Response)
+    async def metrics():
+        info, summaries = await view.info(), await view.apps()
+        return Response(exposition(info, summaries), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return FileResponse(os.path.join(STATIC, "index.html"))
+
+    @app.get("/apps/{app_id}", include_in_schema=False)
+    async def app_page(app_id: int):
+        return FileResponse(os.path.join(STATIC, "app.html"))
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+

@@ -1,0 +1,62 @@
+"""The dashboard's window on the cluster: every read goes over NATS to the leading master
+(so it follows a fail-over), and an unreachable cluster is one clear error."""
+
+from __future__ import annotations
+
+from gearbus.client import Client
+from shared.bus import NoResponders, RequestError, RequestTimeout
+from shared.messages import AppSummary, ClusterInfo, ErrorCode
+
+QUERY_TIMEOUT_S = 3.0  # a page must not hang: a master that does not answer this fast is "unreachable"
+
+
+class Unreachable(Exception):
+    """No master answered (NATS down, or no master running)."""
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Conflict(Exception):
+    pass
+
+
+class ClusterView:
+    def __init__(self, servers: list[str]):
+        self.servers = servers
+        self.client = Client(servers, timeout=QUERY_TIMEOUT_S)
+
+    async def open(self) -> None:
+        """Connect (ConnectionError naming the URL when NATS cannot be reached); later
+        outages are ridden out by the connection's reconnects."""
+        await self.client.__aenter__()
+
+    async def close(self) -> None:
+        await self.client.__aexit__(None, None, None)
+
+    async def _ask(self, call):
+        if not self.client.bus.nc.is_connected:
+            raise Unreachable(f"NATS at {', '.join(self.servers)} is not connected")
+        try:
+            return await call
+        except (RequestTimeout, NoResponders) as exc:
+            raise Unreachable(f"no master answered: {exc.message}") from None
+        except RequestError as exc:
+            if exc.code == ErrorCode.NOT_FOUND:
+                raise NotFound(exc.message) from None
+            if exc.code == ErrorCode.CONFLICT:
+                raise Conflict(exc.message) from None
+            raise
+
+    async def info(self) -> ClusterInfo:
+        return await self._ask(self.client.info())
+
+    async def apps(self) -> list[AppSummary]:
+        return await self._ask(self.client.list())
+
+    async def app(self, app_id: int) -> AppSummary:
+        return await self._ask(self.client.status(app_id))
+
+    async def kill(self, app_id: int) -> None:
+        await self._ask(self.client.kill(app_id))

@@ -1,0 +1,69 @@
+"""``python -m services.dashboard`` / ``gearbus dashboard``: serve the REST API, /metrics and
+the web UI of the cluster at ``--nats`` (uvicorn, an established ASGI server, runs FastAPI's
+app on this process's event loop beside the NATS connection)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+import structlog
+
+from shared.logging import configure
+
+log = structlog.get_logger()
+DEFAULT_PORT = 8080
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nats", action="append",
+                        help="NATS server URL (repeatable; default $GEARBUS_NATS_URL or nats://127.0.0.1:4222)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}; 0: any)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+
+
+def servers_of(args: argparse.Namespace) -> list[str]:
+    return args.nats or [os.environ.get("GEARBUS_NATS_URL", "nats://127.0.0.1:4222")]
+
+
+async def serve(servers: list[str], host: str, port: int) -> int:
+    """Serve until cancelled or signalled; print the URL once the port listens."""
+    import uvicorn  # here, not at the top: every gearbus command imports this module for its options
+
+    from services.dashboard.api import create_app
+    from services.dashboard.cluster import ClusterView
+
+    view = ClusterView(servers)
+    try:
+        await view.open()
+    except ConnectionError as exc:
+        print(f"gearbus dashboard: {exc}", file=sys.stderr)
+        return 1
+    server = uvicorn.Server(uvicorn.Config(create_app(view), host=host, port=port, log_level="warning",
+                                           lifespan="off", access_log=False))
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if serving.done():
+                return 1 if serving.exception() or not server.started else 0
+            await asyncio.sleep(0.02)
+        bound = server.servers[0].sockets[0].getsockname()
+        url = f"http://{bound[0]}:{bound[1]}"
+        log.info("dashboard_serving", url=url, nats=servers)
+        print(f"dashboard on {url}", file=sys.stderr, flush=True)
+        await serving
+        return 0
+    finally:
+        server.should_exit = True
+        await asyncio.gather(serving, return_exceptions=True)
+        await view.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.dashboard", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    configure("dashboard")
+    return asyncio.run(serve(servers_of(args), args.host, args.port))
