@@ -156,7 +156,7 @@ async def _stop_dashboard(serving: asyncio.Task | None) -> None:
 
 
 async def _dashboard(args) -> int:
-    return await serve_dashboard(dashboard_servers(args), args.host, args.port)
+    return await serve_dashboard(dashboard_servers(args), args.host, args.port, own_signals=True)
 
 
 def _report_run(args, app: AppSummary, phases: dict) -> int:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 
 import structlog
@@ -28,12 +30,18 @@ def servers_of(args: argparse.Namespace) -> list[str]:
     return args.nats or [os.environ.get("GEARBUS_NATS_URL", "nats://127.0.0.1:4222")]
 
 
-async def serve(servers: list[str], host: str, port: int) -> int:
-    """Serve until cancelled or signalled; print the URL once the port listens."""
+async def serve(servers: list[str], host: str, port: int, own_signals: bool = False) -> int:
+    """Serve until cancelled (or, with ``own_signals``, SIGTERM/SIGINT: a graceful stop and
+    exit code 0, as every role); print the URL once the port listens."""
     import uvicorn  # here, not at the top: every gearbus command imports this module for its options
 
     from services.dashboard.api import create_app
     from services.dashboard.cluster import ClusterView
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # uvicorn's would re-raise SIGTERM after stopping: exit -15
+            yield
 
     view = ClusterView(servers)
     try:
@@ -41,8 +49,11 @@ async def serve(servers: list[str], host: str, port: int) -> int:
     except ConnectionError as exc:
         print(f"gearbus dashboard: {exc}", file=sys.stderr)
         return 1
-    server = uvicorn.Server(uvicorn.Config(create_app(view), host=host, port=port, log_level="warning",
-                                           lifespan="off", access_log=False))
+    server = Server(uvicorn.Config(create_app(view), host=host, port=port, log_level="warning",
+                                   lifespan="off", access_log=False))
+    if own_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, setattr, server, "should_exit", True)
     serving = asyncio.create_task(server.serve())
     try:
         while not server.started:
@@ -66,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     configure("dashboard")
-    return asyncio.run(serve(servers_of(args), args.host, args.port))
+    return asyncio.run(serve(servers_of(args), args.host, args.port, own_signals=True))

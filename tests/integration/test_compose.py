@@ -13,11 +13,13 @@ import random
 import shlex
 import signal
 import sys
+import urllib.request
 
 import yaml
 
 from gearbus.artifact import pack
 from gearbus.client import Client
+from gearbus.natsserver import free_port
 from shared.messages import AppState
 from tests.conftest import wait_for_cluster
 
@@ -40,11 +42,15 @@ def command_of(service: dict) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
 
 
-def local_command(service: dict, nats_url: str) -> list[str]:
-    """The service's compose command, run here: the test server's URL, this Python."""
+def local_command(service: dict, nats_url: str, http_port: int) -> list[str]:
+    """The service's compose command, run here: the test server's URL, this Python, and a
+    free loopback port for the dashboard."""
     argv = [part.replace(COMPOSE_NATS_URL, nats_url) for part in command_of(service)]
     if argv and argv[0] == "python":
         argv[0] = sys.executable
+    if "--port" in argv:
+        argv[argv.index("--port") + 1] = str(http_port)
+        argv[argv.index("--host") + 1] = "127.0.0.1"
     return argv
 
 
@@ -55,7 +61,7 @@ def flag(argv: list[str], name: str) -> str:
 def test_compose_file_declares_the_cluster():
     compose = load_compose()
     services = compose["services"]
-    assert set(services) == {"nats", "master", "master-standby", "worker-1", "worker-2"}
+    assert set(services) == {"nats", "master", "master-standby", "worker-1", "worker-2", "dashboard"}
 
     nats = services["nats"]
     version = str(nats["image"]).removeprefix("nats:").split(".")
@@ -78,6 +84,9 @@ def test_compose_file_declares_the_cluster():
         argv = command_of(services[name])
         assert flag(argv, "--worker-id") == name
         assert flag(argv, "--slots") == "4"
+    dashboard = command_of(services["dashboard"])
+    assert dashboard[:3] == ["python", "-m", "services.dashboard"] and flag(dashboard, "--nats") == COMPOSE_NATS_URL
+    assert services["dashboard"]["ports"] == [f"127.0.0.1:{flag(dashboard, '--port')}:{flag(dashboard, '--port')}"]
 
 
 async def wait_for_compose_workers(client: Client, expected: dict[str, int], processes: dict) -> None:
@@ -131,7 +140,8 @@ def logs(log_dir, names) -> str:
 async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_path):
     services = load_compose()["services"]
     names = [name for name in services if name != "nats"]
-    assert sorted(names) == ["master", "master-standby", "worker-1", "worker-2"]
+    assert sorted(names) == ["dashboard", "master", "master-standby", "worker-1", "worker-2"]
+    http_port = free_port()
     expected_workers = {
         flag(command_of(services[name]), "--worker-id"): int(flag(command_of(services[name]), "--slots"))
         for name in names if name.startswith("worker")
@@ -143,7 +153,7 @@ async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_
     processes: dict[str, asyncio.subprocess.Process] = {}
     try:
         for name in names:
-            argv = local_command(services[name], nats_server.url)
+            argv = local_command(services[name], nats_server.url, http_port)
             assert COMPOSE_NATS_URL not in argv and nats_server.url in argv
             with open(log_dir / f"{name}.log", "wb") as log:
                 # Its own process group, so the finally below also reaches any
@@ -169,6 +179,8 @@ async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_
             summary = await client.wait(app_id, timeout=60)
             assert summary.state == AppState.SUCCEEDED, (summary, logs(log_dir, names))
             assert read_counts(output_path) == expected
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/v1/apps/{app_id}", timeout=10) as page:
+                assert json.load(page)["state"] == AppState.SUCCEEDED  # the dashboard serves the cluster
 
         for process in processes.values():
             process.send_signal(signal.SIGTERM)
