@@ -253,6 +253,19 @@ async def _kill(args) -> int:
     return await _with_client(args, go)
 
 
+async def _restart(args) -> int:
+    async def go(client: Client) -> int:
+        restarted = await client.restart(args.app_id)
+        if args.json:
+            print(_as_json(restarted))
+        else:
+            how = f"from savepoint {restarted.from_savepoint}" if restarted.from_savepoint else "afresh (it had ended)"
+            print(f"app {args.app_id} restarted as app {restarted.app_id}, {how}")
+        return 0
+
+    return await _with_client(args, go)
+
+
 async def _info(args) -> int:
     async def go(client: Client) -> int:
         info = await client.info()
@@ -314,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.set_defaults(handler=_submit)
 
     for name, handler, text in (("status", _status, "show an app's state, error and task counters"),
-                                ("kill", _kill, "end an app (TERMINATED)")):
+                                ("kill", _kill, "end an app (TERMINATED)"),
+                                ("restart", _restart, "submit an app again (a running one: from a savepoint)")):
         p = sub.add_parser(name, help=text)
         cluster_args(p)
         p.add_argument("app_id", type=int)

@@ -13,6 +13,7 @@ from shared import subjects
 from shared.bus import Bus
 from shared.messages import (
     ApplicationList,
+    ApplicationRestarted,
     ApplicationStateChanged,
     ApplicationStatus,
     AppState,
@@ -22,6 +23,7 @@ from shared.messages import (
     ListApplications,
     QueryApplication,
     QueryCluster,
+    RestartApplication,
     SavepointTaken,
     SubmitApplication,
     SubmitApplicationResult,
@@ -94,6 +96,11 @@ class Client:
         """Write a named checkpoint of a running app (and end it, with ``stop``)."""
         return await self._request(subjects.APP_SAVEPOINT, TakeSavepoint(app_id, name, stop), SavepointTaken,
                                    SAVEPOINT_TIMEOUT_S, idempotent=False)
+
+    async def restart(self, app_id: int) -> ApplicationRestarted:
+        """Submit the app again (a running one continues from a savepoint); the new app's id."""
+        return await self._request(subjects.APP_RESTART, RestartApplication(app_id), ApplicationRestarted,
+                                   SAVEPOINT_TIMEOUT_S + SUBMIT_TIMEOUT_S, idempotent=False)
 
     async def info(self) -> ClusterInfo:
         return await self._request(subjects.MASTER_INFO, QueryCluster(), ClusterInfo)

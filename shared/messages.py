@@ -452,6 +452,19 @@ class SavepointTaken(Message):
     steps: list[str] = dataclasses.field(default_factory=list)  # the stateful steps it holds
 
 
+class RestartApplication(Message):
+    """Submit an app again with its artifact, arguments and config (on ``app.restart``): a
+    running app first takes a savepoint and stops, and the new one starts from it."""
+
+    app_id: int
+
+
+class ApplicationRestarted(Message):
+    previous_app_id: int
+    app_id: int  # the new app
+    from_savepoint: str = ""  # "" when the previous app had ended: the new one starts afresh
+
+
 class QueryApplication(Message):
     app_id: int
 

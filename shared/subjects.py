@@ -8,6 +8,7 @@ APP_KILL = "app.kill"
 APP_STATUS = "app.status"
 APP_LIST = "app.list"
 APP_SAVEPOINT = "app.savepoint"
+APP_RESTART = "app.restart"
 MASTER_INFO = "master.info"
 
 # workers and AppMasters -> leader master

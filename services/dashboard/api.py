@@ -20,6 +20,7 @@ from services.dashboard.prometheus import exposition
 from shared.messages import (
     AppDag,
     AppError,
+    ApplicationRestarted,
     AppState,
     AppSummary,
     CheckpointStats,
@@ -144,6 +145,11 @@ def create_app(view: ClusterView) -> FastAPI:
     async def kill(app_id: int):
         await view.kill(app_id)
         return JSONResponse({"app_id": app_id, "state": AppState.TERMINATED})
+
+    @app.post("/api/v1/apps/{app_id}/restart", response_model=ApplicationRestarted,
+              summary="Submit the app again (a running one stops with a savepoint and the new one starts from it)")
+    async def restart(app_id: int):
+        return _json(await view.restart(app_id))
 
     # --- Prometheus and the UI ---------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gearbus.client import Client
 from shared.bus import NoResponders, RequestError, RequestTimeout
-from shared.messages import AppSummary, ClusterInfo, ErrorCode
+from shared.messages import ApplicationRestarted, AppSummary, ClusterInfo, ErrorCode
 
 QUERY_TIMEOUT_S = 3.0  # a page must not hang: a master that does not answer this fast is "unreachable"
 
@@ -60,3 +60,6 @@ class ClusterView:
 
     async def kill(self, app_id: int) -> None:
         await self._ask(self.client.kill(app_id))
+
+    async def restart(self, app_id: int) -> ApplicationRestarted:
+        return await self._ask(self.client.restart(app_id))

@@ -30,6 +30,7 @@ from shared.messages import (
     CheckpointStats,
     AppMasterRegistered,
     ApplicationList,
+    ApplicationRestarted,
     ApplicationStateChanged,
     ApplicationStatus,
     AppState,
@@ -52,6 +53,7 @@ from shared.messages import (
     RegisterWorker,
     ReRegister,
     RequestResource,
+    RestartApplication,
     ResourceAllocated,
     ShutdownExecutor,
     SubmitApplication,
@@ -194,6 +196,7 @@ class Master(Service):
             await serve(subjects.APP_SUBMIT, {SubmitApplication: self.on_submit}, concurrent=True, guard=guard),
             await serve(subjects.APP_KILL, {KillApplication: self.on_kill}, guard=guard),
             await serve(subjects.APP_SAVEPOINT, {TakeSavepoint: self.on_savepoint}, concurrent=True, guard=guard),
+            await serve(subjects.APP_RESTART, {RestartApplication: self.on_restart}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATUS, {QueryApplication: self.on_status}, guard=guard),
             await serve(subjects.APP_LIST, {ListApplications: self.on_list}, guard=guard),
             await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info}, guard=guard),
@@ -349,6 +352,21 @@ class Master(Service):
                                                    "can take a savepoint")
         return await self.bus.request(subjects.appmaster_savepoint(msg.app_id), msg, expect=SavepointTaken,
                                       timeout=SAVEPOINT_TIMEOUT_S)
+
+    async def on_restart(self, msg: RestartApplication) -> ApplicationRestarted:
+        """Submit the app again; a running one hands its state over through a savepoint."""
+        record = self._app(msg.app_id)
+        if record.state == AppState.PENDING:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is still starting: restart it once it runs")
+        config = {k: v for k, v in record.config.items() if k not in ("from_savepoint", "allow_unclaimed_state")}
+        savepoint = ""
+        if record.state == AppState.ACTIVE:
+            taken = await self.on_savepoint(TakeSavepoint(msg.app_id, f"restart-app{msg.app_id}-{now_ms()}", stop=True))
+            savepoint = config["from_savepoint"] = taken.name
+        result = await self.on_submit(SubmitApplication(record.name, record.artifact, record.entry, record.artifact_kind,
+                                                        record.args, record.user, record.priority, config))
+        log.info("app_restarted", previous_app_id=msg.app_id, app_id=result.app_id, from_savepoint=savepoint)
+        return ApplicationRestarted(msg.app_id, result.app_id, savepoint)
 
     async def on_status(self, msg: QueryApplication) -> ApplicationStatus:
         return ApplicationStatus(self._summary(self._app(msg.app_id)))

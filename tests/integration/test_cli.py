@@ -7,12 +7,15 @@ import json
 import os
 import sys
 
+from gearbus.artifact import pack
 from shared.messages import AppState
 from tests.conftest import EXAMPLES, REPO
+from tests.integration.test_master_ha import read_ticks
 from tests.integration.test_cluster import APPS, expected_counts, read_counts, sample_lines, wait_state, write_text
 
 GEARBUS = [sys.executable, "-m", "gearbus.cli"]
 WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
+TICKER = os.path.join(EXAMPLES, "ticker.py")
 
 
 async def gearbus(*args: str, timeout: float = 90) -> tuple[int, str, str]:
@@ -94,3 +97,39 @@ async def test_every_command_fails_fast_on_an_unreachable_nats_url(tmp_path):
                 assert code == 1, (command, url, err)
                 assert took < 5, f"{command} took {took:.1f} s"
                 assert f"gearbus {command[0]}: " in err and url in err.splitlines()[-1] and not out
+
+
+async def test_restart_carries_a_running_app_on_from_a_savepoint_and_starts_an_ended_one_afresh(cluster, client,
+                                                                                                tmp_path):
+    ticks = tmp_path / "ticks.jsonl"
+    url = ["--nats", cluster.url]
+    first = await client.submit(pack(TICKER), ["--output", str(ticks), "--rate", "200"])
+    await wait_state(client, first, AppState.ACTIVE)
+
+    async def ticks_beyond(n: int) -> list[int]:
+        async with asyncio.timeout(30):
+            while not (seen := read_ticks(ticks)) or max(seen) <= n:
+                await asyncio.sleep(0.1)
+        return seen
+
+    await ticks_beyond(100)
+    code, out, err = await gearbus("restart", *url, "--json", str(first))
+    assert code == 0, err
+    restarted = json.loads(out)
+    second = restarted["app_id"]
+    assert restarted["previous_app_id"] == first and restarted["from_savepoint"].startswith(f"restart-app{first}-")
+    assert (await client.status(first)).state == AppState.TERMINATED
+    await wait_state(client, second, AppState.ACTIVE)
+    before = max(read_ticks(ticks))
+    seen = await ticks_beyond(before + 100)
+    assert sorted(seen) == list(range(max(seen) + 1)), "numbers lost or written twice across the restart"
+
+    await client.kill(second)
+    code, out, err = await gearbus("restart", *url, str(second))
+    assert code == 0 and "afresh" in out, err
+    third = int(out.split("as app ")[1].split(",")[0])
+    await wait_state(client, third, AppState.ACTIVE)
+    await client.kill(third)
+
+    code, _, err = await gearbus("restart", *url, "999")
+    assert code == 1 and "999" in err
