@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import contextlib
 import importlib.util
 import io
 import os
@@ -69,10 +70,18 @@ def call_application(module, args: list[str], origin: str) -> Pipeline | Applica
     factory = getattr(module, ENTRY_FUNCTION, None)
     if not callable(factory):
         raise ArtifactError(f"{origin} does not define {ENTRY_FUNCTION}(args) -> gearbus.Pipeline or Application")
+    said = io.StringIO()  # what argparse and friends print before they exit: the user must see it
     try:
-        app = factory(list(args))
+        with contextlib.redirect_stderr(said):
+            app = factory(list(args))
     except SystemExit as exc:  # argparse and friends exit on bad arguments
-        raise ArtifactError(f"{origin}: application arguments rejected (exit code {exc.code})") from None
+        message = said.getvalue().strip()
+        raise ArtifactError(f"{origin}: application arguments rejected (exit code {exc.code})"
+                            + (f":\n{message}" if message else "")) from None
+    except BaseException:
+        sys.stderr.write(said.getvalue())
+        raise
+    sys.stderr.write(said.getvalue())  # what it printed without exiting (warnings) still reaches the log
     if not isinstance(app, (Pipeline, Application)):
         raise ArtifactError(
             f"{origin}: {ENTRY_FUNCTION}() returned {type(app).__name__}, expected gearbus.Pipeline or Application"

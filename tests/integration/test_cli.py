@@ -133,3 +133,14 @@ async def test_restart_carries_a_running_app_on_from_a_savepoint_and_starts_an_e
 
     code, _, err = await gearbus("restart", *url, "999")
     assert code == 1 and "999" in err
+
+
+async def test_arguments_an_app_rejects_on_the_cluster_report_the_parsers_message(client):
+    """Submitted without the CLI's local check (any NATS client can): the AppMaster's error
+    carries what argparse said, not only its exit code."""
+    app_id = await client.submit(pack(WORDCOUNT), ["--input", "/nonexistent/words.txt", "--output", "x.jsonl"])
+    final = await client.wait(app_id, timeout=60)
+    assert final.state == AppState.FAILED
+    assert "application arguments rejected (exit code 2)" in final.error.message
+    assert "input file /nonexistent/words.txt does not exist" in final.error.message
+    assert "usage: wordcount" in final.error.message
