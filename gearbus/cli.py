@@ -266,6 +266,51 @@ async def _restart(args) -> int:
     return await _with_client(args, go)
 
 
+def _task_executor(app: AppSummary, task: str) -> int:
+    """The executor that runs task "P.I" of ``app`` (processor id or name, task index)."""
+    processor, _, index = task.rpartition(".")
+    names = {p.name: p.id for p in app.dag.processors} if app.dag else {}
+    try:
+        key = (names[processor] if processor in names else int(processor), int(index))
+    except ValueError:
+        raise RequestError("bad_request", f"--task must be PROCESSOR.INDEX (id or name, e.g. 1.0), got {task!r}")
+    for counters in app.tasks:
+        if (counters.task.processor, counters.task.index) == key:
+            return counters.executor_id
+    known = ", ".join(f"{c.task.processor}.{c.task.index}" for c in app.tasks) or "none reported yet"
+    raise RequestError("not_found", f"app {app.app_id} has no task {task} (tasks: {known})")
+
+
+async def _logs(args) -> int:
+    async def go(client: Client) -> int:
+        app = await client.status(args.app_id)
+        executor = _task_executor(app, args.task) if args.task else None
+        offsets: dict[str, int] = {}
+        current = None
+        while True:
+            ended = args.follow and (await client.status(args.app_id)).state in AppState.TERMINAL
+            chunks = await client.logs(args.app_id, executor, offsets)
+            for chunk in chunks:
+                offsets[chunk.name] = chunk.offset + len(chunk.text.encode())
+                if args.json:
+                    print(json.dumps(chunk.to_wire()), flush=True)
+                elif chunk.text:
+                    if chunk.name != current:
+                        print(f"==> {chunk.name} <==", flush=True)
+                        current = chunk.name
+                    print(chunk.text, end="" if chunk.text.endswith("\n") else "\n", flush=True)
+            behind = any(offsets[c.name] < c.size for c in chunks)
+            if behind:
+                continue
+            if not args.follow or ended:
+                if not chunks:
+                    print(f"gearbus logs: no live worker holds logs of app {args.app_id}", file=sys.stderr)
+                return 0
+            await asyncio.sleep(0.5)
+
+    return await _with_client(args, go)
+
+
 async def _info(args) -> int:
     async def go(client: Client) -> int:
         info = await client.info()
@@ -333,6 +378,14 @@ def build_parser() -> argparse.ArgumentParser:
         cluster_args(p)
         p.add_argument("app_id", type=int)
         p.set_defaults(handler=handler)
+
+    logs = sub.add_parser("logs", help="print what an app's processes wrote (from every worker)")
+    cluster_args(logs)
+    logs.add_argument("app_id", type=int)
+    logs.add_argument("--task", default="", metavar="P.I",
+                      help="only the log of the executor running task P.I (processor id or name, task index)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the app ends")
+    logs.set_defaults(handler=_logs)
 
     savepoint = sub.add_parser("savepoint", help="write a named checkpoint of a running app (--stop: then end it)")
     cluster_args(savepoint)

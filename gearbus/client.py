@@ -21,8 +21,11 @@ from shared.messages import (
     ClusterInfo,
     KillApplication,
     ListApplications,
+    LogChunk,
+    LogsReply,
     QueryApplication,
     QueryCluster,
+    QueryLogs,
     RestartApplication,
     SavepointTaken,
     SubmitApplication,
@@ -101,6 +104,16 @@ class Client:
         """Submit the app again (a running one continues from a savepoint); the new app's id."""
         return await self._request(subjects.APP_RESTART, RestartApplication(app_id), ApplicationRestarted,
                                    SAVEPOINT_TIMEOUT_S + SUBMIT_TIMEOUT_S, idempotent=False)
+
+    async def logs(self, app_id: int, executor_id: int | None = None, offsets: dict[str, int] | None = None,
+                   timeout: float = 3.0) -> list[LogChunk]:
+        """What the app's processes wrote (stdout and stderr), gathered from every live worker,
+        from ``offsets`` on (per log name: pass ``chunk.offset + len(chunk.text.encode())`` to
+        read on)."""
+        workers = sum(w.alive for w in (await self.info()).workers)
+        replies = await self.bus.gather(subjects.LOGS_QUERY, QueryLogs(app_id, executor_id, dict(offsets or {})),
+                                        LogsReply, workers, timeout)
+        return sorted((chunk for reply in replies for chunk in reply.chunks), key=lambda c: c.name)
 
     async def info(self) -> ClusterInfo:
         return await self._request(subjects.MASTER_INFO, QueryCluster(), ClusterInfo)

@@ -86,7 +86,7 @@ class LocalCluster:
 
     def start_worker(self, worker_id: str, slots: int | None = None) -> subprocess.Popen:
         process = self._spawn(worker_id, "services.worker", "--worker-id", worker_id, "--slots",
-                              str(slots or self.slots))
+                              str(slots or self.slots), "--log-dir", self.log_dir)
         self.workers[worker_id] = process
         return process
 

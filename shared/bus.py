@@ -225,6 +225,35 @@ class Bus:
             )
         return answer
 
+    async def gather(self, subject: str, message: Message, expect: type[M], count: int, timeout: float) -> list[M]:
+        """Send a request every subscriber answers (scatter-gather); return the replies of
+        type ``expect`` that came before ``count`` of them did or ``timeout`` passed."""
+        replies: list[M] = []
+        enough = asyncio.Event()
+
+        async def on_reply(msg: Msg) -> None:
+            try:
+                answer = decode(msg.data, (expect, ErrorReply))
+            except ProtocolError as exc:
+                log.warning("bad_reply", subject=subject, error=str(exc))
+                return
+            if isinstance(answer, expect):
+                replies.append(answer)
+            if len(replies) >= count:
+                enough.set()
+
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, cb=on_reply)
+        try:
+            await self.nc.publish(subject, message.encode(), reply=inbox)
+            try:
+                await asyncio.wait_for(enough.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            await sub.unsubscribe()
+        return replies
+
     async def serve(
         self,
         subject: str,

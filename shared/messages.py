@@ -263,6 +263,7 @@ class TaskCounters(Struct):
     stale_frames: int = 0  # frames of another attempt (a replaced task's), dropped unread
     dead_letters: int = 0  # source messages that did not decode (sent to the dead-letter subject)
     epoch: int = 0
+    executor_id: int = -1  # the executor running this task (its log: ``gearbus logs --task``)
     bytes_in: int = 0  # encoded frame bytes received
     bytes_out: int = 0  # encoded frame bytes sent
     inbox_depth: int = 0  # messages waiting in the task's inbox now
@@ -463,6 +464,30 @@ class ApplicationRestarted(Message):
     previous_app_id: int
     app_id: int  # the new app
     from_savepoint: str = ""  # "" when the previous app had ended: the new one starts afresh
+
+
+class QueryLogs(Message):
+    """Ask every worker (on ``logs.query``) for the output of an app's processes."""
+
+    app_id: int
+    executor_id: int | None = None  # None: every process of the app; -1: its AppMaster
+    offsets: dict[str, int] = dataclasses.field(default_factory=dict)  # per log name: read from this byte
+    max_bytes: int = 256 * 1024  # per reply, at most
+
+
+class LogChunk(Struct):
+    name: str  # "<worker>/app<app>-<kind><executor>": unique in the cluster
+    executor_id: int
+    kind: str
+    offset: int  # the byte of the log where ``text`` starts
+    text: str
+    size: int  # the log's size now: offset + len(text in bytes) < size means more to read
+    running: bool  # its process still runs
+
+
+class LogsReply(Message):
+    worker_id: str
+    chunks: list[LogChunk] = dataclasses.field(default_factory=list)
 
 
 class QueryApplication(Message):

@@ -10,6 +10,7 @@ APP_LIST = "app.list"
 APP_SAVEPOINT = "app.savepoint"
 APP_RESTART = "app.restart"
 MASTER_INFO = "master.info"
+LOGS_QUERY = "logs.query"  # every worker answers (scatter-gather)
 
 # workers and AppMasters -> leader master
 WORKER_REGISTER = "master.worker.register"

@@ -69,6 +69,7 @@ class TaskRunner:
         self.on_snapshot = on_snapshot
         self.on_ended = on_ended
         self.epoch = epoch
+        self.executor_id = executor_id
         self.restore_envelope = restore
         self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id, start_ms,
                                    epoch=epoch, nats_servers=servers)
@@ -113,6 +114,7 @@ class TaskRunner:
             stale_frames=self.core.stale_frames,
             dead_letters=getattr(source, "dead_letters", 0),
             epoch=self.epoch,
+            executor_id=self.executor_id,
             bytes_in=self.bytes_in,
             bytes_out=self.outputs.bytes_out,
             inbox_depth=self.inbox.qsize(),

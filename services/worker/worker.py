@@ -27,7 +27,10 @@ from shared.messages import (
     ExecutorLaunched,
     ExecutorStopped,
     LaunchExecutor,
+    LogChunk,
+    LogsReply,
     MasterElected,
+    QueryLogs,
     RegisterWorker,
     ReRegister,
     RunningProcess,
@@ -52,6 +55,26 @@ def _die_with_parent(sig: int) -> Callable[[], None]:
 
 
 @dataclass
+class ProcessLog:
+    app_id: int
+    executor_id: int
+    kind: str
+    path: str
+
+
+def _read_from(path: str, offset: int, limit: int) -> tuple[bytes, int]:
+    """Up to ``limit`` bytes of the file from ``offset``, cut after the last whole line
+    (unless one line alone is longer), and the file's size."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(min(offset, size))
+        data = f.read(limit)
+    if len(data) == limit and b"\n" in data:
+        data = data[: data.rindex(b"\n") + 1]
+    return data, size
+
+
+@dataclass
 class Child:
     app_id: int
     executor_id: int
@@ -67,10 +90,13 @@ class Child:
 class Worker(Service):
     role = "worker"
 
-    def __init__(self, servers, worker_id: str, slots: int):
+    def __init__(self, servers, worker_id: str, slots: int, log_dir: str):
+        """``log_dir``: where each launched process's output is kept (and served on ``logs.query``)."""
         super().__init__(servers, worker_id)
         self.worker_id = worker_id
         self.slots = slots
+        self.log_dir = log_dir
+        self.logs: dict[str, ProcessLog] = {}  # by name, for as long as this worker runs
         self.children: dict[tuple[int, int], Child] = {}
         self.heartbeat_interval = 1.0
         self._registering = asyncio.Lock()
@@ -80,6 +106,7 @@ class Worker(Service):
     async def setup(self) -> None:
         await self.bus.serve(subjects.worker_launch(self.worker_id), {LaunchExecutor: self.on_launch})
         await self.bus.serve(subjects.worker_shutdown(self.worker_id), {ShutdownExecutor: self.on_shutdown})
+        await self.bus.serve(subjects.LOGS_QUERY, {QueryLogs: self.on_logs}, concurrent=True)
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
         await self.bus.listen(subjects.worker_reregister(self.worker_id), {ReRegister: self.on_master_changed})
         await self.register()
@@ -132,16 +159,23 @@ class Worker(Service):
         env[LAUNCH_ENV] = encode_launch(msg)
         env[WORKER_ENV] = self.worker_id
         env["PYTHONHASHSEED"] = "0"  # one string hash on every executor: hash partitioning agrees
+        env["PYTHONUNBUFFERED"] = "1"  # what a task prints reaches its log (and `gearbus logs`) at once
         workdir = tempfile.mkdtemp(prefix=f"gearbus-app{msg.app_id}-{msg.kind}{max(msg.executor_id, 0)}-")
         env[WORKDIR_ENV] = workdir
+        log_name = f"app{msg.app_id}-{msg.kind}{max(msg.executor_id, 0)}"
+        log_path = os.path.join(self.log_dir, f"{self.worker_id}-{log_name}.log")
         try:
             # An AppMaster dies with its worker; an executor gets WORKER_GONE_SIGNAL, which
             # kills it too unless it is far enough along to report its own end first.
             death = WORKER_GONE_SIGNAL if msg.kind == ExecutorKind.EXECUTOR else signal.SIGKILL
-            process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=_die_with_parent(death))
+            with open(log_path, "ab") as output:  # the child writes it directly: it outlives this worker
+                process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=_die_with_parent(death),
+                                                               stdin=asyncio.subprocess.DEVNULL, stdout=output,
+                                                               stderr=asyncio.subprocess.STDOUT)
         except OSError:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
+        self.logs[f"{self.worker_id}/{log_name}"] = ProcessLog(msg.app_id, msg.executor_id, msg.kind, log_path)
         child = Child(msg.app_id, msg.executor_id, msg.kind, process, workdir)
         self.children[key] = child
         self.spawn(self._watch(child), f"watch-{child.label}")
@@ -160,6 +194,20 @@ class Worker(Service):
                 self._kill_child(child)
             else:
                 self.spawn(self._stop_child(child), f"stop-{child.label}")
+
+    async def on_logs(self, msg: QueryLogs) -> LogsReply:
+        """The output of the app's processes launched here, from the offsets asked for."""
+        chunks, budget = [], max(msg.max_bytes, 0)
+        for name, entry in sorted(self.logs.items()):
+            if entry.app_id != msg.app_id or (msg.executor_id is not None and entry.executor_id != msg.executor_id):
+                continue
+            offset = max(msg.offsets.get(name, 0), 0)
+            data, size = await asyncio.to_thread(_read_from, entry.path, offset, budget)
+            budget -= len(data)
+            running = (entry.app_id, entry.executor_id) in self.children
+            chunks.append(LogChunk(name, entry.executor_id, entry.kind, offset, data.decode(errors="replace"), size,
+                                   running))
+        return LogsReply(self.worker_id, chunks)
 
     # --- children ----------------------------------------------------------------
 
@@ -212,9 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nats", action="append", help="NATS server URL (repeatable; default nats://127.0.0.1:4222)")
     parser.add_argument("--slots", type=int, default=4, help="processes this worker may run (default 4)")
     parser.add_argument("--worker-id", default="", help="this worker's id (default: generated)")
+    parser.add_argument("--log-dir", default="",
+                        help="where the output of the processes it launches is kept (default: a new temp dir)")
     args = parser.parse_args(argv)
     if args.slots < 1:
         parser.error("--slots must be at least 1")
     worker_id = args.worker_id or f"worker-{uuid.uuid4().hex[:8]}"
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"gearbus-{worker_id}-logs-")
+    os.makedirs(log_dir, exist_ok=True)
     configure("worker", worker_id)
-    return run_service(Worker(args.nats or ["nats://127.0.0.1:4222"], worker_id, args.slots))
+    return run_service(Worker(args.nats or ["nats://127.0.0.1:4222"], worker_id, args.slots, log_dir))

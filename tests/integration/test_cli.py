@@ -144,3 +144,39 @@ async def test_arguments_an_app_rejects_on_the_cluster_report_the_parsers_messag
     assert "application arguments rejected (exit code 2)" in final.error.message
     assert "input file /nonexistent/words.txt does not exist" in final.error.message
     assert "usage: wordcount" in final.error.message
+
+
+async def test_logs_show_what_tasks_printed_from_any_machine(cluster, client, tmp_path):
+    url = ["--nats", cluster.url]
+    app_id = await client.submit(pack(os.path.join(APPS, "printing.py")), [str(tmp_path / "parity.jsonl"), "40"])
+    assert (await client.wait(app_id, timeout=60)).state == AppState.SUCCEEDED
+
+    code, out, err = await gearbus("logs", *url, str(app_id))
+    assert code == 0, err
+    assert all(f"map saw {n}\n" in out for n in range(40))
+    assert f"/app{app_id}-appmaster0 <==" in out and "app_active" in out  # the AppMaster's log too
+
+    status = await client.status(app_id)
+    printer = next(t for t in status.tasks if t.task.processor == 0)
+    other = next(t for t in status.tasks if t.executor_id != printer.executor_id)
+    code, out, _ = await gearbus("logs", *url, "--task", "numbers+shout+parity.0", str(app_id))
+    assert code == 0 and f"-executor{printer.executor_id} <==" in out and "map saw 39" in out
+    code, out, _ = await gearbus("logs", *url, "--task", f"{other.task.processor}.{other.task.index}", str(app_id))
+    assert code == 0 and "map saw" not in out and f"-executor{other.executor_id} <==" in out
+
+    code, out, _ = await gearbus("logs", *url, "--json", "--task", "0.0", str(app_id))
+    chunks = [json.loads(line) for line in out.splitlines()]
+    assert {c["executor_id"] for c in chunks} == {printer.executor_id} and not any(c["running"] for c in chunks)
+
+    code, _, err = await gearbus("logs", *url, "--task", "7.0", str(app_id))
+    assert code == 1 and "has no task 7.0" in err
+
+
+async def test_logs_follow_prints_lines_as_they_come_until_the_app_ends(cluster, client, tmp_path):
+    app_id = await client.submit(pack(TICKER), ["--output", str(tmp_path / "ticks.jsonl"), "--rate", "50",
+                                                "--count", "150"])
+    await wait_state(client, app_id, AppState.ACTIVE)
+    code, out, err = await gearbus("logs", "--nats", cluster.url, "--follow", str(app_id), timeout=60)
+    assert code == 0, err
+    assert (await client.status(app_id)).state == AppState.SUCCEEDED  # it returned once the app had ended
+    assert "app_active" in out and f"/app{app_id}-executor0 <==" in out  # every process's log
