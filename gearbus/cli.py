@@ -11,6 +11,8 @@ import shutil
 import sys
 import time
 
+from rich.console import Console
+
 from gearbus.api.graph import GraphError
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.artifact import ArtifactError, load_local
@@ -18,6 +20,7 @@ from gearbus.client import Client
 from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from gearbus.runners.spark import SparkRunner, SparkUnavailable
+from gearbus.terminal import processor_table, show_progress, top
 from services.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
 from services.dashboard.server import add_arguments as dashboard_arguments
 from services.dashboard.server import serve as serve_dashboard
@@ -122,19 +125,23 @@ async def _run(args) -> int:
     else:
         runner = ClusterRunner(args.nats)
     seen: dict[str, float] = {}
-    dashboard = None
+    dashboard = progress = None
     try:
         await runner.start(args.app, args.app_args)
         if args.dashboard is not None:  # it prints its URL once it listens
             dashboard = asyncio.create_task(serve_dashboard([runner.nats_url], "127.0.0.1", args.dashboard))
+        if sys.stderr.isatty() and not args.json:
+            progress = asyncio.create_task(show_progress(runner.client, runner.app_id, Console(stderr=True)))
         app = await runner.wait(args.timeout, seen)
     except (RequestError, asyncio.TimeoutError) as exc:
-        await _stop_dashboard(dashboard)
+        await _stop_task(progress)
+        await _stop_task(dashboard)
         await runner.stop()
         logs = f"\n{runner.cluster.logs_tail()}\nlogs kept in {runner.cluster.log_dir}" if args.runner == "local" else ""
         print(f"gearbus run: {exc}{logs}", file=sys.stderr)
         return 1
-    await _stop_dashboard(dashboard)
+    await _stop_task(progress)
+    await _stop_task(dashboard)
     await runner.stop()
     if args.runner == "local":
         if args.log_dir is None and app.state == AppState.SUCCEEDED:
@@ -149,10 +156,10 @@ async def _run(args) -> int:
     })
 
 
-async def _stop_dashboard(serving: asyncio.Task | None) -> None:
-    if serving is not None:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+async def _stop_task(task: asyncio.Task | None) -> None:
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def _dashboard(args) -> int:
@@ -311,6 +318,22 @@ async def _logs(args) -> int:
     return await _with_client(args, go)
 
 
+async def _top(args) -> int:
+    async def go(client: Client) -> int:
+        if args.once:
+            apps = [a for a in await client.list(args.all) if a.processors]
+            console = Console()
+            for app in apps:
+                console.print(processor_table(app))
+            if not apps:
+                console.print("no applications running")
+            return 0
+        await top(client, Console(), args.all)
+        return 0
+
+    return await _with_client(args, go)
+
+
 async def _info(args) -> int:
     async def go(client: Client) -> int:
         info = await client.info()
@@ -378,6 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
         cluster_args(p)
         p.add_argument("app_id", type=int)
         p.set_defaults(handler=handler)
+
+    top_cmd = sub.add_parser("top", help="a live view of the running apps' processors (Ctrl-C to leave)")
+    cluster_args(top_cmd)
+    top_cmd.add_argument("--all", action="store_true", help="also apps that have ended")
+    top_cmd.add_argument("--once", action="store_true", help="print the view once and exit")
+    top_cmd.set_defaults(handler=_top)
 
     logs = sub.add_parser("logs", help="print what an app's processes wrote (from every worker)")
     cluster_args(logs)

@@ -83,7 +83,7 @@ class Service:
         try:
             await self.start()
         except Exception as exc:
-            log.error("service_start_failed", error=f"{type(exc).__name__}: {exc}")
+            log.error("service_start_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
             await self.close()
             return 2
         for sig in (signal.SIGTERM, signal.SIGINT):

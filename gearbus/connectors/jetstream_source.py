@@ -422,7 +422,7 @@ class JetStreamSource(_Decoding, DataSource):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.error("%s: reading failed: %s", self._name, exc)
+            log.error("%s: reading failed: %s", self._name, exc, exc_info=exc)
             self._error = exc
 
     def _quiet(self) -> list[str]:

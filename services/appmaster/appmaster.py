@@ -215,7 +215,7 @@ class AppMaster(Service):
         except Exception as exc:
             state = AppState.FAILED
             error = AppError(type(exc).__name__, str(exc), "appmaster", traceback.format_exc())
-            log.error("app_failed", error=f"{type(exc).__name__}: {exc}")
+            log.error("app_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         self._ending = True
         await self._send_heartbeat()  # the final counters, before the final state
         await self._report(state, error)
@@ -783,7 +783,7 @@ class AppMaster(Service):
             self.spawn(self._rollback(f"task {task} failed: {msg.error.message}", slot.worker_id if slot else "",
                                       f"task {task}", msg.epoch), f"recover-task-{task}")
             return
-        log.error("task_failed", task=task, error=msg.error.message)
+        log.error("task_failed", task=task, error=msg.error.message, exception=msg.error.traceback)
         self._fail(msg.error)
 
     def _checkpoint_stats(self) -> CheckpointStats | None:

@@ -195,7 +195,7 @@ class Executor(Service):
             await runner.checkpoint_complete(checkpoint_id, final)
         except Exception as exc:
             error = failure_report(exc, runner.context)
-            log.error("commit_failed", task=runner.name, checkpoint_id=checkpoint_id, error=error.message)
+            log.error("commit_failed", task=runner.name, checkpoint_id=checkpoint_id, error=error.message, exc_info=exc)
             await runner.stop()
             await self.on_task_done(runner, error, True)
 

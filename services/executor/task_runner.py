@@ -178,7 +178,7 @@ class TaskRunner:
         except Exception as exc:
             error, recoverable = failure_report(exc, self.context), isinstance(exc, RECOVERABLE)
             log.error("task_failed", task=self.name, error=f"{error.error_type}: {error.message}",
-                      recoverable=recoverable)
+                      recoverable=recoverable, exc_info=exc)
         finally:
             if started:
                 try:

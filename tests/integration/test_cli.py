@@ -180,3 +180,52 @@ async def test_logs_follow_prints_lines_as_they_come_until_the_app_ends(cluster,
     assert code == 0, err
     assert (await client.status(app_id)).state == AppState.SUCCEEDED  # it returned once the app had ended
     assert "app_active" in out and f"/app{app_id}-executor0 <==" in out  # every process's log
+
+
+async def test_top_shows_every_running_apps_processors(cluster, client, tmp_path):
+    app_id = await client.submit(pack(TICKER), ["--output", str(tmp_path / "ticks.jsonl"), "--rate", "100"])
+    await wait_state(client, app_id, AppState.ACTIVE)
+    names = []
+    async with asyncio.timeout(30):
+        while not names:  # metrics come with the AppMaster's heartbeats
+            names = [p.name for p in (await client.status(app_id)).processors]
+            await asyncio.sleep(0.2)
+    code, out, err = await gearbus("top", "--nats", cluster.url, "--once")
+    assert code == 0, err
+    assert f"app {app_id} ticker: ACTIVE" in out and "back-pressure" in out
+    assert all(name in out for name in names)
+    await client.kill(app_id)
+
+
+def run_on_a_terminal(argv: list[str], timeout: float = 90) -> str:
+    """Run ``argv`` with its stdout and stderr on a pseudo-terminal; return what it showed."""
+    import pty
+    import subprocess
+    import time
+
+    master, slave = pty.openpty()
+    process = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                               env={**os.environ, "COLUMNS": "150", "TERM": "xterm"})
+    os.close(slave)
+    shown, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal closed: the process ended
+            break
+        if not chunk:
+            break
+        shown += chunk
+    process.wait(10)
+    os.close(master)
+    return shown.decode(errors="replace")
+
+
+async def test_run_shows_progress_on_a_terminal_only(tmp_path):
+    argv = [*GEARBUS, "run", TICKER, "--output", str(tmp_path / "ticks.jsonl"), "--rate", "100", "--count", "300"]
+    shown = await asyncio.to_thread(run_on_a_terminal, argv)
+    assert "app 1 ACTIVE" in shown and "read " in shown and "sunk " in shown, shown
+    assert "SUCCEEDED" in shown
+    code, out, err = await gearbus("run", TICKER, "--output", str(tmp_path / "again.jsonl"), "--rate", "100",
+                                   "--count", "300")
+    assert code == 0 and "read " not in err and "sunk " not in err and not out
