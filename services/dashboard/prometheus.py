@@ -7,6 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from shared.messages import BATCH_MS_BOUNDS, AppState, AppSummary, ClusterInfo
 
 _TASK_COUNTERS = (  # TaskCounters field, metric name (without _total), help, scale
@@ -112,7 +113,8 @@ class _Snapshot:
                 key = [str(a.app_id), a.name, names.get(t.task.processor, str(t.task.processor)), str(t.task.index)]
                 for (field, _, _, scale), family in zip(_TASK_COUNTERS, counters):
                     family.add_metric(key, getattr(t, field) * scale)
-                watermark.add_metric(key, t.watermark)
+                if WATERMARK_MIN < t.watermark < WATERMARK_MAX:  # not the "none yet" / "ended" sentinels
+                    watermark.add_metric(key, t.watermark)
                 depth.add_metric(key, t.inbox_depth)
                 if t.batch_ms_buckets:
                     cumulative, running = [], 0

@@ -1,0 +1,203 @@
+// gearbus dashboard, one application: its DAG laid out by dagre and drawn as SVG (names and
+// figures are text in the page), per-processor and per-task tables, the error, kill and restart.
+"use strict";
+
+const APP_ID = Number(location.pathname.split("/").filter(Boolean).pop());
+const SVG = "http://www.w3.org/2000/svg";
+const LINE_PX = 16;
+const NODE_LINES = 5;
+const NODE_HEIGHT = NODE_LINES * LINE_PX + 14;
+const TERMINAL = new Set(["SUCCEEDED", "FAILED", "TERMINATED"]);
+// Flink's back-pressure levels: OK up to 10% of the time waiting for credit, LOW up to 50%, HIGH above.
+const PRESSURE_LOW = 0.1;
+const PRESSURE_HIGH = 0.5;
+
+let drawnShape = "";  // the DAG's processors and edges as last laid out; figures update in place
+let currentState = "";
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function pressureClass(metrics, active) {
+  if (!active || !metrics || metrics.finished_tasks >= metrics.parallelism) return "idle";
+  if (metrics.backpressure > PRESSURE_HIGH) return "high";
+  if (metrics.backpressure > PRESSURE_LOW) return "low";
+  return "ok";
+}
+
+function nodeLines(info, m) {
+  if (!m) return [info.name, `×${info.parallelism}`, "no metrics yet", "", ""];
+  const finished = m.finished_tasks ? ` · ${m.finished_tasks} finished` : "";
+  return [
+    info.name,
+    `×${info.parallelism} ${info.task}${finished}`,
+    `in ${fmtRate(m.records_in_per_s)} · out ${fmtRate(m.records_out_per_s)}`,
+    `p99 ${fmtMs(m.latency_p99_ms)} · lag ${fmtMs(m.watermark_lag_ms)}`,
+    `back-pressure ${fmtPercent(m.backpressure)} · busy ${fmtPercent(m.busy)}`,
+  ];
+}
+
+function nodeWidth(info) {
+  const longest = Math.max(info.name.length * 8.5, (info.task.length + 6) * 7, 190);
+  return Math.ceil(longest + 24);
+}
+
+// Lay the DAG out with dagre and draw it; called only when the processors or edges change.
+function layoutDag(dag) {
+  const graph = new dagre.graphlib.Graph({ multigraph: true });
+  graph.setGraph({ rankdir: "LR", nodesep: 28, ranksep: 90, edgesep: 16, marginx: 8, marginy: 8 });
+  graph.setDefaultEdgeLabel(() => ({}));
+  for (const p of dag.processors) graph.setNode(String(p.id), { width: nodeWidth(p), height: NODE_HEIGHT });
+  dag.edges.forEach((e, i) => graph.setEdge(String(e.source), String(e.target),
+    { label: e.partitioner, width: e.partitioner.length * 6.5, height: 14, labelpos: "c" }, String(i)));
+  dagre.layout(graph);
+
+  const root = document.getElementById("dag");
+  const { width, height } = graph.graph();
+  root.setAttribute("viewBox", `0 0 ${Math.ceil(width)} ${Math.ceil(height)}`);
+  root.setAttribute("width", Math.ceil(width));
+  root.setAttribute("height", Math.ceil(height));
+  const defs = svg("defs");
+  const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7,
+                                 markerHeight: 7, orient: "auto-start-reverse" });
+  marker.append(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#5b6475" }));
+  defs.append(marker);
+  root.replaceChildren(defs);
+
+  dag.edges.forEach((e, i) => {
+    const laid = graph.edge({ v: String(e.source), w: String(e.target), name: String(i) });
+    const group = svg("g", { class: "dag-edge", "data-source": e.source, "data-target": e.target });
+    const d = laid.points.map((pt, k) => `${k ? "L" : "M"} ${pt.x.toFixed(1)} ${pt.y.toFixed(1)}`).join(" ");
+    group.append(svg("path", { d, "marker-end": "url(#arrow)" }));
+    group.append(svg("text", { x: laid.x, y: laid.y + 4, "text-anchor": "middle" }, e.partitioner));
+    root.append(group);
+  });
+
+  for (const p of dag.processors) {
+    const laid = graph.node(String(p.id));
+    const x = laid.x - laid.width / 2;
+    const y = laid.y - laid.height / 2;
+    const group = svg("g", { class: "dag-node idle", "data-processor": p.id, transform: `translate(${x},${y})` });
+    group.append(svg("title", {}, `processor ${p.id}: ${p.name}`));
+    group.append(svg("rect", { width: laid.width, height: laid.height, rx: 6 }));
+    for (let line = 0; line < NODE_LINES; line++) {
+      group.append(svg("text", { x: 12, y: 20 + line * LINE_PX, class: line === 0 ? "name" : "figure" }));
+    }
+    root.append(group);
+  }
+}
+
+function updateDag(dag, processors, active) {
+  const shape = JSON.stringify(dag);
+  if (shape !== drawnShape) {
+    layoutDag(dag);
+    drawnShape = shape;
+  }
+  const byId = new Map(processors.map((m) => [m.processor, m]));
+  for (const p of dag.processors) {
+    const group = document.querySelector(`#dag .dag-node[data-processor="${p.id}"]`);
+    const metrics = byId.get(p.id);
+    group.setAttribute("class", "dag-node " + pressureClass(metrics, active));
+    const texts = group.querySelectorAll("text");
+    nodeLines(p, metrics).forEach((line, i) => { texts[i].textContent = line; });
+  }
+}
+
+function showFacts(a) {
+  const c = a.checkpoints;
+  const facts = [
+    ["guarantee", a.guarantee ? a.guarantee + (a.guarantee_detail ? ` (${a.guarantee_detail})` : "") : "–"],
+    ["user", a.user || "–"],
+    ["submitted", fmtTime(a.submitted_ms)],
+    ["finished", fmtTime(a.finished_ms)],
+    ["app clock", fmtWatermark(a.clock)],
+    ["executors", a.executors],
+    ["AppMaster on", a.appmaster_worker || "–"],
+    ["restarts", a.restarts],
+    ["checkpoints", c ? `${c.completed} done, ${c.failed} failed` + (c.last_id ? `, last #${c.last_id} ${fmtMs(c.last_duration_ms)} ${fmtBytes(c.last_size_bytes)}` : "") : "–"],
+  ];
+  if (a.stalled_tasks.length) facts.push(["stalled tasks", a.stalled_tasks.join(", ")]);
+  if (a.blacklisted_workers.length) facts.push(["blacklisted workers", a.blacklisted_workers.join(", ")]);
+  fillFacts(document.getElementById("app-facts"), facts);
+}
+
+function showError(error) {
+  const section = document.getElementById("error");
+  section.classList.toggle("shown", Boolean(error));
+  if (!error) return;
+  document.getElementById("error-message").textContent =
+    `${error.error_type}: ${error.message}` + (error.where ? ` (in ${error.where})` : "");
+  document.getElementById("error-traceback").textContent = error.traceback || "";
+}
+
+function showTables(a) {
+  fillTable(document.querySelector("#processors tbody"), a.processors, (m) => [
+    num(m.processor), m.name, num(m.parallelism), num(fmtCount(m.records_in)), num(fmtCount(m.records_out)),
+    num(fmtRate(m.records_in_per_s)), num(fmtRate(m.records_out_per_s)), num(fmtMs(m.latency_p50_ms)),
+    num(fmtMs(m.latency_p99_ms)), num(fmtMs(m.watermark_lag_ms)), num(fmtPercent(m.backpressure)),
+    num(fmtPercent(m.busy)), num(m.inbox_depth), num(m.late_records), num(m.messages_dropped),
+  ], "no metrics yet");
+  const tasks = a.tasks.slice().sort((x, y) => x.task.processor - y.task.processor || x.task.index - y.task.index);
+  fillTable(document.querySelector("#tasks tbody"), tasks, (t) => [
+    `${t.task.processor}.${t.task.index}`, num(t.executor_id < 0 ? "–" : t.executor_id),
+    num(fmtCount(t.records_in)), num(fmtCount(t.records_out)), num(fmtBytes(t.bytes_in)),
+    num(fmtBytes(t.bytes_out)), fmtWatermark(t.watermark), num(t.inbox_depth),
+    num(fmtMs(t.backpressure_ms)), num(fmtMs(t.busy_ms)), num(t.epoch), t.finished ? "yes" : "no",
+  ], "no task running");
+}
+
+async function refresh() {
+  let a;
+  try {
+    a = await api(`/api/v1/apps/${APP_ID}`);
+  } catch (err) {
+    if (err.status === 404 || err.status === 400) {
+      document.getElementById("app-name").textContent = err.message;
+      document.getElementById("kill").disabled = document.getElementById("restart").disabled = true;
+    }
+    throw err;
+  }
+  currentState = a.state;
+  document.title = `gearbus: ${a.name} (${a.app_id})`;
+  document.getElementById("app-title").textContent = `app ${a.app_id}`;
+  document.getElementById("app-name").textContent = `${a.name} (app ${a.app_id})`;
+  document.getElementById("app-state").replaceWith(Object.assign(stateBadge(a.state), { id: "app-state" }));
+  document.getElementById("kill").disabled = TERMINAL.has(a.state);
+  showFacts(a);
+  showError(a.error);
+  if (a.dag) updateDag(a.dag, a.processors, a.state === "ACTIVE");
+  showTables(a);
+}
+
+async function act(button, verb, confirmText, done) {
+  if (!window.confirm(confirmText)) return;
+  const result = document.getElementById("action-result");
+  button.disabled = true;
+  result.textContent = `${verb}…`;
+  try {
+    done(await api(`/api/v1/apps/${APP_ID}/${verb}`, { method: "POST" }));
+  } catch (err) {
+    result.textContent = `${verb} failed: ${err.message}`;
+  } finally {
+    button.disabled = verb === "kill" && TERMINAL.has(currentState);
+  }
+}
+
+document.getElementById("kill").addEventListener("click", (event) =>
+  act(event.currentTarget, "kill", `Kill application ${APP_ID}? Its tasks stop now.`,
+      (answer) => { document.getElementById("action-result").textContent = `app ${answer.app_id} ${answer.state}`; }));
+
+document.getElementById("restart").addEventListener("click", (event) =>
+  act(event.currentTarget, "restart",
+      `Restart application ${APP_ID}? A running app stops with a savepoint and a new one starts from it.`,
+      (answer) => {
+        const result = document.getElementById("action-result");
+        result.replaceChildren("restarted as ", el("a", { href: `/apps/${answer.app_id}` }, `app ${answer.app_id}`),
+          answer.from_savepoint ? ` from savepoint ${answer.from_savepoint}` : " afresh");
+      }));
+
+every(refresh);

@@ -1,0 +1,129 @@
+"""The web UI in a real browser: Debian's headless Chromium, driven by Playwright, against a
+real dashboard process reading a real cluster. Screenshots land in tests/artifacts/."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+
+import pytest
+from playwright.async_api import Page, async_playwright, expect
+
+from gearbus.artifact import pack
+from shared.messages import AppState
+from tests.conftest import EXAMPLES, REPO
+from tests.integration.dashboard_process import Dashboard
+from tests.integration.test_cluster import wait_state
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
+TICKER = os.path.join(EXAMPLES, "ticker.py")
+FAILING = os.path.join(REPO, "tests", "apps", "failing.py")
+# As root, in a sandbox with no outside network: no Chromium sandbox, and none of its calls home.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+UI_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture
+async def page():
+    if not os.path.exists(CHROMIUM):  # never skipped: a missing browser is a failed test
+        pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's chromium package (.ci/run does)", pytrace=False)
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = await browser.new_page(viewport={"width": 1300, "height": 900})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            expect.set_options(timeout=UI_TIMEOUT_MS)
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.on("console", lambda message: message.type == "error" and not message.text.startswith(
+                "Failed to load resource") and errors.append(message.text))  # HTTP errors are expected
+            yield page
+            assert not errors, f"the page raised: {errors}"
+        finally:
+            await browser.close()
+
+
+async def screenshot(page: Page, name: str) -> None:
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    await page.screenshot(path=os.path.join(ARTIFACTS, name), full_page=True)
+
+
+async def records_out(page: Page, processor: int) -> int:
+    """The processor's records out as the page's processor table shows them (exact below 10k)."""
+    row = page.locator("#processors tbody tr").nth(processor)
+    return int(await row.locator("td").nth(4).inner_text())
+
+
+async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button(cluster, client, tmp_path, page):
+    running = await client.submit(pack(TICKER), ["--output", str(tmp_path / "ticks.jsonl"), "--rate", "50"])
+    await wait_state(client, running, AppState.ACTIVE)
+
+    async with Dashboard(cluster.url) as dashboard:
+        await page.goto(dashboard.url + "/")
+        app_link = page.locator("#apps tbody a", has_text="ticker")
+        await expect(app_link).to_have_attribute("href", f"/apps/{running}")
+        await expect(page.locator("#workers tbody tr")).to_have_count(2)
+        await expect(page.locator("#masters tbody")).to_contain_text("leader")
+        await screenshot(page, "dashboard-cluster.png")
+
+        await app_link.click()
+        await expect(page).to_have_url(f"{dashboard.url}/apps/{running}")
+        await expect(page.locator("#app-state")).to_have_text("ACTIVE")
+        _, dag = await dashboard.json("GET", f"/api/v1/apps/{running}/dag")
+        nodes = page.locator("#dag .dag-node")
+        await expect(nodes).to_have_count(len(dag["processors"]))
+        for processor in dag["processors"]:  # names and figures are text in the SVG
+            node = page.locator(f'#dag .dag-node[data-processor="{processor["id"]}"]')
+            await expect(node).to_contain_text(processor["name"])
+            await expect(node).to_contain_text(f"×{processor['parallelism']}")
+        await expect(page.locator("#dag .dag-edge")).to_have_count(len(dag["edges"]))
+        await expect(nodes.first).to_contain_text("/s")
+        await expect(page.locator("#tasks tbody tr")).to_have_count(
+            sum(p["parallelism"] for p in dag["processors"]))
+
+        await expect(page.locator("#processors tbody tr")).to_have_count(len(dag["processors"]))
+        first = await records_out(page, 0)
+        async with asyncio.timeout(30):  # the page refreshes itself: the source's count grows
+            while await records_out(page, 0) <= first:
+                await page.wait_for_timeout(250)
+        await screenshot(page, "dashboard-app-running.png")
+
+        async def confirm(dialog):
+            assert dialog.type == "confirm" and str(running) in dialog.message
+            await dialog.accept()
+
+        page.once("dialog", confirm)
+        await page.locator("#kill").click()
+        await expect(page.locator("#app-state")).to_have_text("TERMINATED")
+        await expect(page.locator("#kill")).to_be_disabled()
+        assert (await client.status(running)).state == AppState.TERMINATED
+        await expect(page.locator("#dag .dag-node.idle")).to_have_count(len(dag["processors"]))
+        await screenshot(page, "dashboard-app-killed.png")
+
+
+async def test_a_failed_app_shows_its_traceback_and_a_lost_cluster_shows_a_banner(cluster, client, page):
+    failed = await client.submit(pack(FAILING), [])
+    assert (await client.wait(failed, timeout=60)).state == AppState.FAILED
+
+    async with Dashboard(cluster.url) as dashboard:
+        await page.goto(f"{dashboard.url}/apps/{failed}")
+        await expect(page.locator("#app-state")).to_have_text("FAILED")
+        await expect(page.locator("#error")).to_be_visible()
+        await expect(page.locator("#error-message")).to_contain_text("cannot handle record 42")
+        await expect(page.locator("#error-traceback")).to_contain_text("Traceback")
+        await expect(page.locator("#kill")).to_be_disabled()
+        await screenshot(page, "dashboard-app-failed.png")
+
+        await page.goto(f"{dashboard.url}/apps/999")
+        await expect(page.locator("#app-name")).to_contain_text("999")
+
+        await page.goto(f"{dashboard.url}/apps/{failed}")
+        await expect(page.locator("#app-state")).to_have_text("FAILED")
+        await asyncio.to_thread(cluster.nats.stop)
+        await expect(page.locator("#banner")).to_contain_text("cluster unreachable")
+        await screenshot(page, "dashboard-cluster-unreachable.png")
+        await asyncio.to_thread(cluster.nats.start)
+        await expect(page.locator("#banner")).to_be_hidden()
