@@ -196,7 +196,7 @@ class Watch:
     async def start(self) -> Watch:
         nc = self.client.bus.nc
         await nc.subscribe("executor.*.checkpoint.complete", cb=self._on_complete)
-        await nc.subscribe(subjects.APPMASTER_HEARTBEAT, cb=self._on_heartbeat)
+        await nc.subscribe(subjects.appmaster_heartbeat("*"), cb=self._on_heartbeat)
         await nc.subscribe("app.*.state", cb=self._on_state)
         return self
 

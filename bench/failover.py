@@ -143,7 +143,7 @@ async def measure_appmaster(client: Client, cluster, trials: int) -> list[float]
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         await asyncio.sleep(0.05)  # let heartbeats already in flight from the dead one pass
-        sub = await client.bus.nc.subscribe(subjects.APPMASTER_HEARTBEAT, cb=on_heartbeat)
+        sub = await client.bus.nc.subscribe(subjects.appmaster_heartbeat("*"), cb=on_heartbeat)
         times.append(await asyncio.wait_for(adopted, 60) - killed_at)
         await sub.unsubscribe()
         print(f"trial {trial + 1}/{trials}: AppMaster {victim} killed, relaunched one in charge after "

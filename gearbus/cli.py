@@ -25,9 +25,15 @@ from services.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
 from services.dashboard.server import add_arguments as dashboard_arguments
 from services.dashboard.server import serve as serve_dashboard
 from services.dashboard.server import servers_of as dashboard_servers
+from gearbus.security import CERT_DAYS
+from gearbus.security import init as init_security
+from gearbus.security import summary as security_summary
 from shared.bus import RequestError
 from shared.logging import configure
 from shared.messages import AppState, AppSummary, CheckpointStats, ClusterInfo
+from shared.nats_jwt import CredentialsError
+from shared.security import Security
+from shared.security import add_arguments as add_security_arguments
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
@@ -120,16 +126,23 @@ async def _run(args) -> int:
             result = TestRunner().run(args.app, args.app_args, raise_on_failure=False)
         app = AppSummary(app_id=0, name=result.name, state=result.state, submitted_ms=0, error=result.error)
         return _report_run(args, app, {"total_s": round(loop.time() - started, 3)})
+    if args.secure and args.runner != "local":
+        print("gearbus run: --secure starts a secure embedded cluster (--runner local); for a cluster of "
+              "your own pass --creds and the --tls-* files", file=sys.stderr)
+        return 2
     if args.runner == "local":
-        runner = LocalRunner(workers=args.workers, slots=args.slots, log_dir=args.log_dir)
+        runner = LocalRunner(workers=args.workers, slots=args.slots, log_dir=args.log_dir, secure=args.secure)
+        dashboard_security = runner.role_security("dashboard")
     else:
-        runner = ClusterRunner(args.nats)
+        runner = ClusterRunner(args.nats, security=Security.from_args(args))
+        dashboard_security = runner.security
     seen: dict[str, float] = {}
     dashboard = progress = None
     try:
         await runner.start(args.app, args.app_args)
         if args.dashboard is not None:  # it prints its URL once it listens
-            dashboard = asyncio.create_task(serve_dashboard([runner.nats_url], "127.0.0.1", args.dashboard))
+            dashboard = asyncio.create_task(serve_dashboard([runner.nats_url], "127.0.0.1", args.dashboard,
+                                                            security=dashboard_security))
         if sys.stderr.isatty() and not args.json:
             progress = asyncio.create_task(show_progress(runner.client, runner.app_id, Console(stderr=True)))
         app = await runner.wait(args.timeout, seen)
@@ -156,6 +169,16 @@ async def _run(args) -> int:
     })
 
 
+def _security_init(args) -> int:
+    if args.days < 1:
+        print("gearbus security init: --days must be at least 1", file=sys.stderr)
+        return 2
+    made = init_security(args.dir, tls=args.tls, listen=args.listen, hostnames=tuple(args.hostname),
+                         cert_days=args.days)
+    print(security_summary(made))
+    return 0
+
+
 async def _stop_task(task: asyncio.Task | None) -> None:
     if task is not None:
         task.cancel()
@@ -163,7 +186,8 @@ async def _stop_task(task: asyncio.Task | None) -> None:
 
 
 async def _dashboard(args) -> int:
-    return await serve_dashboard(dashboard_servers(args), args.host, args.port, own_signals=True)
+    return await serve_dashboard(dashboard_servers(args), args.host, args.port, own_signals=True,
+                                 security=Security.from_args(args))
 
 
 def _report_run(args, app: AppSummary, phases: dict) -> int:
@@ -188,7 +212,7 @@ def _plan(args) -> int:
 
 
 async def _with_client(args, action) -> int:
-    async with Client(args.nats, timeout=args.request_timeout) as client:
+    async with Client(args.nats, timeout=args.request_timeout, security=Security.from_args(args)) as client:
         return await action(client)
 
 
@@ -352,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="NATS URL of the cluster (default $GEARBUS_NATS_URL or %(default)s)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--request-timeout", type=float, default=10.0, help="seconds to wait for the master")
+        add_security_arguments(p)
 
     run = sub.add_parser("run", help="run an app (default: on an embedded cluster) and wait for it")
     run.add_argument("--runner", choices=("test", "local", "cluster", "spark"), default="local",
@@ -369,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-v", "--verbose", action="store_true", help="print the traceback of a failure")
     run.add_argument("--dashboard", type=int, nargs="?", const=DASHBOARD_PORT, default=None, metavar="PORT",
                      help=f"serve the web dashboard of the cluster while the app runs (default port {DASHBOARD_PORT})")
+    run.add_argument("--secure", action="store_true",
+                     help="the embedded cluster with generated credentials per role and TLS (gearbus security init)")
+    add_security_arguments(run)
     run.add_argument("app", help="the application .py file or package directory")
     run.add_argument("app_args", nargs=argparse.REMAINDER, help="arguments for the application")
     run.set_defaults(handler=_run)
@@ -433,6 +461,21 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         cluster_args(p)
         p.set_defaults(handler=handler)
+
+    security = sub.add_parser("security", help="credentials and TLS for a secure cluster")
+    security_sub = security.add_subparsers(dest="security_command", required=True)
+    security_init = security_sub.add_parser(
+        "init", help="write a nats-server.conf and one credential per role (master, worker, client, dashboard)")
+    security_init.add_argument("dir", help="a new directory for the files (secrets: keep it private)")
+    security_init.add_argument("--tls", action="store_true", help="also a CA and server and client certificates")
+    security_init.add_argument("--days", type=int, default=CERT_DAYS,
+                               help="how long the certificates are valid (default %(default)s days)")
+    security_init.add_argument("--listen", default="127.0.0.1:4222",
+                               help="the address nats-server.conf listens on (default %(default)s)")
+    security_init.add_argument("--hostname", action="append", default=[],
+                               help="a name or address clients use for the server, for its certificate (repeatable; "
+                                    "localhost, 127.0.0.1, nats and this host's name are always in)")
+    security_init.set_defaults(handler=_security_init)
     return parser
 
 
@@ -455,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConnectionError as exc:
         print(f"gearbus {args.command}: {exc}", file=sys.stderr)
         return 1
+    except (CredentialsError, FileExistsError) as exc:
+        print(f"gearbus {args.command}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import nats.js.errors
 
 from gearbus.artifact import Artifact
-from shared import subjects
-from shared.bus import Bus
+from shared import digests, subjects
+from shared.bus import Bus, RequestTimeout
 from shared.messages import (
     ApplicationList,
     ApplicationRestarted,
@@ -33,6 +33,7 @@ from shared.messages import (
     TakeSavepoint,
     decode,
 )
+from shared.security import Security
 
 SUBMIT_TIMEOUT_S = 180.0  # the master may wait 60 s for a slot, then 60 s for the AppMaster
 SAVEPOINT_TIMEOUT_S = 130.0  # the master allows the AppMaster 120 s (a checkpoint, then copying its state)
@@ -41,8 +42,8 @@ REACHABLE_WITHIN_S = 2.0  # a NATS URL that accepts no connection this fast is a
 
 
 class Client:
-    def __init__(self, servers: str | Sequence[str], timeout: float = 10.0):
-        self.bus = Bus(servers, name="gearbus-client")
+    def __init__(self, servers: str | Sequence[str], timeout: float = 10.0, security: Security = Security()):
+        self.bus = Bus(servers, name="gearbus-client", security=security)
         self.timeout = timeout
 
     async def __aenter__(self) -> Client:
@@ -60,12 +61,20 @@ class Client:
                                       idempotent=idempotent)
 
     async def upload(self, artifact: Artifact) -> str:
-        """Put the artifact in the object store unless an identical one is there."""
-        js = self.bus.js
-        try:
-            store = await js.object_store(subjects.ARTIFACT_BUCKET)
-        except nats.js.errors.BucketNotFoundError:
-            store = await js.create_object_store(subjects.ARTIFACT_BUCKET, replicas=self.bus.replicas)
+        """Put the artifact in the object store unless an identical one is there. The masters
+        create the store (a client may not: it can only put artifacts), so on a cluster that
+        is starting this waits for it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            try:
+                store = await self.bus.js.object_store(subjects.ARTIFACT_BUCKET)
+                break
+            except nats.js.errors.BucketNotFoundError:
+                if loop.time() > deadline:
+                    raise RequestTimeout(f"no {subjects.ARTIFACT_BUCKET} object store after {self.timeout:g} s: "
+                                         "is a gearbus master running?") from None
+                await asyncio.sleep(0.2)
         try:
             await store.get_info(artifact.name)
         except nats.js.errors.NotFoundError:
@@ -78,7 +87,7 @@ class Client:
         message = SubmitApplication(
             name=name or artifact.entry, artifact=artifact.name, entry=artifact.entry,
             artifact_kind=artifact.kind, args=list(args), user=getpass.getuser(), priority=priority,
-            config=dict(config or {}),
+            config=dict(config or {}), artifact_digest=digests.sha256_hex(artifact.data),
         )
         result = await self._request(subjects.APP_SUBMIT, message, SubmitApplicationResult, SUBMIT_TIMEOUT_S,
                                      idempotent=False)

@@ -11,6 +11,7 @@ import tempfile
 import time
 
 from gearbus.natsserver import NatsCluster, NatsServer
+from gearbus.security import SecurityDir
 
 
 def children_of(pid: int) -> list[int]:
@@ -32,13 +33,17 @@ def children_of(pid: int) -> list[int]:
 class LocalCluster:
     def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None,
                  nats: NatsServer | NatsCluster | None = None,
-                 heartbeat_interval: float = 1.0, masters: int = 1):
+                 heartbeat_interval: float = 1.0, masters: int = 1, security: SecurityDir | None = None):
+        """``security``: run every role with its credential from a `gearbus security init`
+        directory (and an own server that requires them)."""
         self.num_workers = workers
         self.slots = slots
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="gearbus-logs-")
         os.makedirs(self.log_dir, exist_ok=True)
         self._own_nats = nats is None
-        self.nats = nats or NatsServer(log_path=os.path.join(self.log_dir, "nats-server.log"))
+        self.security = security
+        self.nats = nats or NatsServer(log_path=os.path.join(self.log_dir, "nats-server.log"),
+                                       include=security.auth_config if security else "")
         self.heartbeat_interval = heartbeat_interval
         self.num_masters = masters
         self.masters: dict[str, subprocess.Popen] = {}
@@ -52,15 +57,17 @@ class LocalCluster:
     def urls(self) -> list[str]:
         return self.nats.urls
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+    def _spawn(self, name: str, role: str, *args: str) -> subprocess.Popen:
         log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
         env = dict(os.environ, GEARBUS_LOG_LEVEL=os.environ.get("GEARBUS_LOG_LEVEL", "info"))
         servers = [option for url in self.urls for option in ("--nats", url)]
-        return subprocess.Popen([sys.executable, "-m", *args, *servers], stdout=log, stderr=log,
+        if self.security:
+            servers += self.security.role_args(role)
+        return subprocess.Popen([sys.executable, "-m", f"services.{role}", *args, *servers], stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL, env=env)
 
     def start_master(self, master_id: str = "master-0") -> subprocess.Popen:
-        process = self._spawn(master_id, "services.master", "--master-id", master_id,
+        process = self._spawn(master_id, "master", "--master-id", master_id,
                               "--heartbeat-interval", str(self.heartbeat_interval))
         self.masters[master_id] = process
         return process
@@ -85,7 +92,7 @@ class LocalCluster:
         return found
 
     def start_worker(self, worker_id: str, slots: int | None = None) -> subprocess.Popen:
-        process = self._spawn(worker_id, "services.worker", "--worker-id", worker_id, "--slots",
+        process = self._spawn(worker_id, "worker", "--worker-id", worker_id, "--slots",
                               str(slots or self.slots), "--log-dir", self.log_dir)
         self.workers[worker_id] = process
         return process

@@ -38,8 +38,10 @@ class NatsServer:
 
     def __init__(self, port: int | None = None, jetstream: bool = True, store_dir: str | None = None,
                  max_payload: int = 8 * 1024 * 1024, log_path: str | None = None, name: str = "",
-                 cluster_port: int | None = None, routes: tuple[int, ...] = ()):
+                 cluster_port: int | None = None, routes: tuple[int, ...] = (), include: str = ""):
+        """``include``: a config file to include (the auth and TLS of `gearbus security init`)."""
         self.port = port or free_port()
+        self.include = include
         self.name = name or f"gearbus-{self.port}"
         self.cluster_port = cluster_port
         self.routes = routes
@@ -64,6 +66,9 @@ class NatsServer:
             f.write(f"server_name: {self.name}\nlisten: 127.0.0.1:{self.port}\nmax_payload: {self.max_payload}\n")
             if self.jetstream:
                 f.write(f'jetstream {{ store_dir: "{self.store_dir}" }}\n')
+            if self.include:  # nats-server resolves an include relative to the config: inline it
+                with open(self.include) as included:
+                    f.write(included.read())
             if self.cluster_port:
                 routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.routes)
                 f.write(f"cluster {{ name: gearbus, listen: 127.0.0.1:{self.cluster_port}, routes: [{routes}] }}\n")

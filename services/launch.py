@@ -1,8 +1,9 @@
 """How a process launched by a worker learns what to run, and loads the user's code.
 
 The worker passes the LaunchExecutor message it received, msgpack-encoded and base64'd,
-in the GEARBUS_LAUNCH environment variable, its worker id in GEARBUS_WORKER_ID, a
-scratch directory in GEARBUS_WORKDIR, and the NATS servers on the command line.
+in the GEARBUS_LAUNCH environment variable (with the app's own NATS credential in it), its
+worker id in GEARBUS_WORKER_ID, a scratch directory in GEARBUS_WORKDIR, its TLS files in
+GEARBUS_TLS_*, and the NATS servers on the command line.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import os
 import signal
 
 from gearbus.api.graph import Application
-from gearbus.artifact import load_artifact
-from shared import subjects
+from gearbus.artifact import ArtifactError, load_artifact
+from shared import digests, subjects
 from shared.bus import ride_out
 from shared.messages import LaunchExecutor, decode
+from shared.security import ENV_CREDS, Security
 
 LAUNCH_ENV = "GEARBUS_LAUNCH"
 WORKER_ENV = "GEARBUS_WORKER_ID"
@@ -37,6 +39,12 @@ def launch_from_env() -> LaunchExecutor:
     return decode(base64.b64decode(data), (LaunchExecutor,))
 
 
+def launch_security(launch: LaunchExecutor) -> Security:
+    """The app's own credential from the launch, with the TLS files the worker passed on."""
+    return Security.load(environ={k: v for k, v in os.environ.items() if k != ENV_CREDS}).with_credential(
+        launch.credentials)
+
+
 def parse_launched_args(role: str, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m services.{role}", description=f"gearbus {role} (started by a worker)")
     parser.add_argument("--nats", action="append", required=True, help="NATS server URL (repeatable)")
@@ -50,4 +58,7 @@ async def fetch_application(bus, launch: LaunchExecutor) -> Application:
         return (await (await bus.js.object_store(subjects.ARTIFACT_BUCKET)).get(launch.artifact)).data
 
     data = await ride_out(download, f"downloading artifact {launch.artifact}")
+    if launch.artifact_digest and digests.sha256_hex(data) != launch.artifact_digest:
+        raise ArtifactError(f"artifact {launch.artifact} is not the one submitted (SHA-256 {digests.sha256_hex(data)}, "
+                            f"recorded {launch.artifact_digest}): refusing to run it")
     return load_artifact(data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV))

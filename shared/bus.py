@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -16,6 +17,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from shared.messages import Ack, ErrorCode, ErrorReply, Message, ProtocolError, decode
+from shared.security import Security, connect_error
 
 log = structlog.get_logger()
 
@@ -89,12 +91,22 @@ async def unsubscribe_all(subscriptions: list) -> None:
     subscriptions.clear()
 
 
+def _check_app(subject: str, message: Message, app_token: int | None) -> None:
+    if app_token is None:
+        return
+    token = subject.split(".")[app_token]
+    if str(getattr(message, "app_id", None)) != token:
+        raise ProtocolError(f"{type(message).__name__} for app {getattr(message, 'app_id', None)} "
+                            f"on a subject of app {token}: refused")
+
+
 class Bus:
     """One NATS connection with gearbus's request, serve and listen conventions."""
 
-    def __init__(self, servers: str | Sequence[str], name: str):
+    def __init__(self, servers: str | Sequence[str], name: str, security: Security = Security()):
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.name = name
+        self.security = security
         self.nc: nats.NATS | None = None
         self.counters: collections.Counter[str] = collections.Counter()
         self._inflight: set[asyncio.Task] = set()
@@ -108,8 +120,15 @@ class Bus:
         if reachable_within is not None:
             await self._check_reachable(reachable_within)
 
+        refused: list[ConnectionError] = []
+
         async def on_error(exc):
             self.counters["connection_errors"] += 1
+            explained = connect_error(exc, self.servers, self.security) if self.nc is None else None
+            if explained is not None:  # credentials or TLS: retrying will not help, say why and stop
+                refused.append(explained)
+                connecting.cancel()
+                return
             log.warning("nats_error", error=repr(exc))
 
         async def on_disconnect():
@@ -119,7 +138,7 @@ class Bus:
         async def on_reconnect():
             log.info("nats_reconnected", url=str(self.nc.connected_url.netloc) if self.nc.connected_url else "")
 
-        connecting = nats.connect(
+        connecting = asyncio.ensure_future(nats.connect(
             servers=self.servers,
             name=self.name,
             connect_timeout=timeout if reachable_within is None else reachable_within,
@@ -129,15 +148,21 @@ class Bus:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             pending_size=64 * 1024 * 1024,
-        )
-        if reachable_within is None:
-            self.nc = await connecting
-            return
-        try:  # something listens, but it may not speak NATS
-            self.nc = await asyncio.wait_for(connecting, 2 * reachable_within)
-        except asyncio.TimeoutError:
-            raise ConnectionError(f"no NATS server answered at {', '.join(self.servers)} "
-                                  f"within {2 * reachable_within:g} s") from None
+            **self.security.nats_options(),
+        ))
+        try:
+            if reachable_within is None:
+                self.nc = await connecting
+                return
+            try:  # something listens, but it may not speak NATS
+                self.nc = await asyncio.wait_for(connecting, 2 * reachable_within)
+            except asyncio.TimeoutError:
+                raise ConnectionError(f"no NATS server answered at {', '.join(self.servers)} "
+                                      f"within {2 * reachable_within:g} s") from None
+        except asyncio.CancelledError:
+            if refused:
+                raise refused[0] from None
+            raise
 
     async def _check_reachable(self, within: float) -> None:
         errors = []
@@ -261,6 +286,7 @@ class Bus:
         queue: str = "",
         concurrent: bool = False,
         guard: Callable[[], bool] | None = None,
+        app_token: int | None = None,
     ):
         """Answer requests on ``subject``, dispatching by message type; returns the
         subscription.
@@ -270,11 +296,13 @@ class Bus:
         subscription keeps serving. ``concurrent`` runs each request in its own task,
         for handlers that wait on other parties. While ``guard()`` is false requests are
         dropped unanswered (a master that may have lost its lease must stay silent).
+        ``app_token``: the position of an app id in the (wildcard) subject; a message whose
+        ``app_id`` differs is refused, so a credential scoped to one app speaks only for it.
         """
         expected = tuple(handlers)
 
         async def answer(msg: Msg) -> None:
-            reply = await self._dispatch(subject, msg.data, handlers, expected)
+            reply = await self._dispatch(msg.subject, msg.data, handlers, expected, app_token)
             if msg.reply:
                 await self.nc.publish(msg.reply, reply.encode())
 
@@ -291,9 +319,10 @@ class Bus:
         self._subs.append(sub)
         return sub
 
-    async def _dispatch(self, subject, data, handlers, expected) -> Message:
+    async def _dispatch(self, subject, data, handlers, expected, app_token) -> Message:
         try:
             message = decode(data, expected)
+            _check_app(subject, message, app_token)
         except ProtocolError as exc:
             self.counters["bad_requests"] += 1
             log.warning("bad_request", subject=subject, error=str(exc))
@@ -311,9 +340,9 @@ class Bus:
         return Ack() if result is None else result
 
     async def listen(self, subject: str, handlers: dict[type[Message], Handler], queue: str = "",
-                     guard: Callable[[], bool] | None = None):
+                     guard: Callable[[], bool] | None = None, app_token: int | None = None):
         """Handle one-way messages: a malformed one is logged, counted and dropped.
-        Returns the subscription; ``guard`` as for :meth:`serve`."""
+        Returns the subscription; ``guard`` and ``app_token`` as for :meth:`serve`."""
         expected = tuple(handlers)
 
         async def on_msg(msg: Msg) -> None:
@@ -322,6 +351,7 @@ class Bus:
                 return
             try:
                 message = decode(msg.data, expected)
+                _check_app(msg.subject, message, app_token)
             except ProtocolError as exc:
                 self.counters["dropped_messages"] += 1
                 log.warning("message_dropped", subject=msg.subject, error=str(exc))

@@ -9,6 +9,12 @@ import sys
 import structlog
 
 
+def _quiet_tls_close(record: logging.LogRecord) -> bool:
+    """asyncio warns on every TLS connection nats-py closes ("returning true from
+    eof_received() has no effect when using ssl"): noise, not news."""
+    return "eof_received()" not in record.getMessage()
+
+
 def configure(role: str, node_id: str = "", level: str | None = None, **bound) -> structlog.BoundLogger:
     """Configure structlog once for this process and return a logger bound to the role.
 
@@ -33,6 +39,7 @@ def configure(role: str, node_id: str = "", level: str | None = None, **bound) -
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    logging.getLogger("asyncio").addFilter(_quiet_tls_close)
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(role=role, node_id=node_id or f"{role}-{os.getpid()}", **bound)
     return structlog.get_logger()

@@ -426,6 +426,7 @@ class SubmitApplication(Message):
     user: str = ""
     priority: int = 0
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    artifact_digest: str = ""  # SHA-256 (hex) of the artifact as uploaded; "" lets the master take the store's
 
 
 class SubmitApplicationResult(Message):
@@ -584,6 +585,9 @@ class LaunchExecutor(Message):
     priority: int = 0  # the app's scheduling priority, for the AppMaster's resource requests
     attempt: int = 0  # AppMasters: 0 for the first, n for the n-th relaunch (it adopts the running executors)
     start_ms: int = 0  # when the app was submitted (epoch ms): the app's clock origin for every AppMaster
+    worker_id: str = ""  # on master.app.<app>.executor.launch: the allocated worker to start it on
+    artifact_digest: str = ""  # SHA-256 (hex) of the artifact at submission: a changed artifact is not run
+    credentials: str = ""  # the app's own NATS credentials file (text), issued by the master; "" on an open cluster
 
 
 class ExecutorLaunched(Message):

@@ -10,6 +10,7 @@ from collections.abc import Coroutine, Sequence
 import structlog
 
 from shared.bus import Bus
+from shared.security import Security
 
 log = structlog.get_logger()
 
@@ -24,9 +25,9 @@ class Service:
 
     role = "service"
 
-    def __init__(self, servers: str | Sequence[str], node_id: str):
+    def __init__(self, servers: str | Sequence[str], node_id: str, security: Security = Security()):
         self.node_id = node_id
-        self.bus = Bus(servers, name=f"gearbus-{self.role}-{node_id}")
+        self.bus = Bus(servers, name=f"gearbus-{self.role}-{node_id}", security=security)
         self._background: set[asyncio.Task] = set()
         self._stopping: asyncio.Event | None = None
         self._failure: BaseException | None = None

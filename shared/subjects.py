@@ -12,14 +12,10 @@ APP_RESTART = "app.restart"
 MASTER_INFO = "master.info"
 LOGS_QUERY = "logs.query"  # every worker answers (scatter-gather)
 
-# workers and AppMasters -> leader master
+# workers -> leader master
 WORKER_REGISTER = "master.worker.register"
 WORKER_HEARTBEAT = "master.worker.heartbeat"
 EXECUTOR_STOPPED = "master.executor.stopped"
-APPMASTER_REGISTER = "master.appmaster.register"
-APPMASTER_HEARTBEAT = "master.appmaster.heartbeat"
-APPMASTER_STATE = "master.appmaster.state"
-RESOURCE_REQUEST = "master.resource.request"
 
 
 #: The leader announces itself here when it takes over; workers and AppMasters re-register.
@@ -32,6 +28,32 @@ MASTERS_BUCKET = "gearbus_masters"  # the leader lease and the registry of runni
 CHECKPOINT_BUCKET = "gearbus_checkpoints"  # object store of task snapshots, and KV of completed checkpoints
 
 
+# AppMasters -> leader master: under master.app.<app>, so an app's credential reaches only its
+# own (the master checks that the message's app_id is the subject's).
+APP_TOKEN_IN_MASTER_SUBJECTS = 2
+
+
+def appmaster_register(app_id: int | str) -> str:
+    return f"master.app.{app_id}.register"
+
+
+def appmaster_heartbeat(app_id: int | str) -> str:
+    return f"master.app.{app_id}.heartbeat"
+
+
+def appmaster_state(app_id: int | str) -> str:
+    return f"master.app.{app_id}.state"
+
+
+def resource_request(app_id: int | str) -> str:
+    return f"master.app.{app_id}.resource.request"
+
+
+def executor_launch(app_id: int | str) -> str:
+    """The AppMaster asks the master to start one of its executors (only masters launch)."""
+    return f"master.app.{app_id}.executor.launch"
+
+
 def app_state_events(app_id: int) -> str:
     """The master publishes ApplicationStateChanged here on every state change."""
     return f"app.{app_id}.state"
@@ -41,8 +63,12 @@ def worker_launch(worker_id: str) -> str:
     return f"worker.{worker_id}.launch"
 
 
-def worker_shutdown(worker_id: str) -> str:
-    return f"worker.{worker_id}.shutdown"
+#: worker.<worker>.app.<app>.shutdown: the app's token, checked against the message's app_id.
+APP_TOKEN_IN_SHUTDOWN = 3
+
+
+def worker_shutdown(worker_id: str, app_id: int | str) -> str:
+    return f"worker.{worker_id}.app.{app_id}.shutdown"
 
 
 def worker_reregister(worker_id: str) -> str:
@@ -103,14 +129,19 @@ def checkpoint_object(app_id: int, checkpoint_id: int, epoch: int, processor: in
     return f"app{app_id}/cp{checkpoint_id}e{epoch}/{processor}.{index}"
 
 
+def checkpoint_app_prefix(app_id: int) -> str:
+    """The first token of every key of one app in the checkpoint KV bucket."""
+    return f"app{app_id}"
+
+
 def checkpoint_key(app_id: int, checkpoint_id: int) -> str:
     """One completed checkpoint's record in the checkpoint KV bucket."""
-    return f"app{app_id}.cp{checkpoint_id}"
+    return f"{checkpoint_app_prefix(app_id)}.cp{checkpoint_id}"
 
 
 def checkpoint_latest_key(app_id: int) -> str:
     """The id and record of the app's latest completed checkpoint."""
-    return f"app{app_id}.latest"
+    return f"{checkpoint_app_prefix(app_id)}.latest"
 
 
 def appmaster_savepoint(app_id: int) -> str:
@@ -130,7 +161,7 @@ def savepoint_key(name: str) -> str:
 
 def checkpoint_epoch_key(app_id: int) -> str:
     """The app's current attempt (epoch), kept for a relaunched AppMaster."""
-    return f"app{app_id}.epoch"
+    return f"{checkpoint_app_prefix(app_id)}.epoch"
 
 
 def executor_reregister(app_id: int) -> str:

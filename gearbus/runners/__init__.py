@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,8 +24,10 @@ from gearbus.artifact import Artifact, load_local, load_pipeline as load_pipelin
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.planner import plan
+from gearbus.security import init as init_security
 from gearbus.runners.inprocess import DEFAULT_BATCH_RECORDS, InProcessEngine, PipelineFailed
 from shared.messages import AppError, AppState, AppSummary
+from shared.security import Security
 
 
 @dataclass
@@ -74,16 +78,17 @@ def _resolve(app, args, runner: str) -> Application:
 class ClusterRunner:
     """Submits to a running cluster (Samza's RemoteApplicationRunner: run, status, kill)."""
 
-    def __init__(self, nats_url: str | Sequence[str], request_timeout: float = 30.0):
+    def __init__(self, nats_url: str | Sequence[str], request_timeout: float = 30.0, security: Security = Security()):
         self.nats_url = nats_url
         self.request_timeout = request_timeout
+        self.security = security
         self.client: Client | None = None
         self.app_id: int | None = None
 
     async def start(self, app_path: str, args: Sequence[str] = (), config: dict | None = None) -> int:
         """Check the app locally, submit it and return its id without waiting."""
         artifact, name = prepare(app_path, args, "cluster", self.nats_url)
-        self.client = Client(self.nats_url, timeout=self.request_timeout)
+        self.client = Client(self.nats_url, timeout=self.request_timeout, security=self.security)
         await self.client.__aenter__()
         self.app_id = await self.client.submit(artifact, args, name=name, config=config)
         return self.app_id
@@ -123,9 +128,16 @@ class ClusterRunner:
 class LocalRunner(ClusterRunner):
     """Starts an embedded cluster, runs the app on it, and tears the cluster down."""
 
-    def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None):
-        super().__init__("")
-        self.cluster = LocalCluster(workers=workers, slots=slots, log_dir=log_dir)
+    def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None, secure: bool = False):
+        """``secure``: every role with its own credential and TLS, from a `gearbus security
+        init` directory made for this run (and removed with the cluster)."""
+        self.security_dir = init_security(tempfile.mkdtemp(prefix="gearbus-security-"), tls=True) if secure else None
+        super().__init__("", security=self.security_dir.security("client") if secure else Security())
+        self.cluster = LocalCluster(workers=workers, slots=slots, log_dir=log_dir, security=self.security_dir)
+
+    def role_security(self, role: str) -> Security:
+        """What another process of this run (the dashboard) connects with."""
+        return self.security_dir.security(role) if self.security_dir else Security()
 
     async def start(self, app_path: str, args: Sequence[str] = (), config: dict | None = None) -> int:
         prepare(app_path, args, "local")  # fail on a bad app before starting any process
@@ -142,6 +154,8 @@ class LocalRunner(ClusterRunner):
             await super().stop()
         finally:
             await asyncio.get_running_loop().run_in_executor(None, self.cluster.stop)
+            if self.security_dir:
+                shutil.rmtree(self.security_dir.path, ignore_errors=True)
 
 
 def prepare(app_path: str, args: Sequence[str], runner: str,

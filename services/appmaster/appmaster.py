@@ -21,7 +21,7 @@ from services.appmaster import checkpoints as cp
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore
-from services.launch import WORKER_ENV, fetch_application, launch_from_env, parse_launched_args
+from services.launch import WORKER_ENV, fetch_application, launch_from_env, launch_security, parse_launched_args
 from shared import subjects
 from shared.bus import RequestError, RequestTimeout
 from shared.logging import configure
@@ -66,6 +66,7 @@ from shared.messages import (
     TriggerCheckpoint,
     WorkerLost,
 )
+from shared.security import Security
 from shared.service import Service, run_service
 
 log = structlog.get_logger()
@@ -124,8 +125,8 @@ class ExecutorSlot:
 class AppMaster(Service):
     role = "appmaster"
 
-    def __init__(self, servers, launch: LaunchExecutor, worker_id: str):
-        super().__init__(servers, node_id=f"app{launch.app_id}-appmaster")
+    def __init__(self, servers, launch: LaunchExecutor, worker_id: str, security: Security = Security()):
+        super().__init__(servers, node_id=f"app{launch.app_id}-appmaster", security=security)
         self.launch = launch
         self.app_id = launch.app_id
         self.worker_id = worker_id
@@ -183,7 +184,7 @@ class AppMaster(Service):
 
     async def register(self) -> None:
         registered = await self.bus.request(
-            subjects.APPMASTER_REGISTER,
+            subjects.appmaster_register(self.app_id),
             RegisterAppMaster(self.app_id, self.worker_id, os.getpid()),
             expect=AppMasterRegistered,
             retry_s=MASTER_RETRY_S,
@@ -275,7 +276,7 @@ class AppMaster(Service):
         config = self.config
         wanted = max(1, min(int(config.get("executors", DEFAULT_EXECUTORS)), len(tasks)))
         allocated = await self.bus.request(
-            subjects.RESOURCE_REQUEST,
+            subjects.resource_request(self.app_id),
             RequestResource(self.app_id, wanted, min_slots=1, placement=config.get("placement", Placement.ANY),
                             worker_id=config.get("worker_id", ""), priority=self.launch.priority),
             timeout=STARTUP_TIMEOUT_S + 5,
@@ -556,7 +557,7 @@ class AppMaster(Service):
         if not slot.worker_id:
             return
         try:
-            await self.bus.request(subjects.worker_shutdown(slot.worker_id),
+            await self.bus.request(subjects.worker_shutdown(slot.worker_id, self.app_id),
                                    ShutdownExecutor(self.app_id, slot.executor_id, f"fenced: {reason}", force=True),
                                    timeout=FENCE_TIMEOUT_S)
         except RequestError as exc:
@@ -643,7 +644,7 @@ class AppMaster(Service):
         for exclude in (avoid, self.blacklist):  # away from suspects if possible, else anywhere allowed
             try:
                 allocated = await self.bus.request(
-                    subjects.RESOURCE_REQUEST,
+                    subjects.resource_request(self.app_id),
                     RequestResource(self.app_id, 1, priority=self.launch.priority, exclude_workers=sorted(exclude)),
                     timeout=STARTUP_TIMEOUT_S + 5, expect=ResourceAllocated, retry_s=MASTER_RETRY_S)
                 break
@@ -674,9 +675,9 @@ class AppMaster(Service):
             app_id=self.app_id, executor_id=slot.executor_id, kind=ExecutorKind.EXECUTOR,
             artifact=self.launch.artifact, entry=self.launch.entry, artifact_kind=self.launch.artifact_kind,
             args=self.launch.args, config=self.launch.config, app_name=self.launch.app_name,
-            priority=self.launch.priority,
+            priority=self.launch.priority, worker_id=slot.worker_id,
         )
-        await self.bus.request(subjects.worker_launch(slot.worker_id), launch, expect=ExecutorLaunched)
+        await self.bus.request(subjects.executor_launch(self.app_id), launch, expect=ExecutorLaunched)
 
     async def stop_executors(self, reason: str) -> None:
         for slot in self.executors.values():
@@ -684,7 +685,7 @@ class AppMaster(Service):
                 continue
             try:
                 await self.bus.request(
-                    subjects.worker_shutdown(slot.worker_id),
+                    subjects.worker_shutdown(slot.worker_id, self.app_id),
                     ShutdownExecutor(self.app_id, slot.executor_id, reason),
                     timeout=5,
                 )
@@ -697,7 +698,7 @@ class AppMaster(Service):
         deadline = time.monotonic() + MASTER_RETRY_S
         while True:
             try:
-                await self.bus.request(subjects.APPMASTER_STATE, ApplicationStateChanged(self.app_id, state, error),
+                await self.bus.request(subjects.appmaster_state(self.app_id), ApplicationStateChanged(self.app_id, state, error),
                                        timeout=5, retry_s=MASTER_RETRY_S)
                 return
             except RequestTimeout as exc:
@@ -813,7 +814,7 @@ class AppMaster(Service):
             self._stalled_logged = set(stalled)
         processors = self.metrics.update(counters, time.monotonic(), int(time.time() * 1000)) \
             if self.metrics is not None else []
-        await self.bus.publish(subjects.APPMASTER_HEARTBEAT,
+        await self.bus.publish(subjects.appmaster_heartbeat(self.app_id),
                                AppMasterHeartbeat(self.app_id, len(self._live_slots()), counters, clock, stalled,
                                                   self.restarts, sorted(self.blacklist), *self.guarantee,
                                                   self._checkpoint_stats(), self.dag, processors))
@@ -851,4 +852,4 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_launched_args("appmaster", argv)
     launch = launch_from_env()
     configure("appmaster", f"app{launch.app_id}-appmaster", app_id=launch.app_id)
-    return run_service(AppMaster(args.nats, launch, os.environ.get(WORKER_ENV, "")))
+    return run_service(AppMaster(args.nats, launch, os.environ.get(WORKER_ENV, ""), launch_security(launch)))

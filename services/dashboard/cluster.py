@@ -6,6 +6,7 @@ from __future__ import annotations
 from gearbus.client import Client
 from shared.bus import NoResponders, RequestError, RequestTimeout
 from shared.messages import ApplicationRestarted, AppSummary, ClusterInfo, ErrorCode
+from shared.security import Security
 
 QUERY_TIMEOUT_S = 3.0  # a page must not hang: a master that does not answer this fast is "unreachable"
 
@@ -23,9 +24,9 @@ class Conflict(Exception):
 
 
 class ClusterView:
-    def __init__(self, servers: list[str]):
+    def __init__(self, servers: list[str], security: Security = Security()):
         self.servers = servers
-        self.client = Client(servers, timeout=QUERY_TIMEOUT_S)
+        self.client = Client(servers, timeout=QUERY_TIMEOUT_S, security=security)
 
     async def open(self) -> None:
         """Connect (ConnectionError naming the URL when NATS cannot be reached); later

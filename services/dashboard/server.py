@@ -14,6 +14,9 @@ import sys
 import structlog
 
 from shared.logging import configure
+from shared.nats_jwt import CredentialsError
+from shared.security import Security
+from shared.security import add_arguments as add_security_arguments
 
 log = structlog.get_logger()
 DEFAULT_PORT = 8080
@@ -24,13 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="NATS server URL (repeatable; default $GEARBUS_NATS_URL or nats://127.0.0.1:4222)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}; 0: any)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    add_security_arguments(parser)
 
 
 def servers_of(args: argparse.Namespace) -> list[str]:
     return args.nats or [os.environ.get("GEARBUS_NATS_URL", "nats://127.0.0.1:4222")]
 
 
-async def serve(servers: list[str], host: str, port: int, own_signals: bool = False) -> int:
+async def serve(servers: list[str], host: str, port: int, own_signals: bool = False,
+                security: Security = Security()) -> int:
     """Serve until cancelled (or, with ``own_signals``, SIGTERM/SIGINT: a graceful stop and
     exit code 0, as every role); print the URL once the port listens."""
     import uvicorn  # here, not at the top: every gearbus command imports this module for its options
@@ -43,7 +48,7 @@ async def serve(servers: list[str], host: str, port: int, own_signals: bool = Fa
         def capture_signals(self):  # uvicorn's would re-raise SIGTERM after stopping: exit -15
             yield
 
-    view = ClusterView(servers)
+    view = ClusterView(servers, security)
     try:
         await view.open()
     except ConnectionError as exc:
@@ -76,5 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.dashboard", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        security = Security.from_args(args)
+    except CredentialsError as exc:
+        parser.error(str(exc))
     configure("dashboard")
-    return asyncio.run(serve(servers_of(args), args.host, args.port, own_signals=True))
+    return asyncio.run(serve(servers_of(args), args.host, args.port, own_signals=True, security=security))

@@ -17,7 +17,8 @@ from services.checkpoint_store import CheckpointStore
 from services.executor.heartbeat import Heartbeat
 from services.executor.outputs import DataPlaneConfig
 from services.executor.task_runner import TaskRunner
-from services.launch import WORKER_ENV, WORKER_GONE_SIGNAL, fetch_application, launch_from_env, parse_launched_args
+from services.launch import (WORKER_ENV, WORKER_GONE_SIGNAL, fetch_application, launch_from_env,
+                             launch_security, parse_launched_args)
 from shared import subjects
 from shared.bus import RequestError
 from shared.logging import configure
@@ -42,6 +43,7 @@ from shared.messages import (
     TaskRegistered,
     TriggerCheckpoint,
 )
+from shared.security import Security
 from shared.service import Service, run_service
 
 log = structlog.get_logger()
@@ -56,9 +58,10 @@ ACKS_KEPT = 4  # checkpoints whose acks an executor can repeat
 class Executor(Service):
     role = "executor"
 
-    def __init__(self, servers, launch: LaunchExecutor, worker_id: str, worker_pid: int | None = None):
+    def __init__(self, servers, launch: LaunchExecutor, worker_id: str, worker_pid: int | None = None,
+                 security: Security = Security()):
         """``worker_pid``: the worker that launched this process (None: not launched by one)."""
-        super().__init__(servers, node_id=f"app{launch.app_id}-executor{launch.executor_id}")
+        super().__init__(servers, node_id=f"app{launch.app_id}-executor{launch.executor_id}", security=security)
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.launch = launch
         self.app_id = launch.app_id
@@ -254,7 +257,7 @@ class Executor(Service):
             subjects.appmaster_executor_heartbeat(self.app_id),
             lambda: ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners]),
             self.heartbeat_interval, deadline, self._on_fenced, self._on_appmaster_gone, EXIT_FENCED,
-            parent_pid=self.worker_pid, orphaned=self._orphaned)
+            parent_pid=self.worker_pid, orphaned=self._orphaned, security=self.bus.security)
         if self.worker_pid:  # from now on the heartbeat thread reports the worker's death, then exits
             signal.signal(WORKER_GONE_SIGNAL, signal.SIG_IGN)
         self.heartbeat.start(asyncio.get_running_loop())
@@ -291,4 +294,5 @@ def main(argv: list[str] | None = None) -> int:
     worker_id = os.environ.get(WORKER_ENV, "")
     configure("executor", f"app{launch.app_id}-executor{launch.executor_id}", app_id=launch.app_id,
               executor_id=launch.executor_id)
-    return run_service(Executor(args.nats, launch, worker_id, os.getppid() if worker_id else None))
+    return run_service(Executor(args.nats, launch, worker_id, os.getppid() if worker_id else None,
+                                launch_security(launch)))

@@ -28,6 +28,7 @@ import structlog
 from gearbus.connectors.jetstream import LoopThread
 from shared.bus import Bus, RequestError
 from shared.messages import ErrorCode, ExecutorHeartbeat, Message
+from shared.security import Security
 
 log = structlog.get_logger()
 
@@ -43,10 +44,12 @@ class Heartbeat:
     def __init__(self, servers: list[str], name: str, subject: str, beat: Callable[[], ExecutorHeartbeat],
                  interval: float, deadline_s: float, on_fenced: Callable[[str], None],
                  on_appmaster_gone: Callable[[float, str], None], fenced_exit_code: int,
-                 parent_pid: int | None = None, orphaned: Callable[[], tuple[str, Message, int]] | None = None):
+                 parent_pid: int | None = None, orphaned: Callable[[], tuple[str, Message, int]] | None = None,
+                 security: Security = Security()):
         """``parent_pid``: the worker; when it is gone, publish ``orphaned()``'s (subject,
         message) and exit with its code."""
         self.servers, self.name, self.subject, self.beat = servers, name, subject, beat
+        self.security = security
         self.parent_pid, self.orphaned = parent_pid, orphaned
         self.interval = interval
         self.deadline_s = deadline_s
@@ -73,7 +76,7 @@ class Heartbeat:
         self._thread = None
 
     async def _run(self) -> None:
-        bus = Bus(self.servers, name=self.name)
+        bus = Bus(self.servers, name=self.name, security=self.security)
         await bus.connect()
         answered, warned = time.monotonic(), False
         watch = asyncio.create_task(self._watch_parent(bus)) if self.parent_pid and self.orphaned else None

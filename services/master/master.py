@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import time
 import uuid
@@ -18,7 +19,8 @@ from services.master.scheduler import InvalidResourceRequest, Scheduler, Schedul
 from services.master.lease import LeaderLease
 from services.master.store import ApplicationRecord, StateStore, WorkerRecord
 from services.checkpoint_store import ensure_buckets
-from shared import subjects
+from services.master.credentials import APP_SIGNER_ENV, AppCredentials
+from shared import digests, subjects
 from shared.bus import JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout, bad_request, not_found, ride_out
 from shared.logging import configure
 from shared.messages import (
@@ -64,6 +66,8 @@ from shared.messages import (
     WorkerLost,
     WorkerSummary,
 )
+from shared.nats_jwt import CredentialsError
+from shared.security import Security, add_arguments
 from shared.service import Service, run_service
 
 log = structlog.get_logger()
@@ -114,8 +118,10 @@ class Master(Service):
     role = "master"
 
     def __init__(self, servers, node_id: str, heartbeat_interval: float = 1.0, worker_timeout: float = 10.0,
-                 appmaster_register_timeout: float = 60.0, resource_timeout: float = 60.0, lease_ttl_s: int = 1):
-        super().__init__(servers, node_id)
+                 appmaster_register_timeout: float = 60.0, resource_timeout: float = 60.0, lease_ttl_s: int = 1,
+                 security: Security = Security(), app_credentials: AppCredentials = AppCredentials()):
+        super().__init__(servers, node_id, security)
+        self.app_credentials = app_credentials
         self.lease_ttl_s = lease_ttl_s
         self.lease: LeaderLease | None = None
         self._office: list = []  # the subscriptions a leader holds
@@ -201,13 +207,17 @@ class Master(Service):
             await serve(subjects.APP_LIST, {ListApplications: self.on_list}, guard=guard),
             await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info}, guard=guard),
             await serve(subjects.WORKER_REGISTER, {RegisterWorker: self.on_register_worker}, guard=guard),
-            await serve(subjects.APPMASTER_REGISTER, {RegisterAppMaster: self.on_register_appmaster}, guard=guard),
-            await serve(subjects.APPMASTER_STATE, {ApplicationStateChanged: self.on_appmaster_state}, guard=guard),
-            await serve(subjects.RESOURCE_REQUEST, {RequestResource: self.on_request_resource}, concurrent=True,
-                        guard=guard),
+            await serve(subjects.appmaster_register("*"), {RegisterAppMaster: self.on_register_appmaster},
+                        guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
+            await serve(subjects.appmaster_state("*"), {ApplicationStateChanged: self.on_appmaster_state},
+                        guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
+            await serve(subjects.resource_request("*"), {RequestResource: self.on_request_resource}, concurrent=True,
+                        guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
+            await serve(subjects.executor_launch("*"), {LaunchExecutor: self.on_executor_launch}, concurrent=True,
+                        guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
             await listen(subjects.WORKER_HEARTBEAT, {WorkerHeartbeat: self.on_worker_heartbeat}, guard=guard),
-            await listen(subjects.APPMASTER_HEARTBEAT, {AppMasterHeartbeat: self.on_appmaster_heartbeat},
-                         guard=guard),
+            await listen(subjects.appmaster_heartbeat("*"), {AppMasterHeartbeat: self.on_appmaster_heartbeat},
+                         guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
             await listen(subjects.EXECUTOR_STOPPED, {ExecutorStopped: self.on_executor_stopped}, guard=guard),
         ]
         await self.bus.nc.flush()
@@ -252,16 +262,20 @@ class Master(Service):
             raise bad_request(f"SubmitApplication.entry must be a Python module name, got {msg.entry!r}")
         store = await self.bus.js.object_store(subjects.ARTIFACT_BUCKET)
         try:
-            await store.get_info(msg.artifact)
+            info = await store.get_info(msg.artifact)
         except (nats.js.errors.NotFoundError, nats.js.errors.ObjectNotFoundError, nats.js.errors.InvalidObjectNameError):
             raise not_found(
                 f"artifact {msg.artifact!r} is not in the {subjects.ARTIFACT_BUCKET} object store: upload it first"
             ) from None
+        digest = digests.from_object_store(info.digest)
+        if msg.artifact_digest and digest and msg.artifact_digest.lower() != digest:
+            raise bad_request(f"artifact {msg.artifact!r} in the object store has SHA-256 {digest}, not the "
+                              f"submitted {msg.artifact_digest}: it changed after the upload")
         app_id = await self.store.next_app_id()
         record = ApplicationRecord(
             app_id=app_id, name=msg.name, state=AppState.PENDING, submitted_ms=now_ms(), artifact=msg.artifact,
             entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args), config=dict(msg.config),
-            user=msg.user, priority=msg.priority,
+            user=msg.user, priority=msg.priority, artifact_digest=digest,
         )
         await self._save(record)
         log.info("app_submitted", app_id=app_id, name=msg.name)
@@ -297,7 +311,8 @@ class Master(Service):
                 app_id=record.app_id, executor_id=APPMASTER_EXECUTOR_ID, kind=ExecutorKind.APPMASTER,
                 artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
                 args=list(record.args), config=dict(record.config), app_name=record.name, priority=record.priority,
-                attempt=attempt, start_ms=record.submitted_ms,
+                attempt=attempt, start_ms=record.submitted_ms, artifact_digest=record.artifact_digest,
+                credentials=self.app_credentials.issue(record.app_id),
             )
             try:
                 await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
@@ -364,7 +379,8 @@ class Master(Service):
             taken = await self.on_savepoint(TakeSavepoint(msg.app_id, f"restart-app{msg.app_id}-{now_ms()}", stop=True))
             savepoint = config["from_savepoint"] = taken.name
         result = await self.on_submit(SubmitApplication(record.name, record.artifact, record.entry, record.artifact_kind,
-                                                        record.args, record.user, record.priority, config))
+                                                        record.args, record.user, record.priority, config,
+                                                        record.artifact_digest))
         log.info("app_restarted", previous_app_id=msg.app_id, app_id=result.app_id, from_savepoint=savepoint)
         return ApplicationRestarted(msg.app_id, result.app_id, savepoint)
 
@@ -482,6 +498,21 @@ class Master(Service):
             raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} cannot go from {record.state} to {msg.state}")
         await self._set_state(msg.app_id, msg.state, msg.error)
 
+    async def on_executor_launch(self, msg: LaunchExecutor) -> ExecutorLaunched:
+        """Start an executor for an AppMaster, on a worker holding the app's slots: only masters
+        launch processes, with the app's recorded artifact and its own credentials."""
+        record = self._app(msg.app_id)
+        if record.state in AppState.TERMINAL:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
+        if msg.kind != ExecutorKind.EXECUTOR:
+            raise bad_request(f"an AppMaster may launch executors only, not {msg.kind!r}")
+        if msg.worker_id not in self.scheduler.workers_of(msg.app_id):
+            raise RequestError(ErrorCode.CONFLICT, f"worker {msg.worker_id!r} holds no slot of app {msg.app_id}")
+        launch = replace(msg, artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
+                         artifact_digest=record.artifact_digest, worker_id="",
+                         credentials=self.app_credentials.issue(msg.app_id))
+        return await self.bus.request(subjects.worker_launch(msg.worker_id), launch, expect=ExecutorLaunched)
+
     async def on_request_resource(self, msg: RequestResource) -> ResourceAllocated:
         record = self._app(msg.app_id)
         if record.state in AppState.TERMINAL:
@@ -532,7 +563,7 @@ class Master(Service):
     async def _stop_app_processes(self, app_id: int, reason: str) -> None:
         for worker_id in self.scheduler.workers_of(app_id):
             try:
-                await self.bus.request(subjects.worker_shutdown(worker_id), ShutdownExecutor(app_id, None, reason),
+                await self.bus.request(subjects.worker_shutdown(worker_id, app_id), ShutdownExecutor(app_id, None, reason),
                                        timeout=5)
             except RequestError as exc:
                 log.warning("shutdown_request_failed", app_id=app_id, worker_id=worker_id, error=exc.message)
@@ -629,12 +660,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds of silence before a worker is lost")
     parser.add_argument("--lease-ttl", type=int, default=1,
                         help="seconds the leader lease lasts without renewal (whole seconds; default 1)")
+    add_arguments(parser)
+    parser.add_argument("--app-signer", metavar="FILE", default=os.environ.get(APP_SIGNER_ENV, ""),
+                        help="the account signing key (.nk) it issues each app's credentials with "
+                             f"(written by `gearbus security init`; env {APP_SIGNER_ENV})")
     args = parser.parse_args(argv)
     if args.lease_ttl < 1:
         parser.error("--lease-ttl must be at least 1 second")
     node_id = args.master_id or f"master-{uuid.uuid4().hex[:8]}"
     if not re.fullmatch(r"[A-Za-z0-9_-]+", node_id):
         parser.error(f"--master-id may hold only letters, digits, '-' and '_', got {node_id!r}")
+    try:
+        security = Security.from_args(args)
+        app_credentials = AppCredentials.load(args.app_signer, security)
+    except CredentialsError as exc:
+        parser.error(str(exc))
     configure("master", node_id)
     return run_service(Master(args.nats or ["nats://127.0.0.1:4222"], node_id, args.heartbeat_interval,
-                              args.worker_timeout, lease_ttl_s=args.lease_ttl))
+                              args.worker_timeout, lease_ttl_s=args.lease_ttl, security=security,
+                              app_credentials=app_credentials))

@@ -40,6 +40,7 @@ class ApplicationRecord(Struct):
     finished_ms: int = 0
     error: AppError | None = None
     appmaster_worker: str = ""
+    artifact_digest: str = ""
 
     def can_become(self, state: str) -> bool:
         return state in TRANSITIONS[self.state]

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -38,6 +38,8 @@ from shared.messages import (
     WorkerHeartbeat,
     WorkerRegistered,
 )
+from shared.nats_jwt import CredentialsError
+from shared.security import SECURITY_ENV, Security, add_arguments
 from shared.service import Service, run_service
 
 log = structlog.get_logger()
@@ -90,9 +92,9 @@ class Child:
 class Worker(Service):
     role = "worker"
 
-    def __init__(self, servers, worker_id: str, slots: int, log_dir: str):
+    def __init__(self, servers, worker_id: str, slots: int, log_dir: str, security: Security = Security()):
         """``log_dir``: where each launched process's output is kept (and served on ``logs.query``)."""
-        super().__init__(servers, worker_id)
+        super().__init__(servers, worker_id, security)
         self.worker_id = worker_id
         self.slots = slots
         self.log_dir = log_dir
@@ -105,7 +107,8 @@ class Worker(Service):
 
     async def setup(self) -> None:
         await self.bus.serve(subjects.worker_launch(self.worker_id), {LaunchExecutor: self.on_launch})
-        await self.bus.serve(subjects.worker_shutdown(self.worker_id), {ShutdownExecutor: self.on_shutdown})
+        await self.bus.serve(subjects.worker_shutdown(self.worker_id, "*"), {ShutdownExecutor: self.on_shutdown},
+                             app_token=subjects.APP_TOKEN_IN_SHUTDOWN)
         await self.bus.serve(subjects.LOGS_QUERY, {QueryLogs: self.on_logs}, concurrent=True)
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
         await self.bus.listen(subjects.worker_reregister(self.worker_id), {ReRegister: self.on_master_changed})
@@ -155,8 +158,11 @@ class Worker(Service):
         argv = [sys.executable, "-m", module]
         for url in self.bus.servers:
             argv += ["--nats", url]
-        env = dict(os.environ)
-        env[LAUNCH_ENV] = encode_launch(msg)
+        env = {k: v for k, v in os.environ.items() if k not in SECURITY_ENV}
+        env.update(self.bus.security.tls_env())
+        # The app's own credential; a master without an app signer (hand-written server users)
+        # issues none, and the process then connects as this worker.
+        env[LAUNCH_ENV] = encode_launch(replace(msg, credentials=msg.credentials or self.bus.security.credential))
         env[WORKER_ENV] = self.worker_id
         env["PYTHONHASHSEED"] = "0"  # one string hash on every executor: hash partitioning agrees
         env["PYTHONUNBUFFERED"] = "1"  # what a task prints reaches its log (and `gearbus logs`) at once
@@ -262,11 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-id", default="", help="this worker's id (default: generated)")
     parser.add_argument("--log-dir", default="",
                         help="where the output of the processes it launches is kept (default: a new temp dir)")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.slots < 1:
         parser.error("--slots must be at least 1")
+    try:
+        security = Security.from_args(args)
+    except CredentialsError as exc:
+        parser.error(str(exc))
     worker_id = args.worker_id or f"worker-{uuid.uuid4().hex[:8]}"
     log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"gearbus-{worker_id}-logs-")
     os.makedirs(log_dir, exist_ok=True)
     configure("worker", worker_id)
-    return run_service(Worker(args.nats or ["nats://127.0.0.1:4222"], worker_id, args.slots, log_dir))
+    return run_service(Worker(args.nats or ["nats://127.0.0.1:4222"], worker_id, args.slots, log_dir, security))

@@ -135,7 +135,7 @@ class Run:
             cp = status.checkpoints
             return status if cp and cp.last_id > since_checkpoint and cp.epoch >= epoch_at_least else None
 
-        return await wait_until(self.client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
+        return await wait_until(self.client, subjects.appmaster_heartbeat("*"), probe, timeout)
 
     def processes(self, kind: str) -> list[tuple[int, str, str]]:
         return [p for p in self.cluster.processes() if p[2] == kind]

@@ -74,7 +74,7 @@ async def test_wordcount_survives_a_killed_executor_exactly(victim, tmp_path):
                 checkpointed = status.checkpoints is not None and status.checkpoints.last_id
                 return read if min(read.values(), default=0) >= 0.3 * split and checkpointed else None
 
-            await wait_until(client, subjects.APPMASTER_HEARTBEAT, mid_split)
+            await wait_until(client, subjects.appmaster_heartbeat("*"), mid_split)
             # Tasks with index i run on executor i (task placement by index): the source task
             # 0 and the sink (one task, index 0) share executor 0, so kill executor 1 to hit a
             # split alone, executor 0 to hit the sink.

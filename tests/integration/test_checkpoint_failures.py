@@ -27,7 +27,7 @@ async def test_a_vanished_checkpoint_bucket_is_reported_then_fails_the_app(clien
         async def probe():
             status = await client.status(app_id)
             return status if predicate(status) else None
-        return await wait_until(client, subjects.APPMASTER_HEARTBEAT, probe)
+        return await wait_until(client, subjects.appmaster_heartbeat("*"), probe)
 
     await status_when(lambda s: s.checkpoints and s.checkpoints.completed >= 1)
     await client.bus.js.delete_object_store(subjects.CHECKPOINT_BUCKET)

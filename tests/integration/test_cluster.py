@@ -162,7 +162,7 @@ async def test_garbage_on_a_task_inbox_is_dropped_and_counted(client):
         counted = {(c.task.processor, c.task.index): c.messages_dropped for c in status.tasks}
         return status if counted.get((1, 0)) == 3 else None
 
-    status = await wait_until(client, subjects.APPMASTER_HEARTBEAT, dropped_three, timeout=20)
+    status = await wait_until(client, subjects.appmaster_heartbeat("*"), dropped_three, timeout=20)
     assert status.state == AppState.ACTIVE
     await client.kill(app_id)
 
@@ -174,7 +174,7 @@ async def test_status_shows_the_application_clock_and_names_stalled_tasks(client
         status = await client.status(app_id)
         return status if status.stalled_tasks else None
 
-    status = await wait_until(client, subjects.APPMASTER_HEARTBEAT, stalled)
+    status = await wait_until(client, subjects.appmaster_heartbeat("*"), stalled)
     assert status.stalled_tasks == ["discard[0]", "merge[0]"]  # both receive records, neither moves on
     assert status.clock == -1  # the idle source's watermark: its one record was at event time 0
     await client.kill(app_id)
@@ -200,7 +200,7 @@ async def test_unknown_app_and_worker_ids_get_clear_errors(client):
     assert unknown_kill.value.code == ErrorCode.NOT_FOUND
     app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
     with pytest.raises(RemoteError) as unknown_worker:
-        await client.bus.request(subjects.RESOURCE_REQUEST,
+        await client.bus.request(subjects.resource_request(app_id),
                                  RequestResource(app_id, 1, placement="worker", worker_id="no-such-worker"))
     assert unknown_worker.value.code == ErrorCode.NOT_FOUND and "no-such-worker" in unknown_worker.value.message
     await client.kill(app_id)

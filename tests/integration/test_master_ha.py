@@ -57,7 +57,7 @@ async def wait_for_ticks(client: Client, path, beyond: int, timeout: float = 20)
         ticks = read_ticks(path)
         return ticks if ticks and max(ticks) > beyond else None
 
-    return await wait_until(client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
+    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout)
 
 
 async def leader_of(client: Client) -> str:

@@ -51,6 +51,6 @@ async def test_losing_the_kv_stream_leader_server_keeps_the_app(tmp_path):
                 ticks = read_ticks(output)
                 return ticks if ticks and max(ticks) > before + 300 else None
 
-            ticks = await wait_until(client, subjects.APPMASTER_HEARTBEAT, flowing, timeout=60)
+            ticks = await wait_until(client, subjects.appmaster_heartbeat("*"), flowing, timeout=60)
             assert len(ticks) == len(set(ticks)), "a number was written twice"
             await client.kill(app_id)

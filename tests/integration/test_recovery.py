@@ -28,7 +28,7 @@ async def flowing_beyond(client, path, beyond: int, timeout: float = 30) -> list
         seen = read_ticks(path)
         return seen if seen and max(seen) > beyond else None
 
-    return await wait_until(client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
+    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout)
 
 
 async def restarts_reach(client, app_id: int, count: int, timeout: float = 30):
@@ -36,7 +36,7 @@ async def restarts_reach(client, app_id: int, count: int, timeout: float = 30):
         status = await client.status(app_id)
         return status if status.restarts >= count else None
 
-    return await wait_until(client, subjects.APPMASTER_HEARTBEAT, probe, timeout)
+    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout)
 
 
 async def start_ticker(client, output, **config) -> int:
@@ -158,7 +158,7 @@ async def test_a_killed_appmaster_is_relaunched_and_adopts_the_running_executors
         running = [p for p in cluster.processes() if p[2] == "appmaster" and p[0] != appmaster]
         return running if running and (await client.status(app_id)).executors else None
 
-    await wait_until(client, subjects.APPMASTER_HEARTBEAT, relaunched)
+    await wait_until(client, subjects.appmaster_heartbeat("*"), relaunched)
     log.info("appmaster_relaunch_measured", seconds=round(time.monotonic() - killed_at, 3))
     seen = await flowing_beyond(client, output, before + 200)
     status = await client.status(app_id)

@@ -53,7 +53,7 @@ async def test_stop_with_a_savepoint_change_the_code_and_resume_exactly(cluster,
         read = sum(c.records_in for c in status.tasks if c.task.processor == 0)
         return status if read >= EVENTS // 2 and status.checkpoints and status.checkpoints.last_id else None
 
-    await wait_until(client, subjects.APPMASTER_HEARTBEAT, read_half)
+    await wait_until(client, subjects.appmaster_heartbeat("*"), read_half)
     taken = await client.savepoint(first, "half", stop=True)
     assert taken.name == "half" and {"events", "by_user", "count", "write"} <= set(taken.steps)
     assert (await client.wait(first, timeout=30)).state == AppState.TERMINATED

@@ -1,0 +1,85 @@
+"""Who may publish and subscribe to what, per role: the least each role's code needs, written
+into its NATS user JWT (by `gearbus security init` for the four roles, by the master for each
+application's processes) and enforced by nats-server.
+
+Every identity receives replies only under its own inbox prefix (``_INBOX.<name>``, see
+shared/security.py) and may answer the requests it receives (the JWT's response permission).
+JetStream is reached through its API subjects (``$JS.API.<op>.<stream>``), so what a role may
+do there is named per stream; KV writes are ``$KV.<bucket>.<key>``, objects ``$O.<bucket>.>``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared import subjects
+
+ROLES = ("master", "worker", "client", "dashboard")
+
+_ARTIFACTS = f"OBJ_{subjects.ARTIFACT_BUCKET}"
+_CHECKPOINT_OBJECTS = f"OBJ_{subjects.CHECKPOINT_BUCKET}"
+_CHECKPOINT_KV = f"KV_{subjects.CHECKPOINT_BUCKET}"
+_CLIENT_REQUESTS = [subjects.APP_SUBMIT, subjects.APP_KILL, subjects.APP_STATUS, subjects.APP_LIST,
+                    subjects.APP_SAVEPOINT, subjects.APP_RESTART, subjects.MASTER_INFO, subjects.LOGS_QUERY]
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: list[str]
+    subscribe: list[str]
+
+
+def inbox(identity: str) -> str:
+    return f"_INBOX.{identity}.>"
+
+
+def _read_stream(stream: str) -> list[str]:
+    """JetStream API calls that read a stream: its info, one message, and an ordered consumer
+    (nats-py looks the stream up by name first)."""
+    return ["$JS.API.STREAM.NAMES", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>", f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.DELETE.{stream}.>", f"$JS.FC.{stream}.>"]
+
+
+def role(name: str) -> Permissions:
+    """The permissions of one of ROLES."""
+    if name == "master":
+        return Permissions(
+            publish=["app.*.state", subjects.worker_launch("*"), subjects.worker_reregister("*"),
+                     subjects.worker_shutdown("*", "*"), subjects.appmaster_reregister("*"),
+                     subjects.appmaster_savepoint("*"), subjects.appmaster_worker_lost("*"),
+                     subjects.MASTER_ELECTED, "$JS.API.>", f"$KV.{subjects.STATE_BUCKET}.>",
+                     f"$KV.{subjects.MASTERS_BUCKET}.>", "$JS.ACK.>", "$JS.FC.>"],
+            subscribe=[*_CLIENT_REQUESTS[:-1], "master.>", inbox(name)])
+    if name == "worker":
+        return Permissions(
+            publish=[subjects.WORKER_REGISTER, subjects.WORKER_HEARTBEAT, subjects.EXECUTOR_STOPPED,
+                     subjects.appmaster_executor_stopped("*")],
+            subscribe=[subjects.worker_launch("*"), subjects.worker_shutdown("*", "*"),
+                       subjects.worker_reregister("*"), subjects.MASTER_ELECTED, subjects.LOGS_QUERY, inbox(name)])
+    if name == "client":
+        return Permissions(
+            publish=[*_CLIENT_REQUESTS, "$JS.API.INFO", f"$O.{subjects.ARTIFACT_BUCKET}.>", *_read_stream(_ARTIFACTS)],
+            subscribe=[subjects.app_state_events("*"), inbox(name)])
+    if name == "dashboard":
+        return Permissions(
+            publish=[subjects.APP_KILL, subjects.APP_STATUS, subjects.APP_LIST, subjects.APP_RESTART,
+                     subjects.MASTER_INFO, subjects.LOGS_QUERY],
+            subscribe=[inbox(name)])
+    raise ValueError(f"no role {name!r}: one of {', '.join(ROLES)}")
+
+
+def app_identity(app_id: int) -> str:
+    return f"app{app_id}"
+
+
+def app(app_id: int) -> Permissions:
+    """The AppMaster and executors of one application: its own data plane and control
+    subjects, its checkpoints, and reading its artifact. Nothing of another app's."""
+    own = [f"data.{app_id}.>", f"credit.{app_id}.>", f"appmaster.{app_id}.>", f"executor.{app_id}.>"]
+    return Permissions(
+        publish=[*own, f"master.app.{app_id}.>", subjects.worker_shutdown("*", app_id),
+                 "$JS.API.INFO", f"$KV.{subjects.CHECKPOINT_BUCKET}.{subjects.checkpoint_app_prefix(app_id)}.>",
+                 f"$KV.{subjects.CHECKPOINT_BUCKET}.savepoint.>", f"$O.{subjects.CHECKPOINT_BUCKET}.>",
+                 f"$JS.API.STREAM.PURGE.{_CHECKPOINT_OBJECTS}",
+                 *_read_stream(_CHECKPOINT_OBJECTS), *_read_stream(_CHECKPOINT_KV), *_read_stream(_ARTIFACTS)],
+        subscribe=[*own, subjects.MASTER_ELECTED, inbox(app_identity(app_id))])

@@ -1,0 +1,248 @@
+"""A secure cluster, as `gearbus security init --tls` sets it up: nats-server in operator
+mode with TLS, every role with its own credential. What each identity must not do is
+refused by the server, and nobody without a credential can make any process run code."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import subprocess
+import sys
+
+import nats
+import pytest
+
+from gearbus.artifact import pack
+from gearbus.client import Client
+from gearbus.cluster import LocalCluster
+from gearbus.security import SecurityDir, init
+from services.master.credentials import AppCredentials
+from shared import digests, subjects
+from shared.bus import RemoteError
+from shared.messages import (
+    AppState,
+    ErrorCode,
+    ExecutorKind,
+    LaunchExecutor,
+    RequestResource,
+    SubmitApplication,
+)
+from shared.security import Security
+from tests.conftest import EXAMPLES, REPO
+
+MARKER_APP = os.path.join(REPO, "tests", "apps", "marker.py")
+REFUSAL_TIMEOUT_S = 10
+
+
+@pytest.fixture
+def security_dir(tmp_path) -> SecurityDir:
+    return init(str(tmp_path / "security"), tls=True)
+
+
+@pytest.fixture
+def secure_cluster(security_dir, tmp_path):
+    with LocalCluster(workers=2, slots=4, log_dir=str(tmp_path / "logs"), security=security_dir) as cluster:
+        yield cluster
+
+
+def app_security(security_dir: SecurityDir, app_id: int) -> Security:
+    """The credential a master would issue to app ``app_id``'s processes."""
+    issued = AppCredentials.load(security_dir.app_signer, security_dir.security("master")).issue(app_id)
+    return security_dir.security("client").with_credential(issued)
+
+
+class Connection:
+    """A raw nats-py connection under one identity, collecting the server's refusals."""
+
+    def __init__(self, nc: nats.NATS, errors: asyncio.Queue):
+        self.nc, self.errors = nc, errors
+
+    @classmethod
+    async def open(cls, url: str, security: Security) -> Connection:
+        errors: asyncio.Queue = asyncio.Queue()
+
+        async def on_error(exc):
+            errors.put_nowait(str(exc))
+
+        nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False, **security.nats_options())
+        return cls(nc, errors)
+
+    async def refusal(self) -> str:
+        async with asyncio.timeout(REFUSAL_TIMEOUT_S):
+            return await self.errors.get()
+
+    async def assert_refused(self, action: str, subject: str) -> None:
+        if action == "publish":
+            await self.nc.publish(subject, b"\x80")
+        else:
+            await self.nc.subscribe(subject)
+        await self.nc.flush()
+        refusal = (await self.refusal()).lower()
+        kind = "publish" if action == "publish" else "subscription"
+        assert f"permissions violation for {kind} to \"{subject.lower()}\"" in refusal, refusal
+
+    async def assert_allowed(self, subject: str) -> None:
+        await self.nc.publish(subject, b"\x80")
+        await self.nc.flush()
+        assert self.errors.empty(), f"{subject}: {self.errors.get_nowait()}"
+
+
+async def test_a_secure_cluster_runs_wordcount_exactly(secure_cluster, security_dir, tmp_path):
+    source = os.path.join(EXAMPLES, "data", "sample.txt")
+    output = tmp_path / "counts.jsonl"
+    async with Client(secure_cluster.url, timeout=60, security=security_dir.security("client")) as client:
+        app_id = await client.submit(pack(os.path.join(EXAMPLES, "wordcount.py")),
+                                     ["--input", source, "--output", str(output)])
+        final = await client.wait(app_id, timeout=120)
+    assert final.state == AppState.SUCCEEDED, final.error
+    with open(source, encoding="utf-8") as f:
+        expected = collections.Counter(f.read().split())
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert {r["word"]: r["count"] for r in rows} == expected and len(rows) == len(expected)
+
+
+async def test_connections_without_a_valid_credential_are_refused(secure_cluster, security_dir, tmp_path):
+    tls_only = Security(tls_ca=os.path.join(security_dir.path, "ca.pem"),
+                        tls_cert=os.path.join(security_dir.path, "client-cert.pem"),
+                        tls_key=os.path.join(security_dir.path, "client-key.pem"))
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(secure_cluster.url, allow_reconnect=False, connect_timeout=5, **tls_only.nats_options())
+    stranger = init(str(tmp_path / "another"), tls=False).security("client")  # a valid JWT of another operator
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(secure_cluster.url, allow_reconnect=False, connect_timeout=5,
+                           **tls_only.with_credential(stranger.credential).nats_options())
+    with pytest.raises(ConnectionError, match="refused no credential .pass --creds.: 'Authorization Violation'"):
+        async with Client(secure_cluster.url, timeout=5, security=tls_only):
+            pass
+    untrusted = init(str(tmp_path / "other-ca"), tls=True).security("client")
+    with pytest.raises(ConnectionError, match="is not trusted: certificate signature failure .--tls-ca"):
+        async with Client(secure_cluster.url, timeout=5, security=untrusted):
+            pass
+
+
+async def test_an_expired_server_certificate_is_a_clear_error(tmp_path):
+    expired = init(str(tmp_path / "expired"), tls=True, cert_days=-1)
+    with LocalCluster(workers=0, log_dir=str(tmp_path / "logs"), masters=0, security=expired) as cluster:
+        with pytest.raises(ConnectionError, match="is not trusted: certificate has expired .renew it"):
+            async with Client(cluster.url, timeout=5, security=expired.security("client")):
+                pass
+
+
+@pytest.mark.parametrize("identity, forbidden", [
+    ("client", [("publish", "worker.worker-0.launch"), ("publish", "worker.worker-0.app.1.shutdown"),
+                ("publish", "master.worker.register"), ("publish", "master.app.1.register"),
+                ("publish", "master.app.1.heartbeat"), ("publish", "appmaster.1.executor.register"),
+                ("publish", "executor.1.0.control"), ("publish", "data.1.0.0"), ("publish", "credit.1.0.0"),
+                ("publish", "$KV.gearbus_state.apps.1"), ("publish", "$KV.gearbus_masters.leader"),
+                ("publish", "$KV.gearbus_checkpoints.app1.latest"), ("publish", "$JS.API.STREAM.DELETE.KV_gearbus_state"),
+                ("subscribe", "worker.*.launch"), ("subscribe", "data.>"), ("subscribe", "master.>"),
+                ("subscribe", "_INBOX.>")]),
+    ("dashboard", [("publish", "app.submit"), ("publish", "worker.worker-0.launch"), ("publish", "data.1.0.0"),
+                   ("publish", "master.app.1.state"), ("publish", "$KV.gearbus_state.apps.1"),
+                   ("subscribe", "app.*.state"), ("subscribe", "_INBOX.client.>")]),
+    ("worker", [("publish", "app.submit"), ("publish", "app.kill"), ("publish", "worker.worker-0.launch"),
+                ("publish", "master.app.1.register"), ("publish", "master.app.1.executor.launch"),
+                ("publish", "executor.1.0.control"), ("publish", "data.1.0.0"),
+                ("publish", "$KV.gearbus_state.workers.worker-0"), ("publish", "$JS.API.STREAM.PURGE.KV_gearbus_state"),
+                ("subscribe", "data.>"), ("subscribe", "app.submit")]),
+    ("app7", [("publish", "app.submit"), ("publish", "worker.worker-0.launch"), ("publish", "master.app.1.register"),
+              ("publish", "master.app.1.heartbeat"), ("publish", "master.app.1.executor.launch"),
+              ("publish", "appmaster.1.executor.register"), ("publish", "executor.1.0.control"),
+              ("publish", "data.1.0.0"), ("publish", "credit.1.0.0"), ("publish", "worker.worker-0.app.1.shutdown"),
+              ("publish", "master.worker.heartbeat"), ("publish", "$KV.gearbus_state.apps.7"),
+              ("publish", "$KV.gearbus_checkpoints.app1.latest"), ("publish", "$JS.API.STREAM.DELETE.OBJ_gearbus_checkpoints"),
+              ("subscribe", "data.1.>"), ("subscribe", "appmaster.1.>"), ("subscribe", "_INBOX.client.>")]),
+])
+async def test_each_identity_is_refused_what_it_must_not_do(secure_cluster, security_dir, identity, forbidden):
+    security = app_security(security_dir, 7) if identity == "app7" else security_dir.security(identity)
+    allowed = {"client": "app.list", "dashboard": "app.status", "worker": "master.worker.heartbeat",
+               "app7": "data.7.0.0"}[identity]
+    connection = await Connection.open(secure_cluster.url, security)
+    try:
+        for action, subject in forbidden:
+            await connection.assert_refused(action, subject)
+        await connection.assert_allowed(allowed)  # the identity works: the refusals are its permissions
+    finally:
+        await connection.nc.close()
+    async with Client(secure_cluster.url, timeout=30, security=security_dir.security("client")) as client:
+        assert await client.list() == []  # nothing happened in the cluster
+    assert secure_cluster.processes() == []
+
+
+async def test_an_app_credential_speaks_only_for_its_own_app(secure_cluster, security_dir):
+    """Its subjects are its own; a message on them naming another app is refused too."""
+    async with Client(secure_cluster.url, timeout=30, security=app_security(security_dir, 7)) as app7:
+        with pytest.raises(RemoteError) as other_app:
+            await app7.bus.request(subjects.resource_request(7), RequestResource(8, 1), timeout=10, retry_s=30)
+        assert other_app.value.code == ErrorCode.BAD_REQUEST and "app 8" in other_app.value.message
+        with pytest.raises(RemoteError) as unknown:
+            await app7.bus.request(subjects.resource_request(7), RequestResource(7, 1), timeout=10, retry_s=30)
+        assert unknown.value.code == ErrorCode.NOT_FOUND  # its own subject is served: there is no app 7
+
+
+async def test_nobody_without_a_master_identity_makes_a_process_run_code(secure_cluster, security_dir, tmp_path):
+    marker = tmp_path / "ran"
+    artifact = pack(MARKER_APP)
+    launch = LaunchExecutor(app_id=1, executor_id=-1, kind=ExecutorKind.APPMASTER, artifact=artifact.name,
+                            entry=artifact.entry, args=["--marker", str(marker)])
+    async with Client(secure_cluster.url, timeout=60, security=security_dir.security("client")) as client:
+        await client.upload(artifact)  # a client may put an artifact; only a submission runs it
+
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):  # no credential: no connection
+            await nats.connect(secure_cluster.url, allow_reconnect=False, connect_timeout=5,
+                               **Security(tls_ca=os.path.join(security_dir.path, "ca.pem"),
+                                          tls_cert=os.path.join(security_dir.path, "client-cert.pem"),
+                                          tls_key=os.path.join(security_dir.path, "client-key.pem")).nats_options())
+        for identity in ("client", "dashboard", "worker", "app1"):  # a launch straight to a worker
+            security = app_security(security_dir, 1) if identity == "app1" else security_dir.security(identity)
+            connection = await Connection.open(secure_cluster.url, security)
+            try:
+                for worker in ("worker-0", "worker-1"):
+                    await connection.nc.publish(subjects.worker_launch(worker), launch.encode())
+                    await connection.nc.flush()
+                    assert "permissions violation" in (await connection.refusal()).lower()
+            finally:
+                await connection.nc.close()
+        dashboard = await Connection.open(secure_cluster.url, security_dir.security("dashboard"))
+        try:
+            submit = SubmitApplication("marker", artifact.name, artifact.entry, args=["--marker", str(marker)])
+            await dashboard.nc.publish(subjects.APP_SUBMIT, submit.encode())
+            await dashboard.nc.flush()
+            assert "permissions violation" in (await dashboard.refusal()).lower()
+        finally:
+            await dashboard.nc.close()
+        assert secure_cluster.processes() == [] and await client.list() == []
+        assert not marker.exists()
+
+        app_id = await client.submit(artifact, ["--marker", str(marker)])  # the control: a client's submission runs
+        assert (await client.wait(app_id, timeout=60)).state == AppState.SUCCEEDED
+    assert marker.exists()
+
+
+async def test_an_artifact_that_changed_after_the_upload_is_not_run(secure_cluster, security_dir, tmp_path):
+    marker = tmp_path / "ran"
+    artifact = pack(MARKER_APP)
+    async with Client(secure_cluster.url, timeout=60, security=security_dir.security("client")) as client:
+        await client.upload(artifact)
+        submit = SubmitApplication("marker", artifact.name, artifact.entry, args=["--marker", str(marker)],
+                                   artifact_digest=digests.sha256_hex(artifact.data + b"\n# changed"))
+        with pytest.raises(RemoteError) as changed:
+            await client._request(subjects.APP_SUBMIT, submit, timeout=30, idempotent=False)
+    assert changed.value.code == ErrorCode.BAD_REQUEST and "changed after the upload" in changed.value.message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--creds", "/no/such.creds"], "--creds /no/such.creds: no such file"),
+    (["--creds", os.path.join(REPO, "README.md")], "neither a NATS credentials file (.creds) nor a user nkey seed"),
+    (["--tls-ca", "/no/ca.pem"], "--tls-ca /no/ca.pem: no such file"),
+    (["--tls-cert", os.path.join(REPO, "README.md")], "--tls-cert and --tls-key go together"),
+])
+@pytest.mark.parametrize("command", [["-m", "services.worker"], ["-m", "services.master"],
+                                     ["-m", "gearbus.cli", "list"], ["-m", "services.dashboard"]])
+def test_a_bad_credential_file_is_a_clear_error_before_connecting(command, args, message):
+    done = subprocess.run([sys.executable, *command, "--nats", "nats://127.0.0.1:1", *args], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
