@@ -40,11 +40,13 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
         "max": values[-1]}
 
 
-def run_gearbus(rate: float, count: int, warmup: int, workdir: str) -> dict[str, float]:
-    output = os.path.join(workdir, "latency")
+def run_gearbus(rate: float, count: int, warmup: int, workdir: str, secure: bool = False) -> dict[str, float]:
+    """``secure``: on `gearbus run --secure` (a credential per role, TLS)."""
+    output = os.path.join(workdir, "latency" + ("-secure" if secure else ""))
     gearbus = os.path.join(os.path.dirname(sys.executable), "gearbus")
     command = [gearbus] if os.access(gearbus, os.X_OK) else [sys.executable, "-m", "gearbus.cli"]
-    done = subprocess.run(command + ["run", os.path.join(REPO, "bench", "latency_app.py"), "--rate", str(rate),
+    done = subprocess.run(command + ["run", *(["--secure"] if secure else []),
+                                     os.path.join(REPO, "bench", "latency_app.py"), "--rate", str(rate),
                                      "--count", str(count), "--output", output],
                           capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:

@@ -174,7 +174,7 @@ def _security_init(args) -> int:
         print("gearbus security init: --days must be at least 1", file=sys.stderr)
         return 2
     made = init_security(args.dir, tls=args.tls, listen=args.listen, hostnames=tuple(args.hostname),
-                         cert_days=args.days)
+                         cert_days=args.days, store_dir=args.store_dir, if_missing=args.if_missing)
     print(security_summary(made))
     return 0
 
@@ -475,6 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     security_init.add_argument("--hostname", action="append", default=[],
                                help="a name or address clients use for the server, for its certificate (repeatable; "
                                     "localhost, 127.0.0.1, nats and this host's name are always in)")
+    security_init.add_argument("--store-dir", default="", help="JetStream's directory in nats-server.conf "
+                               "(default DIR/jetstream)")
+    security_init.add_argument("--if-missing", action="store_true",
+                               help="keep a set DIR already holds (for a container that runs it on every start)")
     security_init.set_defaults(handler=_security_init)
     return parser
 

@@ -33,6 +33,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_listening(process: subprocess.Popen, port: int, timeout: float) -> None:
+    """Return once the nats-server ``process`` accepts connections on ``port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise NatsServerError(f"nats-server exited with code {process.returncode} at start")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.01)
+    raise NatsServerError(f"nats-server did not listen on port {port} within {timeout:g} s")
+
+
 class NatsServer:
     """A nats-server child process with JetStream in a temporary directory."""
 
@@ -75,17 +89,12 @@ class NatsServer:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen([find_binary(), "-c", config_path], stdout=out, stderr=out,
                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise NatsServerError(f"nats-server exited with code {self.process.returncode} at start")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.01)
-        self.stop()
-        raise NatsServerError(f"nats-server did not listen on port {self.port} within {timeout:g} s")
+        try:
+            wait_listening(self.process, self.port, timeout)
+        except NatsServerError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -83,14 +83,19 @@ def _write(path: str, text: str | bytes, secret: bool = False) -> None:
 
 
 def init(directory: str, tls: bool = False, listen: str = "127.0.0.1:4222",
-         hostnames: tuple[str, ...] = (), cert_days: int = CERT_DAYS) -> SecurityDir:
+         hostnames: tuple[str, ...] = (), cert_days: int = CERT_DAYS, store_dir: str = "",
+         if_missing: bool = False) -> SecurityDir:
     """Write the server configuration and the role credentials (and TLS files, valid for
-    ``cert_days``) into ``directory``, which must not hold a previous set."""
+    ``cert_days``) into ``directory``, which must not hold a previous set (with
+    ``if_missing``, a previous set is kept as it is). ``store_dir``: JetStream's directory
+    in nats-server.conf (default DIR/jetstream)."""
     os.makedirs(directory, exist_ok=True)
+    directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, AUTH_CONFIG)):
+        if if_missing:
+            return SecurityDir(directory)
         raise FileExistsError(f"{directory} already holds a gearbus security set ({AUTH_CONFIG}): "
                               "use a new directory, or remove it to start over")
-    directory = os.path.abspath(directory)
     operator, system, account, signer = (KeyPair.create("operator"), KeyPair.create("account"),
                                          KeyPair.create("account"), KeyPair.create("account"))
     accounts = {system.public: nats_jwt.account_jwt(operator, system.public, "SYS", jetstream=False),
@@ -106,7 +111,7 @@ def init(directory: str, tls: bool = False, listen: str = "127.0.0.1:4222",
     _write(os.path.join(directory, AUTH_CONFIG), "\n".join(auth) + "\n", secret=False)
     _write(os.path.join(directory, SERVER_CONFIG),
            f"# gearbus: nats-server -c {SERVER_CONFIG}\nlisten: {listen}\nmax_payload: 8MB\n"
-           f'jetstream {{ store_dir: "{os.path.join(directory, "jetstream")}" }}\ninclude {AUTH_CONFIG}\n')
+           f'jetstream {{ store_dir: "{store_dir or os.path.join(directory, "jetstream")}" }}\ninclude {AUTH_CONFIG}\n')
     for role in permissions.ROLES:
         allowed = permissions.role(role)
         _write(os.path.join(directory, f"{role}.creds"),

@@ -31,15 +31,18 @@ def nats_server(tmp_path):
         yield server
 
 
-async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable], timeout: float = 30.0):
+async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable], timeout: float = 30.0,
+                     watcher: Client | None = None):
     """Return the first truthy ``await probe()``, asking again each time a message
-    arrives on ``subject`` (a heartbeat or state event says something may have changed)."""
+    arrives on ``subject`` (a heartbeat or state event says something may have changed).
+    ``watcher``: the connection that may subscribe to ``subject`` (on a secure cluster a
+    client may not), else ``client``'s."""
     woken = asyncio.Event()
 
     async def wake(msg):
         woken.set()
 
-    sub = await client.bus.nc.subscribe(subject, cb=wake)
+    sub = await (watcher or client).bus.nc.subscribe(subject, cb=wake)
     try:
         async with asyncio.timeout(timeout):
             while True:
@@ -52,14 +55,15 @@ async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable
         await sub.unsubscribe()
 
 
-async def wait_for_cluster(client: Client, ready: Callable[[ClusterInfo], bool], timeout: float = 30.0) -> None:
+async def wait_for_cluster(client: Client, ready: Callable[[ClusterInfo], bool], timeout: float = 30.0,
+                           watcher: Client | None = None) -> None:
     """Return once ``ready(info)`` holds for the master's ClusterInfo (asked again on
     each worker heartbeat, which a worker sends only once registered)."""
 
     async def probe():
         return ready(await client.info())
 
-    await wait_until(client, subjects.WORKER_HEARTBEAT, probe, timeout)
+    await wait_until(client, subjects.WORKER_HEARTBEAT, probe, timeout, watcher)
 
 
 async def wait_for_workers(client: Client, count: int, timeout: float = 30.0) -> None:

@@ -12,15 +12,19 @@ import os
 import random
 import shlex
 import signal
+import subprocess
 import sys
 import urllib.request
 
+import pytest
 import yaml
 
 from gearbus.artifact import pack
 from gearbus.client import Client
-from gearbus.natsserver import free_port
+from gearbus.natsserver import find_binary, free_port, wait_listening
+from gearbus.security import SecurityDir
 from shared.messages import AppState
+from shared.security import Security
 from tests.conftest import wait_for_cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,7 +64,7 @@ def flag(argv: list[str], name: str) -> str:
 
 def test_compose_file_declares_the_cluster():
     compose = load_compose()
-    services = compose["services"]
+    services = open_services(compose)
     assert set(services) == {"nats", "master", "master-standby", "worker-1", "worker-2", "dashboard"}
 
     nats = services["nats"]
@@ -89,7 +93,8 @@ def test_compose_file_declares_the_cluster():
     assert services["dashboard"]["ports"] == [f"127.0.0.1:{flag(dashboard, '--port')}:{flag(dashboard, '--port')}"]
 
 
-async def wait_for_compose_workers(client: Client, expected: dict[str, int], processes: dict) -> None:
+async def wait_for_compose_workers(client: Client, expected: dict[str, int], processes: dict,
+                                   watcher: Client | None = None) -> None:
     """Return once every expected worker is registered and alive with its slots;
     fail early if a service exits."""
 
@@ -101,7 +106,7 @@ async def wait_for_compose_workers(client: Client, expected: dict[str, int], pro
         assert not exited, f"services exited before the workers registered: {exited}"
         return False
 
-    await wait_for_cluster(client, ready, REGISTER_TIMEOUT_S)
+    await wait_for_cluster(client, ready, REGISTER_TIMEOUT_S, watcher)
 
 
 def write_input(path: str, lines: int = 2000) -> collections.Counter:
@@ -137,24 +142,22 @@ def logs(log_dir, names) -> str:
     return "\n".join(out)
 
 
-async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_path):
-    services = load_compose()["services"]
-    names = [name for name in services if name != "nats"]
-    assert sorted(names) == ["dashboard", "master", "master-standby", "worker-1", "worker-2"]
-    http_port = free_port()
-    expected_workers = {
-        flag(command_of(services[name]), "--worker-id"): int(flag(command_of(services[name]), "--slots"))
-        for name in names if name.startswith("worker")
-    }
-    assert expected_workers == {"worker-1": 4, "worker-2": 4}
+def open_services(compose: dict) -> dict:
+    """The services `docker compose up` starts: those of no profile."""
+    return {name: service for name, service in compose["services"].items() if not service.get("profiles")}
 
+
+async def run_wordcount_and_stop(argvs: dict[str, list[str]], nats_url: str, http_port: int, expected_workers,
+                                 tmp_path, security: Security = Security(), watcher_security: Security = Security()) -> None:
+    """Start the services as given, run WordCount through them and check every count,
+    check the dashboard serves the app, then SIGTERM them all: each must exit 0.
+    ``watcher_security``: an identity that may watch worker heartbeats."""
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
+    names = list(argvs)
     processes: dict[str, asyncio.subprocess.Process] = {}
     try:
-        for name in names:
-            argv = local_command(services[name], nats_server.url, http_port)
-            assert COMPOSE_NATS_URL not in argv and nats_server.url in argv
+        for name, argv in argvs.items():
             with open(log_dir / f"{name}.log", "wb") as log:
                 # Its own process group, so the finally below also reaches any
                 # AppMaster or executor a worker left behind.
@@ -162,9 +165,10 @@ async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_
                     *argv, cwd=REPO, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                     start_new_session=True)
 
-        async with Client(nats_server.url, timeout=30) as client:
+        async with Client(nats_url, timeout=30, security=security) as client, \
+                Client(nats_url, timeout=30, security=watcher_security) as watcher:
             try:
-                await wait_for_compose_workers(client, expected_workers, processes)
+                await wait_for_compose_workers(client, expected_workers, processes, watcher)
             except TimeoutError:
                 raise AssertionError(f"workers did not register within {REGISTER_TIMEOUT_S:g} s\n"
                                      + logs(log_dir, names)) from None
@@ -198,5 +202,69 @@ async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for process in processes.values():
-            await process.wait()
+
+
+def workers_of(services: dict) -> dict[str, int]:
+    return {flag(command_of(service), "--worker-id"): int(flag(command_of(service), "--slots"))
+            for service in services.values() if command_of(service)[2:3] == ["services.worker"]}
+
+
+async def test_compose_services_run_wordcount_and_stop_cleanly(nats_server, tmp_path):
+    services = open_services(load_compose())
+    names = [name for name in services if name != "nats"]
+    assert sorted(names) == ["dashboard", "master", "master-standby", "worker-1", "worker-2"]
+    http_port = free_port()
+    expected_workers = workers_of(services)
+    assert expected_workers == {"worker-1": 4, "worker-2": 4}
+    argvs = {name: local_command(services[name], nats_server.url, http_port) for name in names}
+    for argv in argvs.values():
+        assert COMPOSE_NATS_URL not in argv and nats_server.url in argv
+    await run_wordcount_and_stop(argvs, nats_server.url, http_port, expected_workers, tmp_path)
+
+
+async def test_the_secure_profile_runs_wordcount_with_a_credential_per_role_and_tls(tmp_path):
+    """Its commands as written, with ./security, /data and the ports moved into the test's
+    directory and free loopback ports; the nats service runs the local nats-server binary."""
+    services = {name: service for name, service in load_compose()["services"].items()
+                if service.get("profiles") == ["secure"]}
+    assert sorted(services) == ["dashboard-secure", "master-secure", "nats-secure", "security-init",
+                                "worker-secure-1", "worker-secure-2"]
+    port, http_port = free_port(), free_port()
+    url = f"nats://127.0.0.1:{port}"
+    security_dir = str(tmp_path / "security")
+
+    def here(argv: list[str]) -> list[str]:
+        moved = []
+        for part in argv:
+            part = part.replace("nats://nats-secure:4222", url).replace("/security", security_dir)
+            moved.append({"0.0.0.0:4222": f"127.0.0.1:{port}", "/data": str(tmp_path / "jetstream"),
+                          "python": sys.executable}.get(part, part))
+        return moved
+
+    for mount in ("nats-secure", "master-secure", "worker-secure-1", "dashboard-secure", "security-init"):
+        assert any(v.startswith("./security:/security") for v in services[mount]["volumes"]), mount
+    init_argv = here(command_of(services["security-init"]))
+    for _ in range(2):  # a restart keeps the set it wrote
+        done = subprocess.run(init_argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    written = SecurityDir(security_dir)
+    assert written.tls and os.path.exists(written.creds("client"))
+
+    nats_argv = command_of(services["nats-secure"])
+    assert nats_argv == ["-c", "/security/nats-server.conf"]
+    server = subprocess.Popen([find_binary(), *here(nats_argv)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(server, port, 10)
+        argvs = {name: here(command_of(services[name])) for name in services if name not in ("security-init",
+                                                                                            "nats-secure")}
+        argvs["dashboard-secure"][argvs["dashboard-secure"].index("--port") + 1] = str(http_port)
+        argvs["dashboard-secure"][argvs["dashboard-secure"].index("--host") + 1] = "127.0.0.1"
+        with pytest.raises(ConnectionError, match="Authorization Violation"):  # it is secure: no entry without one
+            client_tls = written.security("client")
+            async with Client(url, timeout=10, security=client_tls.with_credential("")) as nobody:
+                await nobody.list()
+        await run_wordcount_and_stop(argvs, url, http_port, workers_of(services), tmp_path,
+                                     security=written.security("client"), watcher_security=written.security("master"))
+    finally:
+        server.terminate()
+        server.wait(10)
