@@ -25,6 +25,9 @@ from gearbus.planner import plan
 ENTRY_FUNCTION = "application"
 
 
+MAX_ARTIFACT_BYTES = 256 << 20  # an application's code, zipped or inflated
+
+
 class ArtifactError(ValueError):
     """The application file or package cannot be used; the message says why."""
 
@@ -141,21 +144,53 @@ def import_local(path: str):
     return module
 
 
+def unpack_artifact(data: bytes, kind: str, entry: str, workdir: str) -> str:
+    """Check an artifact fetched from the object store and write it into ``workdir`` as the
+    one file Python imports it from (a ``.py``, or a ``.zip`` read by zipimport, which
+    never extracts); return that file's path. Anything else is an ArtifactError: an
+    unknown kind, an entry that is not a module name (it names the file), an oversized
+    artifact, a zip that is corrupt, would inflate past the limit, holds unsafe names or
+    lacks the entry package."""
+    if kind not in ("module", "zip"):
+        raise ArtifactError(f"unknown artifact kind {kind!r}; expected 'module' or 'zip'")
+    if not isinstance(entry, str) or not entry.isidentifier():
+        raise ArtifactError(f"artifact entry {entry!r} is not a Python module name")
+    if len(data) > MAX_ARTIFACT_BYTES:
+        raise ArtifactError(f"artifact of {len(data)} bytes is larger than {MAX_ARTIFACT_BYTES}")
+    if kind == "zip":
+        _check_zip(data, entry)
+    path = os.path.join(workdir, f"{entry}.{'py' if kind == 'module' else 'zip'}")
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _check_zip(data: bytes, entry: str) -> None:
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            members = zf.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
+        raise ArtifactError(f"artifact is not a valid zip: {exc}") from None
+    if sum(m.file_size for m in members) > MAX_ARTIFACT_BYTES:
+        raise ArtifactError(f"artifact zip would inflate past {MAX_ARTIFACT_BYTES} bytes")
+    for member in members:
+        name = member.filename
+        if name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/") or ":" in name:
+            raise ArtifactError(f"artifact zip holds an unsafe name {name!r}")
+    if f"{entry}/__init__.py" not in {m.filename for m in members}:
+        raise ArtifactError(f"artifact zip has no package {entry!r} ({entry}/__init__.py)")
+
+
 def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: str | None = None) -> Application:
     """Materialise an artifact fetched from the object store in ``workdir`` (its owner
     removes it) and build its Application."""
-    workdir = workdir or tempfile.mkdtemp(prefix="gearbus-artifact-")
+    path = unpack_artifact(data, kind, entry, workdir or tempfile.mkdtemp(prefix="gearbus-artifact-"))
     if kind == "zip":
-        zip_path = os.path.join(workdir, f"{entry}.zip")
-        with open(zip_path, "wb") as f:
-            f.write(data)
-        sys.path.insert(0, zip_path)
-        module = importlib.import_module(entry)
-    elif kind == "module":
-        file_path = os.path.join(workdir, f"{entry}.py")
-        with open(file_path, "wb") as f:
-            f.write(data)
-        module = import_file(file_path)
+        sys.path.insert(0, path)
+        try:
+            module = importlib.import_module(entry)
+        except Exception as exc:
+            raise ArtifactError(f"importing package {entry} failed: {type(exc).__name__}: {exc}") from exc
     else:
-        raise ArtifactError(f"unknown artifact kind {kind!r}; expected 'module' or 'zip'")
+        module = import_file(path)
     return build_application(module, args, f"application {entry}")

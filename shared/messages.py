@@ -206,7 +206,12 @@ def decode(data: bytes, expected: tuple[type[Message], ...] = ()) -> Message:
     if expected and cls not in expected:
         names = ", ".join(e.__name__ for e in expected)
         raise ProtocolError(f"unexpected message type {tag}; expected {names}")
-    return cls._from_fields(body, tag)
+    try:
+        return cls._from_fields(body, tag)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError, RecursionError) as exc:  # a field the checks passed but the class refuses
+        raise ProtocolError(f"{tag}: {type(exc).__name__}: {exc}") from None
 
 
 # --- shared payload structs ------------------------------------------------------

@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import msgpack
 
+from shared.messages import ProtocolError
+
 TUPLE_EXT = 1
+#: Tuples inside tuples each cost a C unpacker (tens of KB of C stack) to decode: deeper input
+#: is refused before the stack could overflow (msgpack's own limit covers lists and maps).
+MAX_TUPLE_NESTING = 100
 _types_by_code: dict[int, type] = {}
 _codes_by_type: dict[type, int] = {}
 
 
 class ValueTypeError(TypeError):
     """A value cannot travel between tasks."""
+
+
+class ValueDecodeError(ProtocolError):
+    """Bytes that are not values this module encoded; the text says why."""
 
 
 def register_tuple_type(code: int, cls: type) -> None:
@@ -44,16 +53,37 @@ def _default(obj):
     )
 
 
-def _ext_hook(code: int, data: bytes):
-    items = unpack(data)
-    if code == TUPLE_EXT:
-        return tuple(items)
-    cls = _types_by_code.get(code)
-    if cls is None:
-        return msgpack.ExtType(code, data)
-    return cls(*items)
+def _ext_hook_over(deeper):
+    """An ext hook for one level of tuple nesting; ``deeper`` decodes the next level. A
+    chain of MAX_TUPLE_NESTING of them bounds the depth at no cost per value."""
+
+    def ext_hook(code: int, data: bytes):
+        if code == TUPLE_EXT:
+            items = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=deeper)
+            if type(items) is list:
+                return tuple(items)
+            raise ValueDecodeError(f"a tuple extension holds a {type(items).__name__}, not a list of items")
+        cls = _types_by_code.get(code)
+        if cls is None:
+            return msgpack.ExtType(code, data)
+        items = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=deeper)
+        try:
+            return cls(*items)
+        except TypeError as exc:
+            raise ValueDecodeError(f"extension {code} ({cls.__name__}) with items {items!r:.80}: {exc}") from None
+
+    return ext_hook
 
 
+def _too_deep(code: int, data: bytes):
+    if code == TUPLE_EXT or code in _types_by_code:
+        raise ValueDecodeError(f"values nested more than {MAX_TUPLE_NESTING} tuples deep")
+    return msgpack.ExtType(code, data)
+
+
+_ext_hook = _too_deep
+for _ in range(MAX_TUPLE_NESTING):
+    _ext_hook = _ext_hook_over(_ext_hook)
 _packer = msgpack.Packer(use_bin_type=True, strict_types=True, default=_default)
 
 
@@ -62,4 +92,11 @@ def pack(obj) -> bytes:
 
 
 def unpack(data):
-    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+    """The value ``pack`` encoded; ValueDecodeError for any other bytes."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack's errors (ExtraData, FormatError, StackError, ...) and unhashable keys
+        raise ValueDecodeError(f"not a msgpack value ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})") \
+            from None

@@ -21,14 +21,21 @@ import msgpack
 from gearbus.api.task import Record, new_record
 from gearbus.runtime.core import DataPlaneError, Frame
 from shared import values
+from shared.messages import ProtocolError
 
 WHOLE, FRAGMENT, LAST_FRAGMENT = 0, 1, 2
 _FRAGMENT_HEADER = struct.Struct(">BIII")
 _WHOLE_PREFIX = bytes([WHOLE])
 DEFAULT_MAX_REASSEMBLY_BYTES = 64 << 20
 
-__all__ = ["DataPlaneError", "Frame", "FrameReader", "decode_credit", "encode_credit", "encode_frame",
-           "split_message"]
+__all__ = ["DataPlaneError", "Frame", "FrameReader", "MalformedFrame", "decode_credit", "encode_credit",
+           "encode_frame", "split_message"]
+
+
+class MalformedFrame(DataPlaneError, ProtocolError):
+    """Data-plane bytes that are not a frame or a credit grant: a protocol error, and a
+    broken stream (the task recovers as from any data-plane failure)."""
+
 
 _packer = msgpack.Packer(use_bin_type=True)
 _value, _timestamp, _key = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -64,14 +71,14 @@ def encode_credit(processor: int, index: int, epoch: int, consumed: int) -> byte
 
 
 def decode_credit(data: bytes) -> tuple[int, int, int, int]:
-    """(receiver processor, receiver index, epoch, consumed); DataPlaneError when malformed."""
+    """(receiver processor, receiver index, epoch, consumed); MalformedFrame when malformed."""
     try:
         processor, index, epoch, consumed = msgpack.unpackb(data)
         if not all(type(v) is int for v in (processor, index, epoch, consumed)) or consumed < 0:
             raise ValueError("expected four non-negative integers")
         return processor, index, epoch, consumed
     except Exception as exc:
-        raise DataPlaneError(f"malformed credit grant: {exc}") from None
+        raise MalformedFrame(f"malformed credit grant: {type(exc).__name__}: {exc}") from None
 
 
 class FrameReader:
@@ -79,12 +86,19 @@ class FrameReader:
 
     Reassembly is per sender and attempt: fragments of another epoch, or a whole frame
     from the same sender, discard what was pending (a dead attempt's leftovers are never
-    glued to a live one's frame), and a frame may not grow past ``max_bytes``.
+    glued to a live one's frame). All pending fragments together may not pass
+    ``max_bytes``, however many senders claim to be sending.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_REASSEMBLY_BYTES):
         self.max_bytes = max_bytes
         self._partial: dict[tuple[int, int], tuple[int, list[bytes], int]] = {}
+        self.pending_bytes = 0
+
+    def _drop(self, sender: tuple[int, int]) -> None:
+        held = self._partial.pop(sender, None)
+        if held is not None:
+            self.pending_bytes -= held[2]
 
     def feed(self, data: bytes) -> tuple[tuple[int, int] | None, Frame | None]:
         """Return (sender, frame); frame is None while a fragmented frame is incomplete.
@@ -93,32 +107,36 @@ class FrameReader:
         part of the frame.
         """
         if not data:
-            raise DataPlaneError("empty data message")
+            raise MalformedFrame("empty data message")
         kind = data[0]
         if kind == WHOLE:
             frame = self._decode(memoryview(data)[1:])
-            self._partial.pop((frame.src_processor, frame.src_index), None)
+            self._drop((frame.src_processor, frame.src_index))
             return (frame.src_processor, frame.src_index), frame
-        if kind not in (FRAGMENT, LAST_FRAGMENT) or len(data) < _FRAGMENT_HEADER.size:
-            raise DataPlaneError(f"unknown data message kind {kind}")
+        if kind not in (FRAGMENT, LAST_FRAGMENT):
+            raise MalformedFrame(f"unknown data message kind {kind}")
+        if len(data) < _FRAGMENT_HEADER.size:
+            raise MalformedFrame(f"a fragment of {len(data)} bytes is shorter than its header")
         _, processor, index, epoch = _FRAGMENT_HEADER.unpack_from(data)
         sender = (processor, index)
         held_epoch, parts, size = self._partial.get(sender) or (epoch, [], 0)
         if held_epoch != epoch:
+            self._drop(sender)
             parts, size = [], 0
         part = data[_FRAGMENT_HEADER.size :]
-        size += len(part)
-        if size > self.max_bytes:
-            self._partial.pop(sender, None)
-            raise DataPlaneError(f"a fragmented frame from task {sender} grew past {self.max_bytes} bytes")
+        if self.pending_bytes + len(part) > self.max_bytes:
+            self._drop(sender)
+            raise MalformedFrame(f"fragmented frames pending from task {sender} and others would pass "
+                                 f"{self.max_bytes} bytes")
         parts.append(part)
+        self._partial[sender] = (epoch, parts, size + len(part))
+        self.pending_bytes += len(part)
         if kind == FRAGMENT:
-            self._partial[sender] = (epoch, parts, size)
             return sender, None
-        self._partial.pop(sender, None)
+        self._drop(sender)
         frame = self._decode(b"".join(parts))
         if (frame.src_processor, frame.src_index, frame.epoch) != (processor, index, epoch):
-            raise DataPlaneError(f"fragments from task {sender} epoch {epoch} carried a frame of "
+            raise MalformedFrame(f"fragments from task {sender} epoch {epoch} carried a frame of "
                                  f"task {(frame.src_processor, frame.src_index)} epoch {frame.epoch}")
         return sender, frame
 
@@ -126,6 +144,11 @@ class FrameReader:
     def _decode(buffer) -> Frame:
         try:
             src_processor, src_index, epoch, seq, watermark, eos, barrier, vals, stamps, keys = values.unpack(buffer)
+            if not all(type(v) is int for v in (src_processor, src_index, epoch, seq, watermark, barrier)):
+                raise ValueError("its processor, index, epoch, sequence, watermark and barrier must be integers")
+            if type(eos) is not bool or type(vals) is not list or type(stamps) is not list or \
+                    (keys is not None and type(keys) is not list):
+                raise ValueError("expected a bool end-of-stream and lists of values, timestamps and keys")
             if len(vals) != len(stamps) or (keys is not None and len(keys) != len(vals)):
                 raise ValueError("the value, timestamp and key columns differ in length")
             if keys is None:
@@ -134,4 +157,4 @@ class FrameReader:
                 records = [new_record(Record, r) for r in zip(vals, stamps, keys)]
             return Frame(src_processor, src_index, epoch, seq, watermark, eos, barrier, records)
         except Exception as exc:
-            raise DataPlaneError(f"malformed data frame: {type(exc).__name__}: {exc}") from None
+            raise MalformedFrame(f"malformed data frame: {type(exc).__name__}: {exc}") from None

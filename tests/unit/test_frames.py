@@ -86,9 +86,25 @@ def test_leftover_fragments_of_a_dead_attempt_are_not_glued_to_the_next_one():
 def test_reassembly_memory_is_capped():
     parts = split_message(encode_frame(0, 0, 1, 1, 0, False, 0, [Record("x" * 50_000, 1)]), 0, 0, 1, 1000)
     reader = FrameReader(max_bytes=20_000)
-    with pytest.raises(DataPlaneError, match="grew past 20000 bytes"):
+    with pytest.raises(DataPlaneError, match="would pass 20000 bytes"):
         for part in parts:
             reader.feed(part)
+    assert reader.pending_bytes <= 20_000
+
+
+def test_reassembly_memory_is_capped_across_senders_that_never_finish():
+    """Fragments claiming ever new senders cannot grow memory past the cap either."""
+    reader = FrameReader(max_bytes=20_000)
+    part = split_message(encode_frame(0, 0, 1, 1, 0, False, 0, [Record("x" * 5000, 1)]), 0, 0, 1, 1000)[0]
+    refused = 0
+    for sender in range(100):
+        forged = bytes([part[0]]) + sender.to_bytes(4, "big") + part[5:]
+        try:
+            reader.feed(forged)
+        except DataPlaneError:
+            refused += 1
+        assert reader.pending_bytes <= 20_000
+    assert refused > 0 and reader.pending_bytes > 0
 
 
 @pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"\x94\x01\x02\x03\xff"])
