@@ -26,6 +26,7 @@ from services.dashboard.server import add_arguments as dashboard_arguments
 from services.dashboard.server import serve as serve_dashboard
 from services.dashboard.server import servers_of as dashboard_servers
 from gearbus.security import CERT_DAYS
+from gearbus.security import add_user as add_security_user
 from gearbus.security import init as init_security
 from gearbus.security import summary as security_summary
 from shared.bus import RequestError
@@ -176,6 +177,12 @@ def _security_init(args) -> int:
     made = init_security(args.dir, tls=args.tls, listen=args.listen, hostnames=tuple(args.hostname),
                          cert_days=args.days, store_dir=args.store_dir, if_missing=args.if_missing)
     print(security_summary(made))
+    return 0
+
+
+def _security_user(args) -> int:
+    path = add_security_user(args.dir, args.name, args.publish, args.subscribe, args.stream)
+    print(f"wrote {path}: pass creds={path!r} to the pipeline's NATS and JetStream steps")
     return 0
 
 
@@ -480,6 +487,16 @@ def build_parser() -> argparse.ArgumentParser:
     security_init.add_argument("--if-missing", action="store_true",
                                help="keep a set DIR already holds (for a container that runs it on every start)")
     security_init.set_defaults(handler=_security_init)
+    security_user = security_sub.add_parser(
+        "user", help="add a user for your own data (NATS and JetStream steps take it with creds=FILE)")
+    security_user.add_argument("dir", help="a directory written by `gearbus security init`")
+    security_user.add_argument("name", help="the user's name: letters, digits, - and _; writes DIR/NAME.creds")
+    security_user.add_argument("--stream", action="append", default=[],
+                               help="a JetStream stream it may read, write and manage (repeatable)")
+    security_user.add_argument("--publish", action="append", default=[], help="a subject it may publish to (repeatable)")
+    security_user.add_argument("--subscribe", action="append", default=[],
+                               help="a subject it may subscribe to (repeatable)")
+    security_user.set_defaults(handler=_security_user)
     return parser
 
 
@@ -488,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     # Logs go to stderr (stdout is for results and --json), errors only unless asked for more.
     configure("cli", level=os.environ.get("GEARBUS_LOG_LEVEL", "error"))
     try:
+        if getattr(args, "tls_ca", None) or getattr(args, "tls_cert", None):
+            # What the app's NATS steps connect with when they are checked from here, as on a worker.
+            os.environ.update(Security.from_args(args).tls_env())
         result = args.handler(args)
         return asyncio.run(result) if asyncio.iscoroutine(result) else result
     except (ArtifactError, GraphError, SparkUnavailable) as exc:
@@ -502,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConnectionError as exc:
         print(f"gearbus {args.command}: {exc}", file=sys.stderr)
         return 1
-    except (CredentialsError, FileExistsError) as exc:
+    except (CredentialsError, FileExistsError, ValueError) as exc:
         print(f"gearbus {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 import socket
 from dataclasses import dataclass
 
@@ -118,6 +119,26 @@ def init(directory: str, tls: bool = False, listen: str = "127.0.0.1:4222",
                nats_jwt.new_user_creds(account, role, allowed.publish, allowed.subscribe), secret=True)
     _write(os.path.join(directory, APP_SIGNER), signer.seed + "\n", secret=True)
     return SecurityDir(directory)
+
+
+def add_user(directory: str, name: str, publish: list[str] = (), subscribe: list[str] = (),
+             streams: list[str] = ()) -> str:
+    """A user for your own data: it may publish and subscribe to these subjects and use these
+    JetStream streams, nothing of gearbus's. Signed with the account's signing key, so the
+    running server accepts it at once. Returns the path of NAME.creds."""
+    made = SecurityDir(os.path.abspath(directory))
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or name in permissions.ROLES or re.fullmatch(r"app\d+", name):
+        raise ValueError(f"user name {name!r}: use letters, digits, - and _, and neither a role's name nor app<N>")
+    path = made.creds(name)
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} exists: choose another name")
+    with open(made.app_signer, encoding="utf-8") as f:
+        signer = KeyPair.from_seed(f.read())
+    token, _ = nats_jwt.parse_creds(made.security("master").credential)
+    allowed = permissions.data_user(name, list(publish), list(subscribe), list(streams))
+    _write(path, nats_jwt.new_user_creds(signer, name, allowed.publish, allowed.subscribe,
+                                         account=nats_jwt.claims(token)["iss"]), secret=True)
+    return path
 
 
 def _write_tls(directory: str, hostnames: tuple[str, ...], days: int) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -17,7 +16,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from shared.messages import Ack, ErrorCode, ErrorReply, Message, ProtocolError, decode
-from shared.security import Security, connect_error
+from shared.security import Security, nats_connect
 
 log = structlog.get_logger()
 
@@ -120,15 +119,8 @@ class Bus:
         if reachable_within is not None:
             await self._check_reachable(reachable_within)
 
-        refused: list[ConnectionError] = []
-
         async def on_error(exc):
             self.counters["connection_errors"] += 1
-            explained = connect_error(exc, self.servers, self.security) if self.nc is None else None
-            if explained is not None:  # credentials or TLS: retrying will not help, say why and stop
-                refused.append(explained)
-                connecting.cancel()
-                return
             log.warning("nats_error", error=repr(exc))
 
         async def on_disconnect():
@@ -138,8 +130,9 @@ class Bus:
         async def on_reconnect():
             log.info("nats_reconnected", url=str(self.nc.connected_url.netloc) if self.nc.connected_url else "")
 
-        connecting = asyncio.ensure_future(nats.connect(
-            servers=self.servers,
+        connecting = nats_connect(
+            self.servers,
+            self.security,
             name=self.name,
             connect_timeout=timeout if reachable_within is None else reachable_within,
             max_reconnect_attempts=-1,
@@ -148,21 +141,15 @@ class Bus:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             pending_size=64 * 1024 * 1024,
-            **self.security.nats_options(),
-        ))
-        try:
-            if reachable_within is None:
-                self.nc = await connecting
-                return
-            try:  # something listens, but it may not speak NATS
-                self.nc = await asyncio.wait_for(connecting, 2 * reachable_within)
-            except asyncio.TimeoutError:
-                raise ConnectionError(f"no NATS server answered at {', '.join(self.servers)} "
-                                      f"within {2 * reachable_within:g} s") from None
-        except asyncio.CancelledError:
-            if refused:
-                raise refused[0] from None
-            raise
+        )
+        if reachable_within is None:
+            self.nc = await connecting
+            return
+        try:  # something listens, but it may not speak NATS
+            self.nc = await asyncio.wait_for(connecting, 2 * reachable_within)
+        except asyncio.TimeoutError:
+            raise ConnectionError(f"no NATS server answered at {', '.join(self.servers)} "
+                                  f"within {2 * reachable_within:g} s") from None
 
     async def _check_reachable(self, within: float) -> None:
         errors = []

@@ -83,3 +83,13 @@ def app(app_id: int) -> Permissions:
                  f"$JS.API.STREAM.PURGE.{_CHECKPOINT_OBJECTS}",
                  *_read_stream(_CHECKPOINT_OBJECTS), *_read_stream(_CHECKPOINT_KV), *_read_stream(_ARTIFACTS)],
         subscribe=[*own, subjects.MASTER_ELECTED, inbox(app_identity(app_id))])
+
+
+def data_user(name: str, publish: list[str], subscribe: list[str], streams: list[str]) -> Permissions:
+    """A user of your own data (`gearbus security user`): its subjects, and everything of its
+    JetStream streams (the API names the stream in its subject, at one of these depths)."""
+    api = [pattern for stream in streams for pattern in (
+        f"$JS.API.*.*.{stream}", f"$JS.API.*.*.{stream}.>", f"$JS.API.*.*.*.{stream}", f"$JS.API.*.*.*.{stream}.>",
+        f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>")]
+    return Permissions(publish=[*publish, *api, "$JS.API.INFO", "$JS.API.STREAM.NAMES"] if streams else list(publish),
+                       subscribe=[*subscribe, inbox(name)])

@@ -10,11 +10,14 @@ permissions let it receive replies there and nowhere else (see shared/permission
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import nats
+import nats.errors
 from nats.aio.client import RawCredentials
 
 from shared import nats_jwt
@@ -136,6 +139,33 @@ def connect_error(exc: BaseException, servers: list[str], security: Security) ->
             "the credential given" if security.credential else "no credential (pass --creds)"
         return ConnectionError(f"the NATS server at {where} refused {given}: {text.removeprefix('nats: ')}")
     return None
+
+
+async def nats_connect(servers: list[str], security: Security, **options) -> nats.NATS:
+    """``nats.connect`` with ``security``'s options. A refused credential or certificate ends
+    the first connection's attempts at once with a ConnectionError that says why (retrying
+    cannot help); once connected, errors go to ``options["error_cb"]`` as usual."""
+    refused: list[ConnectionError] = []
+    error_cb = options.pop("error_cb", None)
+
+    async def on_error(exc: Exception) -> None:
+        explained = None if connecting.done() else connect_error(exc, servers, security)
+        if explained is not None:
+            refused.append(explained)
+            connecting.cancel()
+        elif error_cb is not None:
+            await error_cb(exc)
+
+    connecting = asyncio.ensure_future(nats.connect(servers=servers, error_cb=on_error, **options,
+                                                    **security.nats_options()))
+    try:
+        return await connecting
+    except asyncio.CancelledError:
+        if refused:
+            raise refused[0] from None
+        raise
+    except (nats.errors.Error, ssl.SSLError) as exc:
+        raise connect_error(exc, servers, security) or exc from None
 
 
 def _is_creds(text: str) -> bool:

@@ -123,19 +123,21 @@ class Pipeline:
     def read_jetstream(self, stream: str, subjects: str | list[str] | None = None, *, start="first", until=None,
                        decode="json", timestamp_fn: Callable[[Any], int] | None = None,
                        max_out_of_orderness_ms: int = 0, parallelism: int | None = None, name: str | None = None,
-                       servers: str | list[str] | None = None, dead_letter: str | None = None) -> Stream:
+                       servers: str | list[str] | None = None, dead_letter: str | None = None,
+                       creds: str | None = None) -> Stream:
         """The messages of a JetStream stream (its subjects matching ``subjects``, spread
         over the tasks), replayed exactly on recovery. ``start``: "first", "new", a stream
         sequence or a datetime; ``until``: None (endless), "now" or a sequence. Messages
         that do not decode go to ``dead_letter`` (a subject) instead of failing the task.
-        ``servers`` default to the cluster's NATS. Event time is ``timestamp_fn(value)``
-        or the stream's timestamp; the watermark is kept per subject by the source."""
+        ``servers`` default to the cluster's NATS; ``creds``: the credential file to read
+        with on a secure cluster (the same path on every worker). Event time is
+        ``timestamp_fn(value)`` or the stream's timestamp; the watermark is kept per subject."""
         from gearbus.connectors.jetstream_source import JetStreamSource
 
         try:
             source = JetStreamSource(stream, subjects, start=start, until=until, decode=decode,
                                      timestamp_fn=timestamp_fn, max_out_of_orderness_ms=max_out_of_orderness_ms,
-                                     servers=servers, dead_letter=dead_letter)
+                                     servers=servers, dead_letter=dead_letter, creds=creds)
         except ValueError as exc:
             raise GraphError(f"read_jetstream {name or stream!r}: {exc}") from None
         # The source stamps its records and keeps the watermark; the step's own generator
@@ -145,13 +147,14 @@ class Pipeline:
                             max_out_of_orderness_ms=max_out_of_orderness_ms)
 
     def read_nats(self, subject: str, *, decode="json", queue: str | None = None, parallelism: int = 1,
-                  name: str | None = None, servers: str | list[str] | None = None) -> Stream:
+                  name: str | None = None, servers: str | list[str] | None = None, creds: str | None = None) -> Stream:
         """The messages published on a core-NATS subject from now on: at-most-once (nothing
-        is kept while the task is down) and endless; event time is the arrival time."""
+        is kept while the task is down) and endless; event time is the arrival time.
+        ``creds`` as for :meth:`read_jetstream`."""
         from gearbus.connectors.jetstream_source import NatsSubjectSource
 
         try:
-            source = NatsSubjectSource(subject, decode=decode, queue=queue, servers=servers)
+            source = NatsSubjectSource(subject, decode=decode, queue=queue, servers=servers, creds=creds)
         except ValueError as exc:
             raise GraphError(f"read_nats {name or subject!r}: {exc}") from None
         return self._source(source, "read_nats", name=name, parallelism=parallelism)
@@ -213,15 +216,18 @@ class Stream:
         self._then("sink", name, None, 1, default="write_jsonl", data_sink=JsonLinesSink(path))
 
     def write_jetstream(self, subject: str, *, stream: str | None = None, id_fn: Callable[[Any], Any] | None = None,
-                        name: str | None = None, servers: str | list[str] | None = None) -> None:
+                        name: str | None = None, servers: str | list[str] | None = None,
+                        creds: str | None = None) -> None:
         """Publish each value as JSON to a JetStream subject, exactly once: what arrives
         between checkpoints is published when its checkpoint completes, under message ids
         from its position (or ``id_fn(value)``), deduplicated by the stream. ``stream``:
-        create that stream if missing. Runs in the tasks of the step before it."""
+        create that stream if missing. Runs in the tasks of the step before it. ``creds`` as
+        for :meth:`Pipeline.read_jetstream`."""
         from gearbus.connectors.jetstream import JetStreamTransactionalSink
 
         self._then("sink", name, None, None, default="write_jetstream",
-                   data_sink=JetStreamTransactionalSink(subject, stream=stream, id_fn=id_fn, servers=servers))
+                   data_sink=JetStreamTransactionalSink(subject, stream=stream, id_fn=id_fn, servers=servers,
+                                                        creds=creds))
 
     def _needs_key(self, what: str):
         raise GraphError(f"{what} after step {self.step.name!r} needs a keyed stream: call group_by(...) first")

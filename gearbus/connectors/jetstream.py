@@ -13,12 +13,14 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterable
 
 import nats
 
 from gearbus.api.task import DataSink, Record, TaskContext
+from shared.security import ENV_CREDS, Security, nats_connect
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,22 @@ async def _quiet_error_cb(error: Exception) -> None:
     log.debug("nats: %s", error)
 
 
-async def connect(servers: list[str], name: str = "gearbus-spark"):
-    return await nats.connect(servers=servers, name=name, connect_timeout=5, allow_reconnect=True,
-                              max_reconnect_attempts=10, reconnect_time_wait=0.5, error_cb=_quiet_error_cb)
+def connector_security(creds: str | None) -> Security:
+    """A connector's own credential (``creds``: a .creds or .nk file, at the same path on
+    every worker), with this process's TLS files (GEARBUS_TLS_*; a worker passes its own on).
+    Never the process's credential: an app's own allows no stream of yours."""
+    return Security.load(creds or None, environ={k: v for k, v in os.environ.items() if k != ENV_CREDS})
+
+
+async def connect(servers: list[str], name: str = "gearbus-spark", creds: str | None = None):
+    """A connection of its own for a connector; a refused credential or certificate is a
+    JetStreamError that says so (the app fails: no recovery can fix it)."""
+    try:
+        return await nats_connect(servers, connector_security(creds), name=name, connect_timeout=5,
+                                  allow_reconnect=True, max_reconnect_attempts=10, reconnect_time_wait=0.5,
+                                  error_cb=_quiet_error_cb)
+    except ConnectionError as exc:
+        raise JetStreamError(str(exc)) from None
 
 
 async def api(nc, subject: str, payload: dict | None = None, timeout: float = API_TIMEOUT) -> dict:
@@ -273,8 +288,9 @@ class JetStreamTransactionalSink(DataSink):
     transactional = True
 
     def __init__(self, subject: str, *, stream: str | None = None, id_fn=None, servers: str | list[str] | None = None,
-                 duplicate_window_s: float = 120.0):
+                 duplicate_window_s: float = 120.0, creds: str | None = None):
         self.subject = subject
+        self.creds = creds
         self.stream = stream
         self.id_fn = id_fn
         self.servers = servers.split(",") if isinstance(servers, str) else list(servers or [])
@@ -297,7 +313,7 @@ class JetStreamTransactionalSink(DataSink):
                                                   "file"))
 
     async def _connect(self, servers: list[str]) -> None:
-        self._nc = await connect(servers, name="gearbus-jetstream-tx-sink")
+        self._nc = await connect(servers, name="gearbus-jetstream-tx-sink", creds=self.creds)
         self._publisher = await Publisher(self._nc).open()
 
     def write(self, records: list[Record]) -> None:

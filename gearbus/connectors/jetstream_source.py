@@ -136,7 +136,7 @@ class JetStreamSource(_Decoding, DataSource):
     def __init__(self, stream: str, subjects: str | list[str] | None = None, *, start="first", until=None,
                  decode="json", timestamp_fn: Callable[[Any], int] | None = None, max_out_of_orderness_ms: int = 0,
                  servers: str | list[str] | None = None, dead_letter: str | None = None,
-                 buffer_records: int = BUFFER_RECORDS, idle_timeout_ms: int = IDLE_TIMEOUT_MS):
+                 buffer_records: int = BUFFER_RECORDS, idle_timeout_ms: int = IDLE_TIMEOUT_MS, creds: str | None = None):
         if not isinstance(stream, str) or not stream:
             raise ValueError(f"stream must be a non-empty string, got {stream!r}")
         if not (start in ("first", "new") or isinstance(start, datetime.datetime)
@@ -160,6 +160,7 @@ class JetStreamSource(_Decoding, DataSource):
         self.timestamp_fn = timestamp_fn
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
         self.servers = _servers(servers)
+        self.creds = creds
         self.dead_letter = dead_letter
         self.buffer_records = buffer_records
         self.idle_timeout_ms = idle_timeout_ms
@@ -187,7 +188,7 @@ class JetStreamSource(_Decoding, DataSource):
         self._watermark: int | None = None
         self._thread = LoopThread("jetstream-source")
         try:
-            self._nc = self._thread.call(connect(servers, name="gearbus-jetstream-source"))
+            self._nc = self._thread.call(connect(servers, name="gearbus-jetstream-source", creds=self.creds))
             self._owned, self._position, self._until, self._stream_last = self._thread.call(self._locate(context))
         except BaseException:
             self.close()
@@ -571,7 +572,7 @@ class NatsSubjectSource(_Decoding, DataSource):
     _name = "nats source"
 
     def __init__(self, subject: str, *, decode="json", queue: str | None = None,
-                 servers: str | list[str] | None = None, buffer_records: int = BUFFER_RECORDS):
+                 servers: str | list[str] | None = None, buffer_records: int = BUFFER_RECORDS, creds: str | None = None):
         if not isinstance(subject, str) or not subject:
             raise ValueError(f"subject must be a non-empty string, got {subject!r}")
         if not isinstance(buffer_records, int) or buffer_records < 1:
@@ -581,6 +582,7 @@ class NatsSubjectSource(_Decoding, DataSource):
         self.decode = decode
         self.queue = queue
         self.servers = _servers(servers)
+        self.creds = creds
         self.buffer_records = buffer_records
         self.dropped = 0
 
@@ -593,7 +595,7 @@ class NatsSubjectSource(_Decoding, DataSource):
         self._buffer: collections.deque = collections.deque()  # (data, arrival ms)
         self._thread = LoopThread("nats-source")
         try:
-            self._nc = self._thread.call(connect(servers, name="gearbus-nats-source"))
+            self._nc = self._thread.call(connect(servers, name="gearbus-nats-source", creds=self.creds))
             self._thread.call(self._subscribe(queue))
         except BaseException:
             self.close()

@@ -246,3 +246,51 @@ def test_a_bad_credential_file_is_a_clear_error_before_connecting(command, args,
     done = subprocess.run([sys.executable, *command, "--nats", "nats://127.0.0.1:1", *args], capture_output=True,
                           text=True, timeout=60, cwd=REPO)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+COPY_APP = '''
+import argparse
+from gearbus import Pipeline
+
+def application(args):
+    parser = argparse.ArgumentParser(prog="copy")
+    parser.add_argument("--creds", default=None)
+    parser.add_argument("--output", required=True)
+    opts = parser.parse_args(args)
+    p = Pipeline("copy")
+    p.read_jetstream("ORDERS", until="now", creds=opts.creds, name="orders").write_jsonl(opts.output)
+    return p
+'''
+
+
+async def test_a_pipeline_reads_a_stream_of_your_own_with_a_user_made_for_it(secure_cluster, security_dir, tmp_path):
+    """`gearbus security user` makes a credential for the data; the JetStream step takes it.
+    Without it the step's connection is refused, and says so."""
+    done = subprocess.run([sys.executable, "-m", "gearbus.cli", "security", "user", security_dir.path, "orders",
+                           "--stream", "ORDERS", "--publish", "orders.>"], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    orders_creds = security_dir.creds("orders")
+    orders = security_dir.security("client").with_credential(open(orders_creds).read())
+    nc = await nats.connect(secure_cluster.url, **orders.nats_options())
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="ORDERS", subjects=["orders.>"])
+        for n in range(200):
+            await js.publish(f"orders.{n % 3}", json.dumps({"order": n}).encode())
+        with pytest.raises(nats.errors.Error):  # the data user is no gearbus role
+            await nc.request(subjects.APP_LIST, b"", timeout=5)
+    finally:
+        await nc.close()
+    app_file = tmp_path / "copy.py"
+    app_file.write_text(COPY_APP)
+    async with Client(secure_cluster.url, timeout=60, security=security_dir.security("client")) as client:
+        output = tmp_path / "orders.jsonl"
+        app_id = await client.submit(pack(str(app_file)), ["--creds", orders_creds, "--output", str(output)])
+        final = await client.wait(app_id, timeout=120)
+        assert final.state == AppState.SUCCEEDED, final.error
+        assert sorted(json.loads(line)["order"] for line in output.read_text().splitlines()) == list(range(200))
+
+        refused = await client.submit(pack(str(app_file)), ["--output", str(tmp_path / "none.jsonl")])
+        final = await client.wait(refused, timeout=120)
+    assert final.state == AppState.FAILED and "refused no credential" in final.error.message
