@@ -139,6 +139,9 @@ async def test_an_expired_server_certificate_is_a_clear_error(tmp_path):
                 ("publish", "$KV.gearbus_checkpoints.app1.latest"), ("publish", "$JS.API.STREAM.DELETE.KV_gearbus_state"),
                 ("subscribe", "worker.*.launch"), ("subscribe", "data.>"), ("subscribe", "master.>"),
                 ("subscribe", "_INBOX.>")]),
+    ("master", [("publish", "data.1.0.0"), ("publish", "credit.1.0.0"), ("publish", "executor.1.0.control"),
+                ("publish", "appmaster.1.executor.register"), ("publish", "$KV.gearbus_checkpoints.app1.latest"),
+                ("subscribe", "data.>"), ("subscribe", "worker.*.launch"), ("subscribe", "_INBOX.client.>")]),
     ("dashboard", [("publish", "app.submit"), ("publish", "worker.worker-0.launch"), ("publish", "data.1.0.0"),
                    ("publish", "master.app.1.state"), ("publish", "$KV.gearbus_state.apps.1"),
                    ("subscribe", "app.*.state"), ("subscribe", "_INBOX.client.>")]),
@@ -158,7 +161,7 @@ async def test_an_expired_server_certificate_is_a_clear_error(tmp_path):
 async def test_each_identity_is_refused_what_it_must_not_do(secure_cluster, security_dir, identity, forbidden):
     security = app_security(security_dir, 7) if identity == "app7" else security_dir.security(identity)
     allowed = {"client": "app.list", "dashboard": "app.status", "worker": "master.worker.heartbeat",
-               "app7": "data.7.0.0"}[identity]
+               "master": "app.7.state", "app7": "data.7.0.0"}[identity]
     connection = await Connection.open(secure_cluster.url, security)
     try:
         for action, subject in forbidden:
@@ -169,6 +172,10 @@ async def test_each_identity_is_refused_what_it_must_not_do(secure_cluster, secu
     async with Client(secure_cluster.url, timeout=30, security=security_dir.security("client")) as client:
         assert await client.list() == []  # nothing happened in the cluster
     assert secure_cluster.processes() == []
+    with open(os.path.join(secure_cluster.log_dir, "nats-server.log"), encoding="utf-8") as log:
+        logged = log.read()
+    for action, subject in forbidden:  # and the server logged each refusal
+        assert f'{"Publish" if action == "publish" else "Subscription"} Violation - Subject "{subject}"' in logged
 
 
 async def test_an_app_credential_speaks_only_for_its_own_app(secure_cluster, security_dir):
