@@ -1,7 +1,9 @@
-"""Where checkpoints live: each task's snapshot in the JetStream Object Store, and each
-completed checkpoint's record (plus the app's latest) in a KV bucket of the same name.
+"""Where checkpoints live: each task's snapshot (and each savepoint's state) in the app's own
+JetStream object store, and each completed checkpoint's record (plus the app's latest, its
+epoch and savepoint records) in the shared checkpoint KV bucket.
 
-The master creates both buckets at start; AppMasters and executors only open them.
+The master creates the KV bucket at start and an app's object store when it is submitted;
+AppMasters and executors only open them.
 """
 
 from __future__ import annotations
@@ -14,15 +16,19 @@ from shared.bus import ride_out
 
 
 async def ensure_buckets(js, replicas: int) -> None:
-    """Create the checkpoint object store and KV bucket unless they exist (master start)."""
-    try:
-        await js.object_store(subjects.CHECKPOINT_BUCKET)
-    except nats.js.errors.BucketNotFoundError:
-        await js.create_object_store(subjects.CHECKPOINT_BUCKET, replicas=replicas)
+    """Create the checkpoint KV bucket unless it exists (master start)."""
     try:
         await js.key_value(subjects.CHECKPOINT_BUCKET)
     except nats.js.errors.BucketNotFoundError:
         await js.create_key_value(bucket=subjects.CHECKPOINT_BUCKET, history=1, replicas=replicas)
+
+
+async def ensure_snapshot_bucket(js, app_id: int, replicas: int) -> None:
+    """Create one app's snapshot object store unless it exists (master, at submission)."""
+    try:
+        await js.object_store(subjects.snapshot_bucket(app_id))
+    except nats.js.errors.BucketNotFoundError:
+        await js.create_object_store(subjects.snapshot_bucket(app_id), replicas=replicas)
 
 
 class CheckpointStore:
@@ -40,9 +46,12 @@ class CheckpointStore:
     async def _ride_out(self, op, what: str):
         return await ride_out(op, f"app {self.app_id}: {what}", self.patience_s)
 
-    async def _store(self):
+    async def _store(self, app_id: int | None = None):
+        """This app's object store, or (to read a savepoint) another app's."""
+        if app_id is not None and app_id != self.app_id:
+            return await self.js.object_store(subjects.snapshot_bucket(app_id))
         if self._objects is None:
-            self._objects = await self.js.object_store(subjects.CHECKPOINT_BUCKET)
+            self._objects = await self.js.object_store(subjects.snapshot_bucket(self.app_id))
         return self._objects
 
     async def _records(self):
@@ -55,10 +64,10 @@ class CheckpointStore:
             await (await self._store()).put(name, data)
         await self._ride_out(put, f"storing {name}")
 
-    async def _get_object(self, name: str) -> bytes | None:
+    async def _get_object(self, name: str, app_id: int | None = None) -> bytes | None:
         async def get():
             try:
-                return (await (await self._store()).get(name)).data
+                return (await (await self._store(app_id)).get(name)).data
             except nats.js.errors.ObjectNotFoundError:
                 return None
         return await self._ride_out(get, f"reading {name}")
@@ -108,8 +117,10 @@ class CheckpointStore:
         value = await self._get_value(subjects.savepoint_key(name))
         return msgpack.unpackb(value) if value else None
 
-    async def savepoint_part(self, name: str, step: str, index: int) -> bytes:
-        data = await self._get_object(subjects.savepoint_object(name, step, index))
+    async def savepoint_part(self, record: dict, step: str, index: int) -> bytes:
+        """One step's state in one task of a savepoint, from the store of the app that took it."""
+        name = record["name"]
+        data = await self._get_object(subjects.savepoint_object(name, step, index), record["app_id"])
         if data is None:
             raise LookupError(f"savepoint {name!r} has no state of step {step!r} task {index}")
         return data

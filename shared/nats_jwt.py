@@ -105,7 +105,7 @@ def user_jwt(signer: KeyPair, user: str, name: str, publish: list[str], subscrib
              account: str | None = None, expires_s: int | None = None) -> str:
     """A user allowed to publish and subscribe to these subjects only (and to answer the
     requests it receives). ``account``: the account's key when ``signer`` is its signing key."""
-    nats = {"type": "user", "version": 2, "pub": {"allow": sorted(publish)}, "sub": {"allow": sorted(subscribe)},
+    nats = {"type": "user", "version": 2, "pub": {"allow": sorted(set(publish))}, "sub": {"allow": sorted(set(subscribe))},
             "resp": {"max": 1, "ttl": 0}, "subs": -1, "data": -1, "payload": -1}
     if account:
         nats["issuer_account"] = account

@@ -16,7 +16,6 @@ from shared import subjects
 ROLES = ("master", "worker", "client", "dashboard")
 
 _ARTIFACTS = f"OBJ_{subjects.ARTIFACT_BUCKET}"
-_CHECKPOINT_OBJECTS = f"OBJ_{subjects.CHECKPOINT_BUCKET}"
 _CHECKPOINT_KV = f"KV_{subjects.CHECKPOINT_BUCKET}"
 _CLIENT_REQUESTS = [subjects.APP_SUBMIT, subjects.APP_KILL, subjects.APP_STATUS, subjects.APP_LIST,
                     subjects.APP_SAVEPOINT, subjects.APP_RESTART, subjects.MASTER_INFO, subjects.LOGS_QUERY]
@@ -72,16 +71,21 @@ def app_identity(app_id: int) -> str:
     return f"app{app_id}"
 
 
-def app(app_id: int) -> Permissions:
+def app(app_id: int, savepoint_of: int | None = None) -> Permissions:
     """The AppMaster and executors of one application: its own data plane and control
-    subjects, its checkpoints, and reading its artifact. Nothing of another app's."""
+    subjects, its checkpoint records and snapshot store, and reading its artifact (and the
+    snapshot store of ``savepoint_of``, the app whose savepoint it starts from). Nothing
+    else of another app's."""
     own = [f"data.{app_id}.>", f"credit.{app_id}.>", f"appmaster.{app_id}.>", f"executor.{app_id}.>"]
+    snapshots = subjects.snapshot_bucket(app_id)
+    readable = [f"OBJ_{snapshots}", _CHECKPOINT_KV, _ARTIFACTS]
+    if savepoint_of is not None and savepoint_of != app_id:
+        readable.append(f"OBJ_{subjects.snapshot_bucket(savepoint_of)}")
     return Permissions(
-        publish=[*own, f"master.app.{app_id}.>", subjects.worker_shutdown("*", app_id),
-                 "$JS.API.INFO", f"$KV.{subjects.CHECKPOINT_BUCKET}.{subjects.checkpoint_app_prefix(app_id)}.>",
-                 f"$KV.{subjects.CHECKPOINT_BUCKET}.savepoint.>", f"$O.{subjects.CHECKPOINT_BUCKET}.>",
-                 f"$JS.API.STREAM.PURGE.{_CHECKPOINT_OBJECTS}",
-                 *_read_stream(_CHECKPOINT_OBJECTS), *_read_stream(_CHECKPOINT_KV), *_read_stream(_ARTIFACTS)],
+        publish=[*own, f"master.app.{app_id}.>", subjects.worker_shutdown("*", app_id), "$JS.API.INFO",
+                 f"$KV.{subjects.CHECKPOINT_BUCKET}.{subjects.checkpoint_app_prefix(app_id)}.>",
+                 f"$KV.{subjects.CHECKPOINT_BUCKET}.savepoint.>", f"$O.{snapshots}.>",
+                 f"$JS.API.STREAM.PURGE.OBJ_{snapshots}", *(api for stream in readable for api in _read_stream(stream))],
         subscribe=[*own, subjects.MASTER_ELECTED, inbox(app_identity(app_id))])
 
 

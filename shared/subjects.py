@@ -25,7 +25,7 @@ MASTER_ELECTED = "master.elected"
 STATE_BUCKET = "gearbus_state"
 ARTIFACT_BUCKET = "gearbus_artifacts"
 MASTERS_BUCKET = "gearbus_masters"  # the leader lease and the registry of running masters
-CHECKPOINT_BUCKET = "gearbus_checkpoints"  # object store of task snapshots, and KV of completed checkpoints
+CHECKPOINT_BUCKET = "gearbus_checkpoints"  # KV of completed checkpoints, epochs and savepoint records
 
 
 # AppMasters -> leader master: under master.app.<app>, so an app's credential reaches only its
@@ -121,6 +121,12 @@ def checkpoint_trigger(app_id: int) -> str:
 def checkpoint_complete(app_id: int) -> str:
     """The AppMaster tells every executor of the app that a checkpoint completed."""
     return f"executor.{app_id}.checkpoint.complete"
+
+
+def snapshot_bucket(app_id: int) -> str:
+    """The object store of one app's task snapshots and savepoint states: one per app, so
+    an app's credential can write its own and no other's."""
+    return f"{CHECKPOINT_BUCKET}_app{app_id}"
 
 
 def checkpoint_object(app_id: int, checkpoint_id: int, epoch: int, processor: int, index: int) -> str:

@@ -507,7 +507,7 @@ class AppMaster(Service):
         for processor in self.app.graph.processors:
             mine = [step for step, owner in claimed.items() if owner is processor]
             for index in range(processor.parallelism):
-                states = {step: pickle.loads(await self.store.savepoint_part(name, step, index)) for step in mine}
+                states = {step: pickle.loads(await self.store.savepoint_part(record, step, index)) for step in mine}
                 envelope = {"task": join_task_state(processor, states) if states else None, "ended": False,
                             "watermark": WATERMARK_MIN, "checkpoint_id": SAVEPOINT_CHECKPOINT_ID}
                 data = pickle.dumps(envelope, pickle.HIGHEST_PROTOCOL)

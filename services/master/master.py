@@ -11,6 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
+import msgpack
 import nats.errors
 import nats.js.errors
 import structlog
@@ -18,7 +19,7 @@ import structlog
 from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
 from services.master.lease import LeaderLease
 from services.master.store import ApplicationRecord, StateStore, WorkerRecord
-from services.checkpoint_store import ensure_buckets
+from services.checkpoint_store import ensure_buckets, ensure_snapshot_bucket
 from services.master.credentials import APP_SIGNER_ENV, AppCredentials
 from shared import digests, subjects
 from shared.bus import JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout, bad_request, not_found, ride_out
@@ -278,6 +279,8 @@ class Master(Service):
             user=msg.user, priority=msg.priority, artifact_digest=digest,
         )
         await self._save(record)
+        await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
+                       f"creating the snapshot store of app {app_id}")
         log.info("app_submitted", app_id=app_id, name=msg.name)
         registered = asyncio.get_running_loop().create_future()
         self._appmaster_registered[app_id] = registered
@@ -312,7 +315,7 @@ class Master(Service):
                 artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
                 args=list(record.args), config=dict(record.config), app_name=record.name, priority=record.priority,
                 attempt=attempt, start_ms=record.submitted_ms, artifact_digest=record.artifact_digest,
-                credentials=self.app_credentials.issue(record.app_id),
+                credentials=self.app_credentials.issue(record.app_id, await self._savepoint_source(record)),
             )
             try:
                 await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
@@ -510,8 +513,21 @@ class Master(Service):
             raise RequestError(ErrorCode.CONFLICT, f"worker {msg.worker_id!r} holds no slot of app {msg.app_id}")
         launch = replace(msg, artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
                          artifact_digest=record.artifact_digest, worker_id="",
-                         credentials=self.app_credentials.issue(msg.app_id))
+                         credentials=self.app_credentials.issue(msg.app_id, await self._savepoint_source(record)))
         return await self.bus.request(subjects.worker_launch(msg.worker_id), launch, expect=ExecutorLaunched)
+
+    async def _savepoint_source(self, record: ApplicationRecord) -> int | None:
+        """The app whose savepoint this one starts from (its credential may read that app's
+        snapshot store), or None."""
+        name = record.config.get("from_savepoint")
+        if not name or not self.app_credentials.signer:
+            return None
+        try:
+            kv = await self.bus.js.key_value(subjects.CHECKPOINT_BUCKET)
+            source = msgpack.unpackb((await kv.get(subjects.savepoint_key(str(name)))).value)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.BucketNotFoundError):
+            return None
+        return source.get("app_id") if isinstance(source, dict) and type(source.get("app_id")) is int else None
 
     async def on_request_resource(self, msg: RequestResource) -> ResourceAllocated:
         record = self._app(msg.app_id)

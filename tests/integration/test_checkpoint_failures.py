@@ -30,7 +30,7 @@ async def test_a_vanished_checkpoint_bucket_is_reported_then_fails_the_app(clien
         return await wait_until(client, subjects.appmaster_heartbeat("*"), probe)
 
     await status_when(lambda s: s.checkpoints and s.checkpoints.completed >= 1)
-    await client.bus.js.delete_object_store(subjects.CHECKPOINT_BUCKET)
+    await client.bus.js.delete_object_store(subjects.snapshot_bucket(app_id))
     failing = await status_when(lambda s: s.state != AppState.ACTIVE or (s.checkpoints and s.checkpoints.failed))
     assert failing.state == AppState.ACTIVE, "the app must run on while checkpoints fail"
     assert failing.checkpoints.last_failure

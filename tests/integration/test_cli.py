@@ -10,7 +10,7 @@ import sys
 from gearbus.artifact import pack
 from shared.messages import AppState
 from tests.conftest import EXAMPLES, REPO
-from tests.integration.test_master_ha import read_ticks
+from tests.integration.test_master_ha import read_ticks, wait_for_ticks
 from tests.integration.test_cluster import APPS, expected_counts, read_counts, sample_lines, wait_state, write_text
 
 GEARBUS = [sys.executable, "-m", "gearbus.cli"]
@@ -106,13 +106,7 @@ async def test_restart_carries_a_running_app_on_from_a_savepoint_and_starts_an_e
     first = await client.submit(pack(TICKER), ["--output", str(ticks), "--rate", "200"])
     await wait_state(client, first, AppState.ACTIVE)
 
-    async def ticks_beyond(n: int) -> list[int]:
-        async with asyncio.timeout(30):
-            while not (seen := read_ticks(ticks)) or max(seen) <= n:
-                await asyncio.sleep(0.1)
-        return seen
-
-    await ticks_beyond(100)
+    await wait_for_ticks(client, ticks, 100, 30)
     code, out, err = await gearbus("restart", *url, "--json", str(first))
     assert code == 0, err
     restarted = json.loads(out)
@@ -121,7 +115,7 @@ async def test_restart_carries_a_running_app_on_from_a_savepoint_and_starts_an_e
     assert (await client.status(first)).state == AppState.TERMINATED
     await wait_state(client, second, AppState.ACTIVE)
     before = max(read_ticks(ticks))
-    seen = await ticks_beyond(before + 100)
+    seen = await wait_for_ticks(client, ticks, before + 100, 30)
     assert sorted(seen) == list(range(max(seen) + 1)), "numbers lost or written twice across the restart"
 
     await client.kill(second)

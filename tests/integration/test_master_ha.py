@@ -50,14 +50,16 @@ def read_ticks(path) -> list[int]:
         return [json.loads(line)["n"] for line in f if line.endswith("\n")]
 
 
-async def wait_for_ticks(client: Client, path, beyond: int, timeout: float = 20) -> list[int]:
-    """Wait (woken by AppMaster heartbeats) until the output holds a number > ``beyond``."""
+async def wait_for_ticks(client: Client, path, beyond: int, timeout: float = 20,
+                         watcher: Client | None = None) -> list[int]:
+    """Wait (woken by AppMaster heartbeats, which ``watcher`` may see if ``client`` may not)
+    until the output holds a number > ``beyond``."""
 
     async def probe():
         ticks = read_ticks(path)
         return ticks if ticks and max(ticks) > beyond else None
 
-    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout)
+    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout, watcher)
 
 
 async def leader_of(client: Client) -> str:

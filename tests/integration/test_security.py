@@ -31,6 +31,8 @@ from shared.messages import (
 )
 from shared.security import Security
 from tests.conftest import EXAMPLES, REPO
+from tests.integration.test_cluster import wait_state
+from tests.integration.test_master_ha import read_ticks, wait_for_ticks
 
 MARKER_APP = os.path.join(REPO, "tests", "apps", "marker.py")
 REFUSAL_TIMEOUT_S = 10
@@ -155,7 +157,9 @@ async def test_an_expired_server_certificate_is_a_clear_error(tmp_path):
               ("publish", "appmaster.1.executor.register"), ("publish", "executor.1.0.control"),
               ("publish", "data.1.0.0"), ("publish", "credit.1.0.0"), ("publish", "worker.worker-0.app.1.shutdown"),
               ("publish", "master.worker.heartbeat"), ("publish", "$KV.gearbus_state.apps.7"),
-              ("publish", "$KV.gearbus_checkpoints.app1.latest"), ("publish", "$JS.API.STREAM.DELETE.OBJ_gearbus_checkpoints"),
+              ("publish", "$KV.gearbus_checkpoints.app1.latest"), ("publish", "$O.gearbus_checkpoints_app1.M.eA"),
+              ("publish", "$JS.API.STREAM.PURGE.OBJ_gearbus_checkpoints_app1"),
+              ("publish", "$JS.API.STREAM.DELETE.OBJ_gearbus_checkpoints_app7"),
               ("subscribe", "data.1.>"), ("subscribe", "appmaster.1.>"), ("subscribe", "_INBOX.client.>")]),
 ])
 async def test_each_identity_is_refused_what_it_must_not_do(secure_cluster, security_dir, identity, forbidden):
@@ -301,3 +305,21 @@ async def test_a_pipeline_reads_a_stream_of_your_own_with_a_user_made_for_it(sec
         refused = await client.submit(pack(str(app_file)), ["--output", str(tmp_path / "none.jsonl")])
         final = await client.wait(refused, timeout=120)
     assert final.state == AppState.FAILED and "refused no credential" in final.error.message
+
+
+async def test_a_restart_from_a_savepoint_reads_the_old_apps_store_with_the_new_apps_credential(
+        secure_cluster, security_dir, tmp_path):
+    """Each app's snapshots are its own; the master lets the app that starts from a
+    savepoint read the store of the app that took it, and nothing is lost or repeated."""
+    ticks = tmp_path / "ticks.jsonl"
+    async with Client(secure_cluster.url, timeout=60, security=security_dir.security("client")) as client, \
+            Client(secure_cluster.url, timeout=60, security=security_dir.security("master")) as watcher:
+        first = await client.submit(pack(os.path.join(EXAMPLES, "ticker.py")),
+                                    ["--output", str(ticks), "--rate", "200"])
+        await wait_state(client, first, AppState.ACTIVE)
+        await wait_for_ticks(client, ticks, 100, 30, watcher)
+        second = (await client.restart(first)).app_id
+        await wait_state(client, second, AppState.ACTIVE)
+        seen = await wait_for_ticks(client, ticks, max(read_ticks(ticks)) + 100, 30, watcher)
+        await client.kill(second)
+    assert sorted(seen) == list(range(max(seen) + 1)), "numbers lost or written twice across the restart"
