@@ -93,12 +93,12 @@ async def stream_info(nc, stream: str) -> dict:
     return await api(nc, f"$JS.API.STREAM.INFO.{stream}")
 
 
-def stream_state(servers: str | list[str], stream: str) -> dict:
+def stream_state(servers: str | list[str], stream: str, creds: str | None = None) -> dict:
     """The stream's state (``messages``, ``first_seq``, ``last_seq``, ...), on a short-lived connection."""
     servers = servers.split(",") if isinstance(servers, str) else servers
 
     async def go():
-        nc = await connect(servers)
+        nc = await connect(servers, creds=creds)
         try:
             return (await stream_info(nc, stream))["state"]
         finally:
@@ -108,12 +108,12 @@ def stream_state(servers: str | list[str], stream: str) -> dict:
 
 
 def ensure_stream(servers: str | list[str], stream: str, subjects: list[str],
-                  duplicate_window_s: float = 120.0, storage: str = "file") -> dict:
+                  duplicate_window_s: float = 120.0, storage: str = "file", creds: str | None = None) -> dict:
     """Create the stream if it does not exist (subjects, duplicate window); return its info."""
     servers = servers.split(",") if isinstance(servers, str) else servers
 
     async def go():
-        nc = await connect(servers)
+        nc = await connect(servers, creds=creds)
         try:
             return await ensure_stream_async(nc, stream, subjects, duplicate_window_s, storage)
         finally:

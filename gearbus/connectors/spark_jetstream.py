@@ -14,6 +14,10 @@
     (sdf.select("data").writeStream.format("jetstream").option("servers", url)
         .option("subject", "results.x").option("checkpointLocation", path).start())
 
+On a secure NATS, option ``creds`` names a credential file (``gearbus security user``) present
+at that path on the driver and every executor; TLS files come from GEARBUS_TLS_CA,
+GEARBUS_TLS_CERT and GEARBUS_TLS_KEY in their environment.
+
 Rows read have the schema ``seq long, subject string, data binary, timestamp timestamp``
 (:data:`SCHEMA`): the stream sequence, the message's subject, its payload and the time
 JetStream stored it.
@@ -195,8 +199,9 @@ class _RangeReader:
     through an ephemeral ordered pull consumer; yields columns in chunks."""
 
     def __init__(self, servers: list[str], stream: str, subject: str | None, first: int, last: int,
-                 chunk_rows: int = CHUNK_ROWS, pull_batch: int = PULL_BATCH, in_flight: int = PULL_IN_FLIGHT):
-        self.servers, self.stream, self.subject = servers, stream, subject
+                 chunk_rows: int = CHUNK_ROWS, pull_batch: int = PULL_BATCH, in_flight: int = PULL_IN_FLIGHT,
+                 creds: str | None = None):
+        self.servers, self.stream, self.subject, self.creds = servers, stream, subject, creds
         self.first, self.last = first, last
         self.chunk_rows, self.pull_batch = chunk_rows, pull_batch
         self.max_outstanding = pull_batch * in_flight
@@ -221,7 +226,7 @@ class _RangeReader:
         self.stamps: list[int] = []
 
     async def open(self) -> None:
-        self.nc = await connect(self.servers, name=f"gearbus-spark-read-{self.stream}")
+        self.nc = await connect(self.servers, name=f"gearbus-spark-read-{self.stream}", creds=self.creds)
         await self._new_consumer()
 
     async def _new_consumer(self) -> None:
@@ -378,7 +383,8 @@ class _RangeReader:
 
 
 def read_range(servers: list[str], stream: str, subject: str | None, first: int, last: int,
-               chunk_rows: int = CHUNK_ROWS, pull_batch: int = PULL_BATCH) -> Iterator[pa.RecordBatch]:
+               chunk_rows: int = CHUNK_ROWS, pull_batch: int = PULL_BATCH,
+               creds: str | None = None) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the messages with sequences ``first..last`` (inclusive), in order, each once.
     Runs its own event loop, driven one chunk at a time by the caller (a Spark executor)."""
     if last < first:
@@ -386,7 +392,7 @@ def read_range(servers: list[str], stream: str, subject: str | None, first: int,
     loop = asyncio.new_event_loop()
     reader = None
     try:
-        reader = _RangeReader(servers, stream, subject, first, last, chunk_rows, pull_batch)
+        reader = _RangeReader(servers, stream, subject, first, last, chunk_rows, pull_batch, creds=creds)
         loop.run_until_complete(reader.open())
         while True:
             batch = loop.run_until_complete(reader.next_chunk())
@@ -406,6 +412,7 @@ class _ReaderOptions:
 
     def __init__(self, options: Any):
         self.servers = _servers(options)
+        self.creds = _option(options, "creds")
         self.stream = _stream(options)
         self.subject = _option(options, "subject")
         self.partitions = default_partitions(options)
@@ -414,10 +421,10 @@ class _ReaderOptions:
 
     def read(self, part: SeqRange) -> Iterator[pa.RecordBatch]:
         return read_range(self.servers, self.stream, self.subject, part.first, part.last,
-                          self.chunk_rows, self.pull_batch)
+                          self.chunk_rows, self.pull_batch, self.creds)
 
     def last_seq(self) -> int:
-        return int(stream_state(self.servers, self.stream)["last_seq"])
+        return int(stream_state(self.servers, self.stream, self.creds)["last_seq"])
 
 
 class JetStreamBatchReader(DataSourceReader):
@@ -508,6 +515,7 @@ class _WriterBase:
 
     def __init__(self, options: Any, schema: StructType):
         self.servers = _servers(options)
+        self.creds = _option(options, "creds")
         self.subject = _option(options, "subject")
         names = {f.name.lower(): f for f in schema.fields}
         data = names.get("data")
@@ -526,10 +534,10 @@ class _WriterBase:
         if stream:  # make sure the target exists (create it for the 'subject' option) and deduplicates
             if self.subject:
                 window_s = float(_option(options, "duplicate_window", 120))
-                info = ensure_stream(self.servers, str(stream), [self.subject], window_s)
+                info = ensure_stream(self.servers, str(stream), [self.subject], window_s, creds=self.creds)
             else:
                 async def get():
-                    nc = await connect(self.servers)
+                    nc = await connect(self.servers, creds=self.creds)
                     try:
                         return await stream_info(nc, str(stream))
                     finally:
@@ -542,7 +550,7 @@ class _WriterBase:
         loop = asyncio.new_event_loop()
         nc = None
         try:
-            nc = loop.run_until_complete(connect(self.servers, name="gearbus-spark-write"))
+            nc = loop.run_until_complete(connect(self.servers, name="gearbus-spark-write", creds=self.creds))
             pub = loop.run_until_complete(Publisher(nc, window=self.window).open())
             for batch in iterator:
                 loop.run_until_complete(self._publish_batch(pub, batch))

@@ -215,10 +215,12 @@ class SparkPlan:
             raise GraphError(f"step {step.name!r}: start=\"new\" reads only what arrives after the start, which a "
                              "bounded replay never sees; give start=\"first\", a stream sequence or a datetime")
         servers = self._servers(step, source.servers)
-        first, last = _on_nats(servers, lambda nc: _replay_range(nc, step.name, source))
+        first, last = _on_nats(servers, lambda nc: _replay_range(nc, step.name, source), source.creds)
         register(self.spark)
         reader = (self.spark.read.format(FORMAT).option("servers", ",".join(servers))
                   .option("stream", source.stream).option("start_seq", first).option("end_seq", last))
+        if source.creds:
+            reader = reader.option("creds", source.creds)
         if source.subjects:
             reader = reader.option("subject", ",".join(source.subjects))
         rows = reader.load().select("subject", "seq", "data", F.unix_millis("timestamp")).rdd
@@ -253,7 +255,7 @@ class SparkPlan:
                       file=sys.stderr)
             if source.dead_letter:
                 dead = messages.filter(lambda m: m[1] is not None)
-                publish = _dead_letters(servers, source.stream, source.dead_letter)
+                publish = _dead_letters(servers, source.stream, source.dead_letter, source.creds)
                 self.outputs.append(lambda: dead.foreachPartition(publish))
 
     def _subject_watermarks(self, stats, max_out_of_orderness_ms: int) -> list[int]:
@@ -473,6 +475,8 @@ class SparkPlan:
             register(self.spark)
             writer = (self.spark.createDataFrame(rows, schema).write.format(FORMAT).mode("append")
                       .option("servers", ",".join(servers)).option("subject", subject))
+            if data_sink.creds:
+                writer = writer.option("creds", data_sink.creds)
             if data_sink.stream:
                 writer = (writer.option("stream", data_sink.stream)
                           .option("duplicate_window", data_sink.duplicate_window_s))
@@ -539,12 +543,12 @@ async def _sequence_before(nc, source: JetStreamSource) -> int:
     return info["delivered"]["stream_seq"]
 
 
-def _on_nats(servers: list[str], work):
-    """``work(nc)`` on a connection of its own, on a thread of its own: the runner may be
-    called inside a running event loop (the CLI's)."""
+def _on_nats(servers: list[str], work, creds: str | None = None):
+    """``work(nc)`` on a connection of its own (with the step's ``creds``), on a thread of its
+    own: the runner may be called inside a running event loop (the CLI's)."""
 
     async def go():
-        nc = await connect(servers, name="gearbus-spark-plan")
+        nc = await connect(servers, name="gearbus-spark-plan", creds=creds)
         try:
             return await work(nc)
         finally:
@@ -563,7 +567,7 @@ def _merge_stats(a, b):
     return newest, max(a[1], b[1]), a[2] + b[2]
 
 
-def _dead_letters(servers: list[str], stream: str, subject: str):
+def _dead_letters(servers: list[str], stream: str, subject: str, creds: str | None = None):
     """A partition's undecoded messages republished to ``subject`` with the bus source's
     headers (and its Nats-Msg-Id, so neither a rerun nor the bus stores one twice)."""
 
@@ -571,7 +575,7 @@ def _dead_letters(servers: list[str], stream: str, subject: str):
         messages = list(partition)
 
         async def go():
-            nc = await connect(servers, name="gearbus-spark-dead-letter")
+            nc = await connect(servers, name="gearbus-spark-dead-letter", creds=creds)
             try:
                 for source_subject, error, (seq, data), _ in messages:
                     await nc.publish(subject, data, headers={

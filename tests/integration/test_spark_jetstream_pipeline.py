@@ -16,6 +16,7 @@ from gearbus import Pipeline, TumblingWindows
 from gearbus.api.graph import GraphError
 from gearbus.connectors.jetstream import connect, ensure_stream, run_fresh, stream_state
 from gearbus.natsserver import NatsServer
+from gearbus.security import add_user, init
 from gearbus.runners import TestRunner
 from gearbus.runners.spark import SparkRunner
 from shared.messages import AppState
@@ -193,3 +194,35 @@ def test_a_missing_stream_or_an_until_past_the_end_fails_the_run_clearly(spark, 
     future = run(stream, 9)
     assert future.state == AppState.FAILED
     assert f"until=9 is past the end of stream {stream!r} (sequence 5)" in future.error.message
+
+
+def test_on_a_secure_nats_the_steps_read_and_write_with_their_own_credential(spark, tmp_path):
+    """A data user from `gearbus security user` reads one stream and writes another, in the
+    driver's planning and in the executors; without it the run fails saying why."""
+    made = init(str(tmp_path / "security"))
+    creds = add_user(made.path, "events", streams=["SECURE_IN", "SECURE_OUT"], publish=["secure.>"])
+    with NatsServer(include=made.auth_config) as secure:
+        ensure_stream(secure.url, "SECURE_IN", ["secure.in"], creds=creds)
+
+        async def fill():
+            nc = await connect([secure.url], creds=creds)
+            try:
+                for n in range(300):
+                    await nc.jetstream().publish("secure.in", json.dumps(n).encode())
+            finally:
+                await nc.close()
+
+        run_fresh(fill())
+
+        def copy(with_creds: str | None) -> Pipeline:
+            p = Pipeline("secure")
+            (p.read_jetstream("SECURE_IN", until="now", creds=with_creds, name="events")
+              .map(lambda n: n * 2, name="double")
+              .write_jetstream("secure.out", stream="SECURE_OUT", creds=with_creds, name="out"))
+            return p
+
+        result = SparkRunner(spark=spark, nats_url=secure.url).run(copy(creds))
+        assert result.state == AppState.SUCCEEDED, result.error
+        assert stream_state(secure.url, "SECURE_OUT", creds)["messages"] == 300
+        refused = SparkRunner(spark=spark, nats_url=secure.url).run(copy(None))
+    assert refused.state == AppState.FAILED and "refused no credential" in refused.error.message
