@@ -97,6 +97,30 @@ class LocalCluster:
         self.workers[worker_id] = process
         return process
 
+    def power_cut(self) -> None:
+        """SIGKILL every process of the cluster at once, the nats-server included when
+        the cluster owns it (for tests and benchmarks of a whole-cluster restart)."""
+        victims = [pid for pid, _, _ in self.processes()]
+        victims += [p.pid for p in [*self.masters.values(), *self.workers.values()] if p.poll() is None]
+        if self._own_nats and self.nats.process is not None:
+            victims.append(self.nats.process.pid)
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in [*self.masters.values(), *self.workers.values()]:
+            p.wait()
+
+    def restart(self) -> None:
+        """Start every master and worker again under its id (after :meth:`power_cut`)."""
+        if self._own_nats:
+            self.nats.start()
+        for master_id in list(self.masters):
+            self.start_master(master_id)
+        for worker_id in list(self.workers):
+            self.start_worker(worker_id)
+
     def start(self) -> LocalCluster:
         """Start every process; registration happens in the background (the master
         queues work until workers offer slots, and clients retry until it answers)."""

@@ -619,6 +619,7 @@ class ExecutorStopped(Message):
     kind: str
     exit_code: int
     worker_gone: bool = False
+    attempt: int = 0  # an AppMaster's: the attempt it was launched as (a report of a replaced one changes nothing)
 
 
 # --- appmaster <-> master -------------------------------------------------------
@@ -629,6 +630,7 @@ class RegisterAppMaster(Message):
     worker_id: str
     pid: int
     protocol_version: int = PROTOCOL_VERSION
+    attempt: int = 0  # LaunchExecutor.attempt: an older attempt than the app's current one is refused (fenced)
 
 
 class AppMasterRegistered(Message):
@@ -649,6 +651,7 @@ class AppMasterHeartbeat(Message):
     checkpoints: CheckpointStats | None = None
     dag: AppDag | None = None
     processors: list[ProcessorMetrics] = dataclasses.field(default_factory=list)
+    attempt: int = 0  # the sender's LaunchExecutor.attempt
 
 
 class RequestResource(Message):

@@ -185,7 +185,7 @@ class AppMaster(Service):
     async def register(self) -> None:
         registered = await self.bus.request(
             subjects.appmaster_register(self.app_id),
-            RegisterAppMaster(self.app_id, self.worker_id, os.getpid()),
+            RegisterAppMaster(self.app_id, self.worker_id, os.getpid(), attempt=self.launch.attempt),
             expect=AppMasterRegistered,
             retry_s=MASTER_RETRY_S,
         )
@@ -817,7 +817,8 @@ class AppMaster(Service):
         await self.bus.publish(subjects.appmaster_heartbeat(self.app_id),
                                AppMasterHeartbeat(self.app_id, len(self._live_slots()), counters, clock, stalled,
                                                   self.restarts, sorted(self.blacklist), *self.guarantee,
-                                                  self._checkpoint_stats(), self.dag, processors))
+                                                  self._checkpoint_stats(), self.dag, processors,
+                                                  self.launch.attempt))
 
     def _task_name(self, task: TaskId) -> str:
         return f"{self.app.graph.processors[task.processor].name}[{task.index}]"

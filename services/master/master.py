@@ -16,6 +16,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 
+from services.master import lifecycle as lc
 from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
 from services.master.lease import LeaderLease
 from services.master.store import ApplicationRecord, StateStore, WorkerRecord
@@ -78,7 +79,7 @@ STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
 MASTERS_LOOKUP_S = 2.0
 SETUP_DEADLINE_S = 60.0  # how long a master waits at start for JetStream (a new cluster elects leaders)
 SAVEPOINT_TIMEOUT_S = 120.0  # how long a savepoint may take (its checkpoint, then copying its state)
-DEFAULT_APPMASTER_RESTARTS = 3  # app config "appmaster_restarts": AppMaster relaunches before the app fails
+RECONFIRM_HEARTBEATS = 5  # a new leader gives running apps' AppMasters this many heartbeats to register
 
 
 def now_ms() -> int:
@@ -111,8 +112,6 @@ class AppLive:
     checkpoints: CheckpointStats | None = None
     dag: AppDag | None = None
     processors: list[ProcessorMetrics] = field(default_factory=list)
-    last_heartbeat: float = 0.0
-    missed_logged: bool = False
 
 
 class Master(Service):
@@ -120,18 +119,18 @@ class Master(Service):
 
     def __init__(self, servers, node_id: str, heartbeat_interval: float = 1.0, worker_timeout: float = 10.0,
                  appmaster_register_timeout: float = 60.0, resource_timeout: float = 60.0, lease_ttl_s: int = 1,
-                 security: Security = Security(), app_credentials: AppCredentials = AppCredentials()):
+                 security: Security = Security(), app_credentials: AppCredentials = AppCredentials(),
+                 appmaster_timeout: float | None = None):
+        """``appmaster_timeout``: an AppMaster silent this long is lost (default: the worker timeout)."""
         super().__init__(servers, node_id, security)
         self.app_credentials = app_credentials
         self.lease_ttl_s = lease_ttl_s
         self.lease: LeaderLease | None = None
         self._office: list = []  # the subscriptions a leader holds
         self._office_tasks: set[asyncio.Task] = set()
-        self._appmaster_attempts: dict[int, int] = {}
         self.elected_at = 0.0
         self.heartbeat_interval = heartbeat_interval
         self.worker_timeout = worker_timeout
-        self.appmaster_register_timeout = appmaster_register_timeout
         self.resource_timeout = resource_timeout
         self.store: StateStore | None = None
         self.apps: dict[int, ApplicationRecord] = {}
@@ -139,7 +138,10 @@ class Master(Service):
         self.workers: dict[str, WorkerEntry] = {}
         self.scheduler = Scheduler()
         self._waiting_resources: dict[int, asyncio.Future] = {}  # by request arrival number
-        self._appmaster_registered: dict[int, asyncio.Future] = {}
+        self._submitters: dict[int, asyncio.Future] = {}  # app id -> the waiting submission's answer
+        self.lifecycles = lc.AppLifecycles(lc.Timeouts(
+            register_s=appmaster_register_timeout, heartbeat_s=appmaster_timeout or worker_timeout,
+            reconfirm_s=RECONFIRM_HEARTBEATS * heartbeat_interval))
 
     # --- lifecycle: election ---------------------------------------------------
 
@@ -198,6 +200,9 @@ class Master(Service):
         self.workers = {w.worker_id: WorkerEntry(w.worker_id, w.host, w.pid, w.slots, last_heartbeat=time.time(),
                                                  alive=False) for w in known.values()}
         self.elected_at = time.monotonic()
+        await self._act(self.lifecycles.took_office(
+            [(r.app_id, r.state, r.appmaster_worker, r.appmaster_attempt, self._relaunches_allowed(r))
+             for r in self.apps.values()], self.elected_at))
         serve, listen, guard = self.bus.serve, self.bus.listen, self.lease.valid
         self._office = [
             await serve(subjects.APP_SUBMIT, {SubmitApplication: self.on_submit}, concurrent=True, guard=guard),
@@ -237,7 +242,7 @@ class Master(Service):
         for task in self._office_tasks:
             task.cancel()
         self._office_tasks.clear()
-        for future in [*self._waiting_resources.values(), *self._appmaster_registered.values()]:
+        for future in [*self._waiting_resources.values(), *self._submitters.values()]:
             if not future.done():
                 future.set_exception(RequestError(ErrorCode.UNAVAILABLE, "the master lost the lead", True))
         self.apps, self.live, self.workers, self.scheduler = {}, {}, {}, Scheduler()
@@ -282,24 +287,62 @@ class Master(Service):
         await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
                        f"creating the snapshot store of app {app_id}")
         log.info("app_submitted", app_id=app_id, name=msg.name)
-        registered = asyncio.get_running_loop().create_future()
-        self._appmaster_registered[app_id] = registered
+        answer = self._submitters[app_id] = asyncio.get_running_loop().create_future()
         try:
-            await self._launch_appmaster(record, attempt=0)
-            await asyncio.wait_for(registered, self.appmaster_register_timeout)
-        except Exception as exc:
-            reason = exc.message if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, asyncio.TimeoutError):
-                reason = f"the AppMaster did not register within {self.appmaster_register_timeout:g} s"
-            if self.apps[app_id].state == AppState.TERMINATED:
-                raise RequestError(ErrorCode.CONFLICT, f"app {app_id} was killed while starting") from None
-            await self._set_state(app_id, AppState.FAILED, AppError("AppMasterLaunchFailed", reason, "master"))
-            self.scheduler.release_app(app_id)
-            self._reschedule()
-            raise RequestError(ErrorCode.UNAVAILABLE, f"app {app_id} could not start: {reason}", True) from None
+            await self._act(self.lifecycles.submitted(app_id, self._relaunches_allowed(record)))
+            await answer
         finally:
-            self._appmaster_registered.pop(app_id, None)
+            self._submitters.pop(app_id, None)
         return SubmitApplicationResult(app_id)
+
+    @staticmethod
+    def _relaunches_allowed(record: ApplicationRecord) -> int:
+        return int(record.config.get("appmaster_restarts", lc.DEFAULT_APPMASTER_RESTARTS))
+
+    async def _act(self, instructions: list[lc.Instruction]) -> None:
+        """Carry out what the app lifecycle machine decided, in order."""
+        for instruction in instructions:
+            kind = type(instruction)
+            if kind is lc.LaunchAppMaster:
+                self._spawn_office_work(self._launch(instruction), f"launch-appmaster-{instruction.app_id}")
+            elif kind is lc.SetState:
+                await self._set_state(instruction.app_id, instruction.state, instruction.error)
+            elif kind is lc.StopAppProcesses:
+                await self._stop_app_processes(instruction.app_id, instruction.reason)
+                self.scheduler.release_app(instruction.app_id)
+                self._reschedule()
+            elif kind is lc.FenceAppMaster:
+                log.warning("appmaster_fenced", app_id=instruction.app_id, worker_id=instruction.worker_id,
+                            reason=instruction.reason)
+                self._spawn_office_work(self._fence_appmaster(instruction), f"fence-appmaster-{instruction.app_id}")
+            elif kind is lc.AnswerSubmission:
+                answer = self._submitters.get(instruction.app_id)
+                if answer is not None and not answer.done():
+                    answer.set_exception(RequestError(instruction.code, instruction.error, True)) \
+                        if instruction.error else answer.set_result(None)
+
+    async def _launch(self, launch: lc.LaunchAppMaster) -> None:
+        """Start attempt ``launch.attempt`` of an app's AppMaster; tell the machine how it went."""
+        record = replace(self.apps[launch.app_id], appmaster_attempt=launch.attempt)
+        if launch.attempt:
+            log.warning("relaunching_appmaster", app_id=launch.app_id, attempt=launch.attempt, avoid=launch.avoid)
+        try:
+            await self._save(record)
+            worker_id = await self._launch_appmaster(record, launch.attempt, launch.avoid)
+        except RequestError as exc:  # no slot, the worker refused, or this master lost the lease
+            await self._act(self.lifecycles.launch_failed(launch.app_id, launch.attempt, exc.message))
+            return
+        log.info("appmaster_launched", app_id=launch.app_id, worker_id=worker_id, attempt=launch.attempt)
+        await self._act(self.lifecycles.launched(launch.app_id, launch.attempt, worker_id, time.monotonic()))
+
+    async def _fence_appmaster(self, fence: lc.FenceAppMaster) -> None:
+        """Kill an AppMaster declared lost, should it still run (it may only be hung)."""
+        try:
+            await self.bus.request(subjects.worker_shutdown(fence.worker_id, fence.app_id),
+                                   ShutdownExecutor(fence.app_id, APPMASTER_EXECUTOR_ID, f"fenced: {fence.reason}",
+                                                    force=True), timeout=5)
+        except RequestError as exc:
+            log.warning("appmaster_fence_failed", app_id=fence.app_id, worker_id=fence.worker_id, error=exc.message)
 
     async def _launch_appmaster(self, record: ApplicationRecord, attempt: int, avoid: str = "") -> str:
         """Start the app's AppMaster on a worker (away from ``avoid`` when another has room).
@@ -328,39 +371,11 @@ class Master(Service):
                             error=exc.message)
                 skipped.add(allocation.worker_id)
 
-    async def _relaunch_appmaster(self, app_id: int, reason: str, avoid: str) -> None:
-        """The AppMaster of a running app is gone: start a new one, which adopts the
-        executors still running (bounded attempts; then the app has failed)."""
-        record = self.apps.get(app_id)
-        if record is None or record.state in AppState.TERMINAL:
-            return
-        attempt = self._appmaster_attempts[app_id] = self._appmaster_attempts.get(app_id, 0) + 1
-        limit = int(record.config.get("appmaster_restarts", DEFAULT_APPMASTER_RESTARTS))
-        self.live.pop(app_id, None)
-        if attempt > limit:
-            await self._set_state(app_id, AppState.FAILED,
-                                  AppError("AppMasterLost", f"{reason}; gave up after {limit} relaunches", "master"))
-            await self._stop_app_processes(app_id, "AppMaster lost")
-            return
-        log.warning("relaunching_appmaster", app_id=app_id, attempt=attempt, reason=reason)
-        try:
-            worker_id = await self._launch_appmaster(record, attempt, avoid)
-        except RequestError as exc:
-            await self._set_state(app_id, AppState.FAILED, AppError(
-                "AppMasterLost", f"{reason}; relaunching it failed: {exc.message}", "master"))
-            await self._stop_app_processes(app_id, "AppMaster lost")
-            return
-        log.info("appmaster_relaunched", app_id=app_id, worker_id=worker_id, attempt=attempt)
-
     async def on_kill(self, msg: KillApplication) -> None:
         record = self._app(msg.app_id)
         if record.state in AppState.TERMINAL:
             raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
-        await self._set_state(msg.app_id, AppState.TERMINATED, None)
-        await self._stop_app_processes(msg.app_id, "killed by request")
-        future = self._appmaster_registered.get(msg.app_id)
-        if future is not None and not future.done():
-            future.set_exception(RequestError(ErrorCode.CONFLICT, "the app was killed while starting"))
+        await self._act(self.lifecycles.kill(msg.app_id))
 
     async def on_savepoint(self, msg: TakeSavepoint) -> SavepointTaken:
         """Pass the request to the app's AppMaster, which takes the savepoint."""
@@ -430,6 +445,8 @@ class Master(Service):
         log.info("worker_registered", worker_id=msg.worker_id, slots=msg.slots, host=msg.host,
                  running=len(msg.running))
         self._reschedule()
+        await self._act(self.lifecycles.worker_registered(
+            msg.worker_id, [p.app_id for p in msg.running if p.kind == ExecutorKind.APPMASTER]))
         return WorkerRegistered(msg.worker_id, self.heartbeat_interval)
 
     async def on_worker_heartbeat(self, msg: WorkerHeartbeat) -> None:
@@ -446,18 +463,9 @@ class Master(Service):
     async def on_executor_stopped(self, msg: ExecutorStopped) -> None:
         self.scheduler.release(msg.app_id, msg.worker_id, 1)
         self._reschedule()
-        if msg.kind != ExecutorKind.APPMASTER:
-            return
-        record = self.apps.get(msg.app_id)
-        if record is None or record.state in AppState.TERMINAL:
-            return
-        reason = f"the AppMaster on worker {msg.worker_id} exited with code {msg.exit_code} before the app ended"
-        future = self._appmaster_registered.get(msg.app_id)
-        if future is not None and not future.done():
-            future.set_exception(RequestError(ErrorCode.INTERNAL, reason))
-            return
-        self._spawn_office_work(self._relaunch_appmaster(msg.app_id, reason, msg.worker_id),
-                                f"relaunch-appmaster-{msg.app_id}")
+        if msg.kind == ExecutorKind.APPMASTER:
+            reason = f"the AppMaster on worker {msg.worker_id} exited with code {msg.exit_code} before the app ended"
+            await self._act(self.lifecycles.appmaster_exited(msg.app_id, msg.attempt, msg.worker_id, reason))
 
     # --- appmasters --------------------------------------------------------------
 
@@ -466,29 +474,30 @@ class Master(Service):
         record = self._app(msg.app_id)
         if record.state in AppState.TERMINAL:
             raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
-        record = replace(record, appmaster_worker=msg.worker_id)
-        await self._save(record)
-        self.live[msg.app_id] = AppLive(tasks=[], last_heartbeat=time.time())
-        future = self._appmaster_registered.get(msg.app_id)
-        if future is not None and not future.done():
-            future.set_result(None)
-        log.info("appmaster_registered", app_id=msg.app_id, worker_id=msg.worker_id)
+        try:
+            answers = self.lifecycles.registered(msg.app_id, msg.attempt, msg.worker_id, time.monotonic())
+        except lc.Fenced as exc:
+            raise RequestError(ErrorCode.FENCED, str(exc)) from None
+        await self._save(replace(record, appmaster_worker=msg.worker_id,
+                                 appmaster_attempt=max(msg.attempt, record.appmaster_attempt)))
+        self.live[msg.app_id] = AppLive(tasks=[])
+        log.info("appmaster_registered", app_id=msg.app_id, worker_id=msg.worker_id, attempt=msg.attempt)
+        await self._act(answers)
         return AppMasterRegistered(msg.app_id, self.heartbeat_interval)
 
     async def on_appmaster_heartbeat(self, msg: AppMasterHeartbeat) -> None:
         live = self.live.get(msg.app_id)
-        if live is None:
+        if not self.lifecycles.heartbeat(msg.app_id, msg.attempt, time.monotonic()) or live is None:
             record = self.apps.get(msg.app_id)
             if record is not None and record.state not in AppState.TERMINAL:
-                log.info("appmaster_told_to_reregister", app_id=msg.app_id)
+                log.info("appmaster_told_to_reregister", app_id=msg.app_id, attempt=msg.attempt)
                 await self.bus.publish(subjects.appmaster_reregister(msg.app_id), ReRegister("unknown to this master"))
             return
-        live.tasks, live.executors, live.last_heartbeat = list(msg.tasks), msg.executors, time.time()
+        live.tasks, live.executors = list(msg.tasks), msg.executors
         live.clock, live.stalled_tasks = msg.clock, list(msg.stalled_tasks)
         live.restarts, live.blacklisted_workers = msg.restarts, list(msg.blacklisted_workers)
         live.guarantee, live.guarantee_detail, live.checkpoints = msg.guarantee, msg.guarantee_detail, msg.checkpoints
         live.dag, live.processors = msg.dag or live.dag, list(msg.processors)
-        live.missed_logged = False
 
     async def on_appmaster_state(self, msg: ApplicationStateChanged) -> None:
         record = self._app(msg.app_id)
@@ -573,6 +582,7 @@ class Master(Service):
             return
         finished = now_ms() if state in AppState.TERMINAL else 0
         await self._save(replace(record, state=state, error=error or record.error, finished_ms=finished))
+        await self._act(self.lifecycles.state_reported(app_id, state))
         log.info("app_state_changed", app_id=app_id, state=state, error=error.message if error else None)
         await self.bus.publish(subjects.app_state_events(app_id), ApplicationStateChanged(app_id, state, error))
 
@@ -625,25 +635,11 @@ class Master(Service):
         for app_id in affected:
             await self.bus.publish(subjects.appmaster_worker_lost(app_id),
                                    WorkerLost(worker.worker_id, f"no heartbeat for {silent:.0f} s"))
-        for record in list(self.apps.values()):
-            if record.appmaster_worker == worker.worker_id and record.state not in AppState.TERMINAL:
-                reason = f"worker {worker.worker_id}, which ran the AppMaster, sent no heartbeat for {silent:.0f} s"
-                self._spawn_office_work(self._relaunch_appmaster(record.app_id, reason, worker.worker_id),
-                                        f"relaunch-appmaster-{record.app_id}")
-
-    async def _fail_orphaned_submissions(self) -> None:
-        """An app left PENDING by a previous leader (it died mid-submission) whose
-        AppMaster never registered with this one has failed."""
-        if time.monotonic() - self.elected_at < self.appmaster_register_timeout:
-            return
-        for record in list(self.apps.values()):
-            if (record.state == AppState.PENDING and record.app_id not in self._appmaster_registered
-                    and record.app_id not in self.live):
-                reason = "its AppMaster never registered (the master failed over during submission)"
-                await self._set_state(record.app_id, AppState.FAILED, AppError("SubmissionLost", reason, "master"))
+        await self._act(self.lifecycles.worker_lost(worker.worker_id, f"sent no heartbeat for {silent:.0f} s"))
 
     async def watch_heartbeats(self) -> None:
-        """Log missed heartbeats; forget workers silent past the worker timeout."""
+        """Log missed heartbeats; forget workers silent past the worker timeout; the
+        AppMasters' deadlines."""
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             now = time.time()
@@ -657,15 +653,7 @@ class Master(Service):
                 elif silent > deadline and not worker.missed_logged:
                     worker.missed_logged = True
                     log.warning("worker_heartbeat_missed", worker_id=worker.worker_id, silent_s=round(silent, 1))
-            await self._fail_orphaned_submissions()
-            for app_id, live in self.live.items():
-                record = self.apps.get(app_id)
-                if record is None or record.state in AppState.TERMINAL or live.missed_logged:
-                    continue
-                if now - live.last_heartbeat > deadline:
-                    live.missed_logged = True
-                    log.warning("appmaster_heartbeat_missed", app_id=app_id,
-                                silent_s=round(now - live.last_heartbeat, 1))
+            await self._act(self.lifecycles.tick(time.monotonic()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -674,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-id", default="", help="this master's id (default: generated)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between node heartbeats")
     parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds of silence before a worker is lost")
+    parser.add_argument("--appmaster-timeout", type=float, default=None,
+                        help="seconds of silence before an AppMaster is lost and relaunched (default: --worker-timeout)")
     parser.add_argument("--lease-ttl", type=int, default=1,
                         help="seconds the leader lease lasts without renewal (whole seconds; default 1)")
     add_arguments(parser)
@@ -694,4 +684,4 @@ def main(argv: list[str] | None = None) -> int:
     configure("master", node_id)
     return run_service(Master(args.nats or ["nats://127.0.0.1:4222"], node_id, args.heartbeat_interval,
                               args.worker_timeout, lease_ttl_s=args.lease_ttl, security=security,
-                              app_credentials=app_credentials))
+                              app_credentials=app_credentials, appmaster_timeout=args.appmaster_timeout))

@@ -41,6 +41,7 @@ class ApplicationRecord(Struct):
     error: AppError | None = None
     appmaster_worker: str = ""
     artifact_digest: str = ""
+    appmaster_attempt: int = 0  # the current AppMaster's attempt (0 first; each relaunch adds 1)
 
     def can_become(self, state: str) -> bool:
         return state in TRANSITIONS[self.state]

@@ -83,6 +83,7 @@ class Child:
     kind: str
     process: asyncio.subprocess.Process
     workdir: str
+    attempt: int = 0  # an AppMaster's LaunchExecutor.attempt
 
     @property
     def label(self) -> str:
@@ -182,7 +183,7 @@ class Worker(Service):
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         self.logs[f"{self.worker_id}/{log_name}"] = ProcessLog(msg.app_id, msg.executor_id, msg.kind, log_path)
-        child = Child(msg.app_id, msg.executor_id, msg.kind, process, workdir)
+        child = Child(msg.app_id, msg.executor_id, msg.kind, process, workdir, msg.attempt)
         self.children[key] = child
         self.spawn(self._watch(child), f"watch-{child.label}")
         log.info("process_launched", app_id=msg.app_id, executor_id=msg.executor_id, kind=msg.kind, pid=process.pid)
@@ -223,7 +224,8 @@ class Worker(Service):
         shutil.rmtree(child.workdir, ignore_errors=True)
         log.info("process_exited", app_id=child.app_id, executor_id=child.executor_id, kind=child.kind,
                  exit_code=code)
-        stopped = ExecutorStopped(self.worker_id, child.app_id, child.executor_id, child.kind, code)
+        stopped = ExecutorStopped(self.worker_id, child.app_id, child.executor_id, child.kind, code,
+                                  attempt=child.attempt)
         if self.bus.nc.is_connected:
             await self.bus.publish(subjects.EXECUTOR_STOPPED, stopped)
             await self.bus.publish(subjects.appmaster_executor_stopped(child.app_id), stopped)
