@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -121,6 +122,7 @@ class Run:
                  publishing: asyncio.Event):
         self.cluster, self.client, self.app_id = cluster, client, app_id
         self.server, self.publishing = server, publishing
+        self.windows: list[dict] = []  # the window results published, once the app ended
 
     async def status(self):
         return await self.client.status(self.app_id)
@@ -206,8 +208,10 @@ FAILURES = {"executor": kill_executor, "worker": kill_worker, "appmaster": kill_
             "zombie": stop_executor, "nats": restart_nats}
 
 
-async def test_every_failure_in_turn_leaves_every_output_exact(tmp_path):
-    running, totals = tmp_path / "out" / "running.jsonl", tmp_path / "out" / "totals.jsonl"
+@contextlib.asynccontextmanager
+async def chaos_run(tmp_path, config: dict):
+    """The chaos pipeline running on a cluster of 2 masters and 3 workers while its events
+    are published; yields its Run."""
     store = tmp_path / "jetstream"
     os.makedirs(store)
     with NatsServer(store_dir=str(store), log_path=str(tmp_path / "nats.log")) as server, \
@@ -224,32 +228,45 @@ async def test_every_failure_in_turn_leaves_every_output_exact(tmp_path):
             publishing = asyncio.create_task(publish_events(url, 1000, EVENTS, gate))
             app_id = await client.submit(
                 pack(APP), ["--stream", "EV", "--until", str(EVENTS), "--windows-subject", "out.windows",
-                            "--running", str(running), "--totals", str(totals)],
-                config={"checkpoint_interval_ms": 300, "max_restarts": 20})
+                            "--running", str(tmp_path / "out" / "running.jsonl"),
+                            "--totals", str(tmp_path / "out" / "totals.jsonl")],
+                config={"checkpoint_interval_ms": 300, **config})
             await wait_state(client, app_id, AppState.ACTIVE)
             run = Run(cluster, client, app_id, server, gate)
-            status = await run.progressed(0, 0)
-            assert status.guarantee == "exactly-once", status.guarantee_detail
-
-            for failure, inflict in FAILURES.items():
-                status = await inflict(run, status)
-                log.info("survived", failure=failure, epoch=status.checkpoints.epoch)
-
+            try:
+                yield run
+            except BaseException:
+                publishing.cancel()
+                raise
             await publishing
             final = await client.wait(app_id, timeout=120)
             assert final.state == AppState.SUCCEEDED, final.error
             assert sum(t.late_records for t in final.tasks) == 0, "the expected outputs assume no late events"
-            windows = await read_stream(url, "OUT", "out.windows")
+            run.windows = await read_stream(url, "OUT", "out.windows")
             assert (await client.bus.js.stream_info("EV")).state.messages == EVENTS
 
+
+def assert_exact(windows: list[dict], out_dir) -> None:
+    """Every output equals the computation written here: nothing lost, nothing twice."""
     expected_windows, expected_ranks, expected_totals = expected_outputs()
     got_windows = [json.dumps(w, sort_keys=True) for w in windows]
     assert len(got_windows) == len(set(got_windows)), "a window result was published twice"
     assert set(got_windows) == expected_windows
-    ranks = sorted((r["id"], r["user"], r["rank"]) for r in read_jsonl(running))
+    ranks = sorted((r["id"], r["user"], r["rank"]) for r in read_jsonl(out_dir / "running.jsonl"))
     assert len(ranks) == EVENTS and ranks == expected_ranks
-    got_totals = {r["user"]: r["count"] for r in read_jsonl(totals)}
-    assert len(read_jsonl(totals)) == USERS and got_totals == expected_totals
+    totals = read_jsonl(out_dir / "totals.jsonl")
+    got_totals = {r["user"]: r["count"] for r in totals}
+    assert len(totals) == USERS and got_totals == expected_totals
+
+
+async def test_every_failure_in_turn_leaves_every_output_exact(tmp_path):
+    async with chaos_run(tmp_path, {"max_restarts": 20}) as run:
+        status = await run.progressed(0, 0)
+        assert status.guarantee == "exactly-once", status.guarantee_detail
+        for failure, inflict in FAILURES.items():
+            status = await inflict(run, status)
+            log.info("survived", failure=failure, epoch=status.checkpoints.epoch)
+    assert_exact(run.windows, tmp_path / "out")
 
 
 async def test_a_power_cut_resumes_the_app_by_itself_exactly(tmp_path):
@@ -257,53 +274,17 @@ async def test_a_power_cut_resumes_the_app_by_itself_exactly(tmp_path):
     all started again on the same store: the new leader finds the app, its AppMaster is gone
     (its worker came back without it), so a new one resumes from the last completed
     checkpoint, and every output is exact."""
-    running, totals = tmp_path / "out" / "running.jsonl", tmp_path / "out" / "totals.jsonl"
-    store = tmp_path / "jetstream"
-    os.makedirs(store)
-    with NatsServer(store_dir=str(store), log_path=str(tmp_path / "nats.log")) as server, \
-            LocalCluster(workers=3, slots=4, masters=2, log_dir=str(tmp_path / "logs"), nats=server,
-                         heartbeat_interval=0.25) as cluster:
-        url = server.url
-        async with Client(url, timeout=30) as client:
-            await ensure_stream_async(client.bus.nc, "EV", ["ev.*"], 120, "file")
-            await ensure_stream_async(client.bus.nc, "OUT", ["out.windows"], 600, "file")
-            await wait_for_workers(client, 3)
-            await publish_events(url, 0, 1000)
-            gate = asyncio.Event()
-            gate.set()
-            publishing = asyncio.create_task(publish_events(url, 1000, EVENTS, gate))
-            app_id = await client.submit(
-                pack(APP), ["--stream", "EV", "--until", str(EVENTS), "--windows-subject", "out.windows",
-                            "--running", str(running), "--totals", str(totals)],
-                config={"checkpoint_interval_ms": 300})
-            await wait_state(client, app_id, AppState.ACTIVE)
-            run = Run(cluster, client, app_id, server, gate)
-            status = await run.progressed(0, 0)
-            status = await run.progressed(status.checkpoints.last_id, 0)  # well under way
-
-            gate.clear()
-            server.process.kill()
-            cluster.power_cut()
-            loop = asyncio.get_running_loop()
-            restarted = loop.time()
-            await loop.run_in_executor(None, server.start)
-            cluster.restart()
-            resumed = await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1, timeout=90)
-            print(f"power cut: committed output again {loop.time() - restarted:.2f} s after the restart")
-            log.info("power_cut_resumed", seconds=round(loop.time() - restarted, 2),
-                     epoch=resumed.checkpoints.epoch)
-            gate.set()
-
-            await publishing
-            final = await client.wait(app_id, timeout=120)
-            assert final.state == AppState.SUCCEEDED, final.error
-            windows = await read_stream(url, "OUT", "out.windows")
-
-    expected_windows, expected_ranks, expected_totals = expected_outputs()
-    got_windows = [json.dumps(w, sort_keys=True) for w in windows]
-    assert len(got_windows) == len(set(got_windows)), "a window result was published twice"
-    assert set(got_windows) == expected_windows
-    ranks = sorted((r["id"], r["user"], r["rank"]) for r in read_jsonl(running))
-    assert len(ranks) == EVENTS and ranks == expected_ranks
-    got_totals = {r["user"]: r["count"] for r in read_jsonl(totals)}
-    assert got_totals == expected_totals
+    async with chaos_run(tmp_path, {}) as run:
+        status = await run.progressed(0, 0)
+        status = await run.progressed(status.checkpoints.last_id, 0)  # well under way
+        run.publishing.clear()
+        run.server.process.kill()
+        run.cluster.power_cut()
+        loop = asyncio.get_running_loop()
+        restarted = loop.time()
+        await loop.run_in_executor(None, run.server.start)
+        run.cluster.restart()
+        await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1, timeout=90)
+        print(f"power cut: committed output again {loop.time() - restarted:.2f} s after the restart")
+        run.publishing.set()
+    assert_exact(run.windows, tmp_path / "out")
