@@ -250,7 +250,8 @@ class Master(Service):
 
     async def shutdown(self) -> None:
         await self._leave_office()
-        await self.lease.release()
+        if self.lease is not None:  # None when setup failed before opening it
+            await self.lease.release()
 
     # --- application handlers --------------------------------------------------
 
