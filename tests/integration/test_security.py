@@ -346,3 +346,12 @@ async def test_a_master_the_server_refuses_logs_why_and_exits_with_its_real_code
     assert len(started) == 1 and "refused the credential of 'master'" in started[0]["error"], done.stderr
     assert [e["exit_code"] for e in events if e["event"] == "service_closed"] == [2], done.stderr
     assert [e for e in events if e["level"] != "info"] == started, done.stderr  # nothing else went wrong
+
+
+def test_a_master_on_a_secured_cluster_without_an_app_signer_refuses_to_start(security_dir):
+    args = security_dir.role_args("master")
+    without_signer = args[:args.index("--app-signer")] + args[args.index("--app-signer") + 2:]
+    done = run_master("--nats", "nats://127.0.0.1:1", *without_signer)
+    assert done.returncode == 2, done.stderr
+    assert "--creds is the JWT of user 'master' (a secured cluster)" in done.stderr
+    assert "pass --app-signer FILE, the account signing key" in done.stderr
