@@ -452,7 +452,7 @@ class Master(Service):
         record = self.apps.get(msg.app_id)
         if record is None or record.state in AppState.TERMINAL:
             return
-        reason = f"the AppMaster on worker {msg.worker_id} exited with code {msg.exit_code} before the app ended"
+        reason = f"the AppMaster on worker {msg.worker_id} {msg.exit_detail()} before the app ended"
         future = self._appmaster_registered.get(msg.app_id)
         if future is not None and not future.done():
             future.set_exception(RequestError(ErrorCode.INTERNAL, reason))
