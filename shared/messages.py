@@ -620,6 +620,12 @@ class ExecutorStopped(Message):
     exit_code: int
     worker_gone: bool = False
     attempt: int = 0  # an AppMaster's: the attempt it was launched as (a report of a replaced one changes nothing)
+    last_error: str = ""  # the last error line of the process's output (a worker's report of a failed exit)
+
+    def exit_detail(self) -> str:
+        """The exit as the reasons built on it say it: the code, and the last error line when the
+        process left one."""
+        return f"exited with code {self.exit_code}" + (f" (last error: {self.last_error})" if self.last_error else "")
 
 
 # --- appmaster <-> master -------------------------------------------------------

@@ -14,6 +14,8 @@ from shared.security import Security
 
 log = structlog.get_logger()
 
+EXIT_START_FAILED = 2
+
 
 class Service:
     """Base of master, worker, appmaster and executor.
@@ -85,8 +87,9 @@ class Service:
             await self.start()
         except Exception as exc:
             log.error("service_start_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            self.exit_code = EXIT_START_FAILED
             await self.close()
-            return 2
+            return self.exit_code
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         await self._stopping.wait()

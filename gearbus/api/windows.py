@@ -1,4 +1,4 @@
-"""Event-time windows: assigners, triggers and the window operator (DESIGN.md §5).
+"""Event-time windows: assigners, triggers and the window operator.
 
 Pure computation (no I/O, no asyncio), so that the TestRunner and the distributed
 executors run the same code and emit the same panes.

@@ -759,8 +759,7 @@ class AppMaster(Service):
         if msg.worker_gone:
             self.executor_lost(slot, f"executor {msg.executor_id} lost its worker {msg.worker_id}", worker_suspect=True)
         else:
-            self.executor_lost(slot, f"executor {msg.executor_id} on worker {msg.worker_id} exited with code "
-                                     f"{msg.exit_code}")
+            self.executor_lost(slot, f"executor {msg.executor_id} on worker {msg.worker_id} {msg.exit_detail()}")
 
     async def on_task_finished(self, msg: TaskFinished) -> None:
         if msg.epoch != self.epoch:

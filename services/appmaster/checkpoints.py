@@ -1,6 +1,7 @@
 """The AppMaster's checkpoint coordinator: a state machine without I/O.
 
-Aligned checkpoints as Flink takes them, with global rollback on failure (DESIGN.md §6).
+Aligned checkpoints as Flink takes them, with global rollback on failure (the messages:
+docs/protocol.md, "Checkpoints" and "Recovery").
 The coordinator decides; the AppMaster's async shell acts. Every event method takes
 ``now`` (monotonic seconds, read by the shell) and returns a list of actions (frozen
 dataclasses below) for the shell to carry out; the coordinator never sleeps, never

@@ -245,8 +245,21 @@ class Executor(Service):
             await self.bus.publish(subjects.appmaster_task_finished(self.app_id),
                                    TaskFinished(self.executor_id, runner.counters(), runner.epoch))
         else:
+            await self._flush_counters()
             await self.bus.publish(subjects.appmaster_task_failed(self.app_id),
                                    TaskFailed(self.executor_id, runner.task_id, error, runner.epoch, recoverable))
+
+    async def _flush_counters(self) -> None:
+        """A heartbeat now, answered before the failure is reported: an app that fails before
+        the next beat still shows what its tasks here processed."""
+        try:
+            await self.bus.request(subjects.appmaster_executor_heartbeat(self.app_id), self._heartbeat_message(),
+                                   timeout=max(self.heartbeat_interval, 0.5))
+        except RequestError as exc:
+            log.warning("final_counters_not_sent", error=exc.message)
+
+    def _heartbeat_message(self) -> ExecutorHeartbeat:
+        return ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners])
 
     def _start_heartbeat(self) -> None:
         """Heartbeats go from a thread of their own (see services/executor/heartbeat.py)."""
@@ -255,7 +268,7 @@ class Executor(Service):
         self.heartbeat = Heartbeat(
             self.servers, f"gearbus-executor-app{self.app_id}-{self.executor_id}-heartbeat",
             subjects.appmaster_executor_heartbeat(self.app_id),
-            lambda: ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners]),
+            self._heartbeat_message,
             self.heartbeat_interval, deadline, self._on_fenced, self._on_appmaster_gone, EXIT_FENCED,
             parent_pid=self.worker_pid, orphaned=self._orphaned, security=self.bus.security)
         if self.worker_pid:  # from now on the heartbeat thread reports the worker's death, then exits

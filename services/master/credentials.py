@@ -21,8 +21,15 @@ class AppCredentials:
 
     @classmethod
     def load(cls, signer_path: str, security: Security) -> AppCredentials:
-        """From the signing key's file; the account is the issuer of the master's own JWT."""
+        """From the signing key's file; the account is the issuer of the master's own JWT.
+        A master whose credential is a JWT (a server in operator mode) needs the key: the
+        server would refuse every app's processes a credential it did not issue."""
         if not signer_path:
+            if security.identity:
+                raise CredentialsError(
+                    f"--creds is the JWT of user {security.identity!r} (a secured cluster), so this master must "
+                    "issue each app's processes a credential: pass --app-signer FILE, the account signing key "
+                    f"(apps-signer.nk, written by `gearbus security init`; env {APP_SIGNER_ENV})")
             return cls()
         if not security.identity:
             raise CredentialsError("--app-signer needs the master's --creds to be a .creds file (a JWT of the "

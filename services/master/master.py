@@ -255,7 +255,8 @@ class Master(Service):
 
     async def shutdown(self) -> None:
         await self._leave_office()
-        await self.lease.release()
+        if self.lease is not None:  # None when setup failed before opening it
+            await self.lease.release()
 
     # --- application handlers --------------------------------------------------
 
@@ -464,7 +465,7 @@ class Master(Service):
         self.scheduler.release(msg.app_id, msg.worker_id, 1)
         self._reschedule()
         if msg.kind == ExecutorKind.APPMASTER:
-            reason = f"the AppMaster on worker {msg.worker_id} exited with code {msg.exit_code} before the app ended"
+            reason = f"the AppMaster on worker {msg.worker_id} {msg.exit_detail()} before the app ended"
             await self._act(self.lifecycles.appmaster_exited(msg.app_id, msg.attempt, msg.worker_id, reason))
 
     # --- appmasters --------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, WORKER_GONE_SIGNAL, encode_launch
+from services.worker.last_error import last_error_line
 from shared import subjects
 from shared.bus import RequestError, RequestTimeout, bad_request
 from shared.logging import configure
@@ -83,6 +84,7 @@ class Child:
     kind: str
     process: asyncio.subprocess.Process
     workdir: str
+    log_path: str
     attempt: int = 0  # an AppMaster's LaunchExecutor.attempt
 
     @property
@@ -183,7 +185,7 @@ class Worker(Service):
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         self.logs[f"{self.worker_id}/{log_name}"] = ProcessLog(msg.app_id, msg.executor_id, msg.kind, log_path)
-        child = Child(msg.app_id, msg.executor_id, msg.kind, process, workdir, msg.attempt)
+        child = Child(msg.app_id, msg.executor_id, msg.kind, process, workdir, log_path, msg.attempt)
         self.children[key] = child
         self.spawn(self._watch(child), f"watch-{child.label}")
         log.info("process_launched", app_id=msg.app_id, executor_id=msg.executor_id, kind=msg.kind, pid=process.pid)
@@ -222,10 +224,11 @@ class Worker(Service):
         code = await child.process.wait()
         self.children.pop((child.app_id, child.executor_id), None)
         shutil.rmtree(child.workdir, ignore_errors=True)
+        last_error = await asyncio.to_thread(last_error_line, child.log_path) if code else ""
         log.info("process_exited", app_id=child.app_id, executor_id=child.executor_id, kind=child.kind,
-                 exit_code=code)
+                 exit_code=code, last_error=last_error)
         stopped = ExecutorStopped(self.worker_id, child.app_id, child.executor_id, child.kind, code,
-                                  attempt=child.attempt)
+                                  last_error=last_error, attempt=child.attempt)
         if self.bus.nc.is_connected:
             await self.bus.publish(subjects.EXECUTOR_STOPPED, stopped)
             await self.bus.publish(subjects.appmaster_executor_stopped(child.app_id), stopped)

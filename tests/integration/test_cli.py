@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from gearbus.artifact import pack
 from shared.messages import AppState
 from tests.conftest import EXAMPLES, REPO
@@ -223,3 +225,13 @@ async def test_run_shows_progress_on_a_terminal_only(tmp_path):
     code, out, err = await gearbus("run", TICKER, "--output", str(tmp_path / "again.jsonl"), "--rate", "100",
                                    "--count", "300")
     assert code == 0 and "read " not in err and "sunk " not in err and not out
+
+
+@pytest.mark.parametrize("app", ["exits_on_import.py", "executors_cannot_load.py"])
+async def test_status_shows_why_a_process_of_the_app_exited_at_start(cluster, client, app):
+    """Not only its exit code: the last error line the process left (an AppMaster's, an executor's)."""
+    app_id = await client.submit(pack(os.path.join(APPS, app)), config={"appmaster_restarts": 0})
+    assert (await client.wait(app_id, timeout=60)).state == AppState.FAILED
+    code, out, err = await gearbus("status", "--nats", cluster.url, str(app_id))
+    assert code == 0, err
+    assert "exited with code" in out and "no model file at /data/model.bin" in out, out

@@ -234,3 +234,25 @@ async def test_master_info_lists_workers_and_slots(client):
     assert info.leader == "master-0" and info.masters == ["master-0"]
     assert sorted(w.worker_id for w in info.workers) == ["worker-0", "worker-1"]
     assert all(w.slots == 4 and w.slots_used == 0 and w.alive for w in info.workers)
+
+
+async def test_a_kill_during_submission_answers_the_submitter_conflict(cluster_factory):
+    """As docs/protocol.md says: the submission waits for a slot, the app is killed, and once
+    the wait ends the submitter learns its app was killed (not that it could not start)."""
+    made = cluster_factory(workers=0)
+    async with Client(made.url, timeout=60) as client:
+        submitting = asyncio.create_task(client.submit(pack(os.path.join(APPS, "endless.py"))))
+        async with asyncio.timeout(30):
+            while (app_id := await pending_app(client)) is None:
+                await asyncio.sleep(0.1)
+        await client.kill(app_id)
+        made.start_worker("worker-0")  # the slot the submission waited for
+        with pytest.raises(RemoteError) as killed:
+            await submitting
+        assert killed.value.code == ErrorCode.CONFLICT and not killed.value.retryable
+        assert killed.value.message == f"app {app_id} was killed while starting"
+        assert (await client.status(app_id)).state == AppState.TERMINATED
+
+
+async def pending_app(client: Client) -> int | None:
+    return next((app.app_id for app in await client.list() if app.state == AppState.PENDING), None)

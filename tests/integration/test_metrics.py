@@ -8,9 +8,10 @@ import os
 
 from gearbus.artifact import pack
 from shared.messages import AppState
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, REPO
 
 WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
+FAILING = os.path.join(REPO, "tests", "apps", "failing.py")
 LINES = 20_000
 
 
@@ -52,3 +53,14 @@ async def test_the_final_metrics_count_what_the_app_processed(client, tmp_path):
     for t in tasks.values():
         assert sum(t.batch_ms_buckets) > 0 and t.busy_ms > 0
         assert t.inbox_depth == 0 and t.backpressure_ms >= 0
+
+
+async def test_a_failed_app_counts_what_its_tasks_processed_before_the_failure(client):
+    """The task fails well before its executor's next heartbeat: the figures come with the failure."""
+    records = 500
+    app_id = await client.submit(pack(FAILING), [str(records - 1), str(records)])  # it fails on the last record
+    final = await client.wait(app_id, timeout=60)
+    assert final.state == AppState.FAILED and final.error.message == f"cannot handle record {records - 1}"
+    numbers, picky = final.processors
+    assert picky.records_in == records, final.processors
+    assert numbers.records_in == numbers.records_out == records, final.processors  # the same executor's source

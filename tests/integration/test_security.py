@@ -323,3 +323,35 @@ async def test_a_restart_from_a_savepoint_reads_the_old_apps_store_with_the_new_
         seen = await wait_for_ticks(client, ticks, max(read_ticks(ticks)) + 100, 30, watcher)
         await client.kill(second)
     assert sorted(seen) == list(range(max(seen) + 1)), "numbers lost or written twice across the restart"
+
+
+def run_master(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.master", *args], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+
+
+def log_events(output: str) -> list[dict]:
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+async def test_a_master_the_server_refuses_logs_why_and_exits_with_its_real_code(tmp_path):
+    secure = init(str(tmp_path / "security"))
+    stranger = init(str(tmp_path / "another"))  # a valid set of another operator
+    with LocalCluster(workers=0, masters=0, log_dir=str(tmp_path / "logs"), security=secure) as cluster:
+        done = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: run_master("--nats", cluster.url, *stranger.role_args("master")))
+    events = log_events(done.stderr)
+    assert done.returncode == 2, done.stderr
+    started = [e for e in events if e["event"] == "service_start_failed"]
+    assert len(started) == 1 and "refused the credential of 'master'" in started[0]["error"], done.stderr
+    assert [e["exit_code"] for e in events if e["event"] == "service_closed"] == [2], done.stderr
+    assert [e for e in events if e["level"] != "info"] == started, done.stderr  # nothing else went wrong
+
+
+def test_a_master_on_a_secured_cluster_without_an_app_signer_refuses_to_start(security_dir):
+    args = security_dir.role_args("master")
+    without_signer = args[:args.index("--app-signer")] + args[args.index("--app-signer") + 2:]
+    done = run_master("--nats", "nats://127.0.0.1:1", *without_signer)
+    assert done.returncode == 2, done.stderr
+    assert "--creds is the JWT of user 'master' (a secured cluster)" in done.stderr
+    assert "pass --app-signer FILE, the account signing key" in done.stderr
