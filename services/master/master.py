@@ -139,6 +139,7 @@ class Master(Service):
         self.scheduler = Scheduler()
         self._waiting_resources: dict[int, asyncio.Future] = {}  # by request arrival number
         self._submitters: dict[int, asyncio.Future] = {}  # app id -> the waiting submission's answer
+        self._launching: dict[int, asyncio.Task] = {}  # app id -> its AppMaster's launch under way
         self.lifecycles = lc.AppLifecycles(lc.Timeouts(
             register_s=appmaster_register_timeout, heartbeat_s=appmaster_timeout or worker_timeout,
             reconfirm_s=RECONFIRM_HEARTBEATS * heartbeat_interval))
@@ -247,11 +248,12 @@ class Master(Service):
                 future.set_exception(RequestError(ErrorCode.UNAVAILABLE, "the master lost the lead", True))
         self.apps, self.live, self.workers, self.scheduler = {}, {}, {}, Scheduler()
 
-    def _spawn_office_work(self, coro, name: str) -> None:
+    def _spawn_office_work(self, coro, name: str) -> asyncio.Task:
         """Background work of the leader only: cancelled when it steps down."""
         task = self.spawn(coro, name)
         self._office_tasks.add(task)
         task.add_done_callback(self._office_tasks.discard)
+        return task
 
     async def shutdown(self) -> None:
         await self._leave_office()
@@ -305,8 +307,11 @@ class Master(Service):
         for instruction in instructions:
             kind = type(instruction)
             if kind is lc.LaunchAppMaster:
-                self._spawn_office_work(self._launch(instruction), f"launch-appmaster-{instruction.app_id}")
+                self._launching[instruction.app_id] = self._spawn_office_work(
+                    self._launch(instruction), f"launch-appmaster-{instruction.app_id}")
             elif kind is lc.SetState:
+                if instruction.state in AppState.TERMINAL and (launch := self._launching.pop(instruction.app_id, None)):
+                    launch.cancel()  # an ended app gets no AppMaster, even once a slot frees
                 await self._set_state(instruction.app_id, instruction.state, instruction.error)
             elif kind is lc.StopAppProcesses:
                 await self._stop_app_processes(instruction.app_id, instruction.reason)
@@ -319,7 +324,8 @@ class Master(Service):
             elif kind is lc.AnswerSubmission:
                 answer = self._submitters.get(instruction.app_id)
                 if answer is not None and not answer.done():
-                    answer.set_exception(RequestError(instruction.code, instruction.error, True)) \
+                    answer.set_exception(RequestError(instruction.code, instruction.error,
+                                                      instruction.code == ErrorCode.UNAVAILABLE)) \
                         if instruction.error else answer.set_result(None)
 
     async def _launch(self, launch: lc.LaunchAppMaster) -> None:
@@ -331,8 +337,10 @@ class Master(Service):
             await self._save(record)
             worker_id = await self._launch_appmaster(record, launch.attempt, launch.avoid)
         except RequestError as exc:  # no slot, the worker refused, or this master lost the lease
+            self._launching.pop(launch.app_id, None)
             await self._act(self.lifecycles.launch_failed(launch.app_id, launch.attempt, exc.message))
             return
+        self._launching.pop(launch.app_id, None)
         log.info("appmaster_launched", app_id=launch.app_id, worker_id=worker_id, attempt=launch.attempt)
         await self._act(self.lifecycles.launched(launch.app_id, launch.attempt, worker_id, time.monotonic()))
 
