@@ -44,6 +44,7 @@ from gearbus.api.windows import (
     SessionWindows,
     WindowOperator,
     WindowResult,
+    window_limits,
 )
 from gearbus.connectors.files import CollectionSource, JsonLinesSink, JsonLinesSource, TextFileSource
 from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, JetStreamTransactionalSink, LoopThread, api,
@@ -389,13 +390,15 @@ class SparkPlan:
 
         def place(arrival):
             (value, ts, key), watermark = arrival[0], arrival[1]
+            complete, expired = window_limits(watermark, lateness)
             for window in assign(ts):
-                if window.end - 1 + lateness > watermark:  # not past its allowed lateness
-                    yield (key, window.start, window.end), (value, window.end - 1 <= watermark)
+                if window.end > expired:  # not past its allowed lateness
+                    yield (key, window.start, window.end), (value, window.end <= complete)
 
         def too_late(arrival):
             (_, ts, _), watermark = arrival[0], arrival[1]
-            return all(window.end - 1 + lateness <= watermark for window in assign(ts))
+            expired = window_limits(watermark, lateness)[1]
+            return all(window.end <= expired for window in assign(ts))
 
         late_sink = p["late_sink"]
         if late_sink is not None:
