@@ -3,7 +3,8 @@ wordcount, in the same run, both timed from command start (Spark session include
 
     python bench/spark.py [--lines 200000] [--repeat 3] [--master local[*]]
 
-Also prints the JetStream source's records/s into Spark and the sink's records/s back out.
+Also prints the JetStream source's records/s into Spark and the sink's records/s back out
+(bench/spark_jetstream.py).
 """
 
 from __future__ import annotations
@@ -90,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'hand-written RDD':<26}{statistics.median(theirs):>8.2f}{min(theirs):>8.2f}")
     print(f"ratio {ratio:.2f}x (target <= {TARGET_RATIO}x: {'meets' if ratio <= TARGET_RATIO else 'MISSES'}); "
           "outputs identical")
-    sys.path.insert(0, REPO)
-    from gearbus.connectors.spark_jetstream import measure_throughput
-    from gearbus.natsserver import NatsServer
+    from spark_jetstream import NatsServer, measure_throughput  # bench/, beside this file
 
     with NatsServer() as server:
         figures = measure_throughput(server.url, 100_000)

@@ -46,6 +46,7 @@ __all__ = [
     "WindowAssigner",
     "WindowOperator",
     "WindowResult",
+    "window_limits",
 ]
 
 EARLY = "early"
@@ -282,6 +283,16 @@ class _Pane:
         self.count = 0
 
 
+def window_limits(watermark: int, allowed_lateness_ms: int) -> tuple[float, float]:
+    """The lateness rule: under ``watermark``, a window with end <= the first limit is
+    complete (a record for it fires a LATE pane), and one with end <= the second is past
+    its allowed lateness (a record for it is dropped as late)."""
+    if watermark >= WATERMARK_MAX:
+        return inf, inf
+    fire_limit = watermark + 1
+    return fire_limit, fire_limit - allowed_lateness_ms
+
+
 class WindowOperator:
     """Keyed windowed aggregation driven by records and watermarks.
 
@@ -507,13 +518,8 @@ class WindowOperator:
         their allowed lateness. Kept as limits so each record costs one comparison.
         """
         self._watermark = watermark
-        if watermark >= WATERMARK_MAX:
-            fire_limit = expire_limit = inf
-        else:
-            fire_limit = watermark + 1
-            expire_limit = fire_limit - self.allowed_lateness_ms
-        self._fire_limit, self._expire_limit = fire_limit, expire_limit
-        return fire_limit, expire_limit
+        self._fire_limit, self._expire_limit = window_limits(watermark, self.allowed_lateness_ms)
+        return self._fire_limit, self._expire_limit
 
     def _add_to_window(self, key, window: Window, fold, item, weight: int, out: list) -> bool:
         """Fold ``item`` into (key, window); False when the window has expired."""

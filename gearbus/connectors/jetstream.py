@@ -93,33 +93,39 @@ async def stream_info(nc, stream: str) -> dict:
     return await api(nc, f"$JS.API.STREAM.INFO.{stream}")
 
 
-def stream_state(servers: str | list[str], stream: str, creds: str | None = None) -> dict:
-    """The stream's state (``messages``, ``first_seq``, ``last_seq``, ...), on a short-lived connection."""
+def on_connection(servers: str | list[str], work, creds: str | None = None, name: str = "gearbus-spark"):
+    """``await work(nc)`` on a short-lived connection of its own (with ``creds``), on a thread
+    of its own: callers may be inside a running event loop (the CLI's) or have none."""
     servers = servers.split(",") if isinstance(servers, str) else servers
 
     async def go():
-        nc = await connect(servers, creds=creds)
+        nc = await connect(servers, name=name, creds=creds)
         try:
-            return (await stream_info(nc, stream))["state"]
+            return await work(nc)
         finally:
             await nc.close()
 
-    return run_fresh(go())
+    thread = LoopThread(name)
+    try:
+        return thread.call(go())
+    finally:
+        thread.stop()
+
+
+def stream_state(servers: str | list[str], stream: str, creds: str | None = None) -> dict:
+    """The stream's state (``messages``, ``first_seq``, ``last_seq``, ...), on a short-lived connection."""
+
+    async def state(nc) -> dict:
+        return (await stream_info(nc, stream))["state"]
+
+    return on_connection(servers, state, creds)
 
 
 def ensure_stream(servers: str | list[str], stream: str, subjects: list[str],
                   duplicate_window_s: float = 120.0, storage: str = "file", creds: str | None = None) -> dict:
     """Create the stream if it does not exist (subjects, duplicate window); return its info."""
-    servers = servers.split(",") if isinstance(servers, str) else servers
-
-    async def go():
-        nc = await connect(servers, creds=creds)
-        try:
-            return await ensure_stream_async(nc, stream, subjects, duplicate_window_s, storage)
-        finally:
-            await nc.close()
-
-    return run_fresh(go())
+    return on_connection(servers, lambda nc: ensure_stream_async(nc, stream, subjects, duplicate_window_s, storage),
+                         creds)
 
 
 async def ensure_stream_async(nc, stream: str, subjects: list[str], duplicate_window_s: float, storage: str) -> dict:
@@ -227,21 +233,16 @@ class Publisher:
 def publish_messages(servers: str | list[str], subject: str, payloads: Iterable[bytes],
                      msg_ids: Iterable[str] | None = None) -> tuple[int, int]:
     """Publish payloads to a JetStream subject with acks; (stored, duplicates). For tests and benchmarks."""
-    servers = servers.split(",") if isinstance(servers, str) else servers
 
-    async def go():
-        nc = await connect(servers, name="gearbus-publish")
-        try:
-            pub = await Publisher(nc).open()
-            ids = iter(msg_ids) if msg_ids is not None else None
-            for data in payloads:
-                await pub.publish(subject, data, next(ids) if ids is not None else None)
-            await pub.drain()
-            return pub.published, pub.duplicates
-        finally:
-            await nc.close()
+    async def publish(nc) -> tuple[int, int]:
+        pub = await Publisher(nc).open()
+        ids = iter(msg_ids) if msg_ids is not None else None
+        for data in payloads:
+            await pub.publish(subject, data, next(ids) if ids is not None else None)
+        await pub.drain()
+        return pub.published, pub.duplicates
 
-    return run_fresh(go())
+    return on_connection(servers, publish, name="gearbus-publish")
 
 
 class LoopThread:

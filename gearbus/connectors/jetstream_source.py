@@ -13,7 +13,6 @@ import collections
 import datetime
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,26 +22,18 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gearbus.api.task import DataSource, Record, TaskContext, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
-from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, LoopThread, api, connect, servers_for,
-                                        stream_info)
+from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, LoopThread, api, connect, on_connection,
+                                        servers_for, stream_info)
+from gearbus.connectors.jetstream_reader import CONSUMER_INACTIVE_S, PullReader
 
 log = logging.getLogger(__name__)
 
 BUFFER_RECORDS = 8_192          # messages a source task holds ahead of the pipeline
-BUFFER_BYTES = 32 << 20         # ... and their bytes (exceeded by at most one message's max payload)
-PULL_EXPIRES_S = 30.0           # a pull request lingers this long on a caught-up stream
-HEARTBEAT_S = 2.0               # the server's idle heartbeat on an open pull request
-CONSUMER_INACTIVE_S = 300.0     # the server drops a reader's consumer this long after the reader went away
 PROBE_INTERVAL_S = 1.0          # while behind: how often to ask which quiet partitions got new messages
 PROBE_CONCURRENCY = 64
-RESET_RETRIES = 10              # consecutive consumer resets without a message before the source fails
 IDLE_TIMEOUT_MS = 1_000         # a live partition with nothing new stops holding the watermark after this
 LIVE_WAIT_S = 0.02              # idle_wait_s when caught up with the stream
 BEHIND_WAIT_S = 0.002           # ... and when more is on its way
-
-
-#: Statuses that end a pull request in the normal course of things.
-_REQUEST_ENDS = ("Request Timeout", "Batch Completed", "Message Size Exceeds MaxBytes")
 
 
 def _text(data: bytes) -> str:
@@ -52,13 +43,72 @@ def _text(data: bytes) -> str:
 _DECODERS: dict[str, Callable[[bytes], Any] | None] = {"json": json.loads, "text": _text, "bytes": None}
 
 
-def _decoder(decode) -> Callable[[bytes], Any] | None:
+def decoder(decode) -> Callable[[bytes], Any] | None:
     """The function that turns a message's bytes into a value (None: the bytes themselves)."""
     if callable(decode):
         return decode
     if decode not in _DECODERS:
         raise ValueError(f"decode must be one of {', '.join(map(repr, _DECODERS))} or a callable, got {decode!r}")
     return _DECODERS[decode]
+
+
+def partition_watermark(max_ts: dict[str, int], holding: list[str], max_out_of_orderness_ms: int) -> int:
+    """The watermark of partitions with newest timestamps ``max_ts``: the minimum over those
+    still ``holding`` it (with more to come) of their newest − ``max_out_of_orderness_ms``
+    − 1 (one not yet read: WATERMARK_MIN); when none holds it, the newest of all."""
+    delay = max_out_of_orderness_ms + 1
+    if holding:
+        return min(max_ts[s] - delay if s in max_ts else WATERMARK_MIN for s in holding)
+    return max(max_ts.values()) - delay
+
+
+async def publish_dead_letter(nc, dead_letter: str, stream: str, seq: int, subject: str, data: bytes,
+                              error: str) -> None:
+    """Republish a message that did not decode to ``dead_letter``, saying why and whence."""
+    await nc.publish(dead_letter, data, headers={
+        "Gearbus-Error": " ".join(error.split())[:1000],
+        "Gearbus-Source": f"{stream}/{seq}/{subject}",
+        "Nats-Msg-Id": f"gearbus-dead-letter/{stream}/{seq}",  # a replay does not store it twice
+    })
+
+
+def republish(servers: list[str], dead_letter: str, stream: str, items: list[tuple[int, str, bytes, str]],
+              creds: str | None = None) -> None:
+    """:func:`publish_dead_letter` each (seq, subject, data, error) on a connection of its own."""
+    if not items:
+        return
+
+    async def publish(nc) -> None:
+        for seq, subject, data, error in items:
+            await publish_dead_letter(nc, dead_letter, stream, seq, subject, data, error)
+        await nc.flush(timeout=API_TIMEOUT)
+
+    on_connection(servers, publish, creds, name="gearbus-dead-letter")
+
+
+async def _subjects(nc, stream: str, subject_filter: str) -> list[str]:
+    """The stream's concrete subjects matching a filter (paged as the server pages them)."""
+    found: list[str] = []
+    while True:
+        reply = await api(nc, f"$JS.API.STREAM.INFO.{stream}", {"subjects_filter": subject_filter,
+                                                                 "offset": len(found)})
+        page = list((reply["state"].get("subjects") or {}).keys())
+        found.extend(page)
+        if not page or len(found) >= reply.get("total", 0):
+            return found
+
+
+async def _sequence_before(nc, stream: str, when: datetime.datetime, subjects: list[str]) -> int:
+    """The last stream sequence before ``when``: the one a consumer started at that time
+    reports as delivered (no message is fetched)."""
+    jsm = nc.jsm()
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
+                            opt_start_time=when.astimezone(datetime.timezone.utc).isoformat(),
+                            ack_policy=AckPolicy.NONE, filter_subjects=subjects, mem_storage=True,
+                            inactive_threshold=CONSUMER_INACTIVE_S)
+    info = await jsm.add_consumer(stream, config, timeout=API_TIMEOUT)
+    await jsm.delete_consumer(stream, info.name)
+    return info.delivered.stream_seq
 
 
 def _servers(servers) -> list[str]:
@@ -110,14 +160,13 @@ class JetStreamSource(_Decoding, DataSource):
     i, i+N, ... Subjects that appear later are not read (a restored task keeps the subjects
     of its checkpoint).
 
-    A task reads its subjects in stream-sequence order through one ephemeral pull consumer
-    (``filter_subjects``, no acks, in memory), so its position is a single stream sequence:
-    the last one handed to the pipeline. The reader keeps one pull request open for at
-    most the free room of the buffer, so the buffer is bounded exactly and the stream is
-    read no faster than the pipeline drains it; a message is handed over as soon as it
-    arrives (nats-py's ``fetch`` waits for a full batch or its expiry: latency on a live
-    stream). A gap in the consumer's sequence, missing heartbeats or a lost consumer
-    start a new consumer right after the last sequence read, as ordered consumers do.
+    A task reads its subjects in stream-sequence order through one
+    :class:`~gearbus.connectors.jetstream_reader.PullReader` (one ephemeral pull consumer
+    over its subjects), so its position is a single stream sequence: the last one handed
+    to the pipeline. The reader keeps one pull request open for at most the free room of
+    the buffer, so the buffer is bounded exactly and the stream is read no faster than the
+    pipeline drains it; a message is handed over as soon as it arrives (nats-py's
+    ``fetch`` waits for a full batch or its expiry: latency on a live stream).
 
     ``start``: "first", "new" (what arrives after :meth:`open`), a stream sequence (int) or
     a ``datetime``. ``until``: None (never ends), "now" (ends after the last message in
@@ -151,7 +200,7 @@ class JetStreamSource(_Decoding, DataSource):
             raise ValueError(f"timestamp_fn {timestamp_fn!r} is not callable")
         if not isinstance(buffer_records, int) or buffer_records < 1:
             raise ValueError(f"buffer_records must be a positive integer, got {buffer_records!r}")
-        _decoder(decode)
+        decoder(decode)
         self.stream = stream
         self.subjects = [subjects] if isinstance(subjects, str) else list(subjects or [])
         self.start = start
@@ -171,33 +220,28 @@ class JetStreamSource(_Decoding, DataSource):
     def open(self, context: TaskContext) -> None:
         """Find this task's subjects and where to start and stop; reads nothing yet."""
         servers = servers_for(self.servers, context, f"read_jetstream({self.stream!r})")
-        self._decode = _decoder(self.decode)
+        self._decode = decoder(self.decode)
         self._name = f"jetstream source {self.stream}[{context.index}]"
-        self._lock = threading.Lock()
-        self._buffer: collections.deque = collections.deque()  # (seq, subject, data, stream ts ms)
-        self._buffered: collections.Counter = collections.Counter()  # subject -> messages in the buffer
-        self._buffered_bytes = 0
-        self._complete = False    # the buffer holds everything of the owned subjects in the stream (as of late)
-        self._exhausted = False   # bounded: nothing more will come
-        self._stream_last = 0     # the stream's last sequence, as last seen
         self._last_seq: dict[str, int] = {}  # subject -> its last sequence in the stream, as last probed
-        self._error: BaseException | None = None
-        self._reader = None
+        self._reader: PullReader | None = None
+        self._probing = None
         self._max_ts: dict[str, int] = {}
         self._active: dict[str, float] = {}
         self._watermark: int | None = None
         self._thread = LoopThread("jetstream-source")
         try:
             self._nc = self._thread.call(connect(servers, name="gearbus-jetstream-source", creds=self.creds))
-            self._owned, self._position, self._until, self._stream_last = self._thread.call(self._locate(context))
+            self._owned, self._position, self._until, self._stream_last = self._thread.call(
+                self.locate(self._nc, context.index, context.parallelism))
         except BaseException:
             self.close()
             raise
 
-    async def _locate(self, context: TaskContext) -> tuple[list[str], int, int | None, int]:
-        """This task's subjects, the sequence to read after, and the last one to read."""
+    async def locate(self, nc, index: int = 0, parallelism: int = 1) -> tuple[list[str], int, int | None, int]:
+        """Task ``index`` of ``parallelism``'s subjects, the sequence to read after, the last one
+        to read (None: no end) and the stream's last sequence now."""
         try:
-            info = await stream_info(self._nc, self.stream)
+            info = await stream_info(nc, self.stream)
         except JetStreamError as exc:
             if "not found" in str(exc):
                 raise JetStreamError(f"JetStream stream {self.stream!r} does not exist") from None
@@ -205,13 +249,13 @@ class JetStreamSource(_Decoding, DataSource):
         filters = self.subjects or info["config"].get("subjects") or [">"]  # a mirror has no subjects
         every: set[str] = set()
         for subject_filter in filters:
-            found = await self._subjects(subject_filter)
+            found = await _subjects(nc, self.stream, subject_filter)
             if not found:
                 configured = ", ".join(info["config"].get("subjects", []))
                 raise JetStreamError(f"stream {self.stream!r} has no messages on a subject matching "
                                      f"{subject_filter!r} (its subjects: {configured})")
             every.update(found)
-        owned = sorted(every)[context.index :: context.parallelism]
+        owned = sorted(every)[index::parallelism]
         last = info["state"]["last_seq"]
         until = last if self.until == "now" else self.until
         start = self.start
@@ -220,33 +264,10 @@ class JetStreamSource(_Decoding, DataSource):
         elif start == "new":
             position = last
         elif isinstance(start, datetime.datetime):
-            position = await self._sequence_before(start, owned) if owned else last
+            position = await _sequence_before(nc, self.stream, start, owned) if owned else last
         else:
             position = start - 1
         return owned, position, until, last
-
-    async def _subjects(self, subject_filter: str) -> list[str]:
-        """The stream's concrete subjects matching a filter (paged as the server pages them)."""
-        found: list[str] = []
-        while True:
-            reply = await api(self._nc, f"$JS.API.STREAM.INFO.{self.stream}",
-                              {"subjects_filter": subject_filter, "offset": len(found)})
-            page = list((reply["state"].get("subjects") or {}).keys())
-            found.extend(page)
-            if not page or len(found) >= reply.get("total", 0):
-                return found
-
-    async def _sequence_before(self, when: datetime.datetime, owned: list[str]) -> int:
-        """The last stream sequence before ``when``: the one a consumer started at that time
-        reports as delivered (no message is fetched)."""
-        jsm = self._nc.jsm()
-        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
-                                opt_start_time=when.astimezone(datetime.timezone.utc).isoformat(),
-                                ack_policy=AckPolicy.NONE, filter_subjects=owned, mem_storage=True,
-                                inactive_threshold=CONSUMER_INACTIVE_S)
-        info = await jsm.add_consumer(self.stream, config, timeout=API_TIMEOUT)
-        await jsm.delete_consumer(self.stream, info.name)
-        return info.delivered.stream_seq
 
     def snapshot(self) -> dict:
         return {"seq": self._position, "until": self._until, "subjects": list(self._owned),
@@ -275,15 +296,14 @@ class JetStreamSource(_Decoding, DataSource):
             thread.stop()
 
     async def _shutdown(self) -> None:
-        task = getattr(self, "_task", None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if self._probing is not None:
+            self._probing.cancel()
+            await asyncio.gather(self._probing, return_exceptions=True)
+        if self._reader is not None:
+            await self._reader.close()
         nc = getattr(self, "_nc", None)
         if nc is None or nc.is_closed:
             return
-        if self._reader is not None:
-            await self._drop_consumer()
         await nc.flush(timeout=API_TIMEOUT)  # dead letters on their way
         await nc.close()
 
@@ -294,27 +314,17 @@ class JetStreamSource(_Decoding, DataSource):
             return None
         if not self._owned:
             return []
-        if self._reader is None:
-            self._start_reader()
-        if self._error is not None:
-            raise self._error
-        with self._lock:
-            buffer = self._buffer
-            items = [buffer.popleft() for _ in range(min(max_records, len(buffer)))]
-            for item in items:
-                self._buffered[item[1]] -= 1
-                self._buffered_bytes -= len(item[2])
-            ended = self._exhausted and not buffer
-            room = self.buffer_records - len(buffer)
+        reader = self._reader or self._start_reader()
+        if reader.error is not None:
+            raise reader.error
+        items = reader.take(max_records)
         if not items:
-            return None if ended else []
-        if not self._requesting and room >= self._pull_threshold:
-            self._thread.loop.call_soon_threadsafe(self._wake.set)
+            return None if reader.finished else []
         last = items[-1][0]
         values, items = self._values(items, 2)
         fn = self.timestamp_fn
         if fn is None:
-            records = [new_record(Record, (v, item[3], None)) for v, item in zip(values, items)]
+            records = [new_record(Record, (v, item[3] // 1_000_000, None)) for v, item in zip(values, items)]
         else:
             records = [new_record(Record, (v, int(fn(v)), None)) for v in values]
         self._position = last
@@ -329,9 +339,12 @@ class JetStreamSource(_Decoding, DataSource):
     def idle_wait_s(self) -> float:
         if not getattr(self, "_owned", None):
             return 1.0
-        if self._error is not None or self._buffer:
+        reader = self._reader
+        if reader is None:
+            return BEHIND_WAIT_S
+        if reader.error is not None or reader.buffer:
             return 0.0
-        return LIVE_WAIT_S if self._complete else BEHIND_WAIT_S
+        return LIVE_WAIT_S if reader.complete else BEHIND_WAIT_S
 
     def watermark(self) -> int | None:
         """The minimum over this task's partitions of (the newest timestamp read there −
@@ -340,97 +353,56 @@ class JetStreamSource(_Decoding, DataSource):
         position (buffered, or known in the stream) or, on an unbounded stream, one that had
         a record in the last ``idle_timeout_ms``. When none may, the newest of them all.
         None until a record was read; it never goes back."""
-        if not self._max_ts:
-            return None
-        delay = self.max_out_of_orderness_ms + 1
+        if not self._max_ts or self._reader is None:
+            return self._watermark
+        reader = self._reader
         bounded = self._until is not None
         position, now, idle_after = self._position, time.monotonic(), self.idle_timeout_ms / 1000
-        with self._lock:
-            complete, buffered, last_seq = self._complete, self._buffered, self._last_seq
+        with reader.lock:
+            complete, buffered, last_seq = reader.complete, reader.buffered, self._last_seq
             holding = [subject for subject in self._owned
                        if buffered[subject] > 0
                        or (not complete and last_seq.get(subject, position + 1) > position)
                        or (not bounded and now - self._active.get(subject, now) < idle_after)]
-        if holding:
-            current = min(self._max_ts[s] - delay if s in self._max_ts else WATERMARK_MIN for s in holding)
-        else:
-            current = max(self._max_ts.values()) - delay
+        current = partition_watermark(self._max_ts, holding, self.max_out_of_orderness_ms)
         if self._watermark is None or current > self._watermark:
             self._watermark = current
         return self._watermark
 
     # --- the reader (the source's own thread and loop) ----------------------------------
 
-    def _start_reader(self) -> None:
-        self._fetched = self._position       # the last sequence put into the buffer
-        self._consumer: str | None = None
-        self._sub = None
-        self._requesting = False             # a pull request is open (one at a time: the buffer bound)
-        self._requests = 0
-        self._reply = ""                     # where the open request's statuses come
-        self._owed = 0                       # messages the open pull request may still deliver
-        self._cseq = 0                       # the consumer sequence of the last message
-        self._trouble: str | None = None     # why the consumer must be replaced
-        self._heard = time.monotonic()       # the last message or heartbeat
-        self._probed = 0.0
-        self._wake = asyncio.Event()         # room in the buffer, a request done, or trouble
-        self._pull_threshold = max(1, self.buffer_records // 2)
+    def _start_reader(self) -> PullReader:
         start = time.monotonic()
         self._active.update({subject: start for subject in self._owned})
-        self._reader = self._thread.submit(self._run())
+        self._reader = PullReader(self._nc, self.stream, self._owned, self._position, self._until, name=self._name,
+                                  max_records=self.buffer_records, stream_last=self._stream_last)
+        self._thread.submit(self._read_and_probe())
+        return self._reader
 
-    async def _run(self) -> None:
-        """Keep a pull request open while the buffer has room; start a new consumer when
-        the current one skipped messages, went silent or failed; give up (the next read
-        raises) after RESET_RETRIES attempts in a row that delivered nothing."""
-        self._task = asyncio.current_task()
-        failures = 0
-        try:
-            while not self._exhausted:
-                if self._cseq:  # the consumer delivered: past trouble is over
-                    failures = 0
-                if self._requesting and time.monotonic() - self._heard > 3 * HEARTBEAT_S:
-                    self._trouble = f"consumer {self._consumer} went silent"
-                if self._trouble:
-                    failures += 1
-                    if failures > RESET_RETRIES:
-                        raise JetStreamError(f"{self._name}: gave up after {RESET_RETRIES} attempts: {self._trouble}")
-                    log.warning("%s: %s; reading again after sequence %d", self._name, self._trouble, self._fetched)
-                    await asyncio.sleep(min(0.05 * 2 ** failures, 5.0) if failures > 1 else 0)
+    async def _read_and_probe(self) -> None:
+        self._probing = asyncio.create_task(self._probe_while_behind())
+        await self._reader.run()
+
+    async def _probe_while_behind(self) -> None:
+        """Learn each subject's last sequence now, then, on an endless stream while the
+        reader is behind, which quiet subjects got new messages since (for the watermark)."""
+        reader, subjects = self._reader, self._owned
+        while True:
+            if subjects:
                 try:
-                    if self._trouble or self._consumer is None:
-                        if not self._last_seq:
-                            await self._probe(self._owned)
-                        await self._new_consumer()
-                    if not self._requesting:
-                        await self._pull()
-                    if (self._until is None and not self._complete
-                            and time.monotonic() - self._probed > PROBE_INTERVAL_S):
-                        await self._probe(self._quiet())
-                    if self._until is not None and self._complete and self._stream_last < self._until:
-                        self._stream_last = (await stream_info(self._nc, self.stream))["state"]["last_seq"]
-                        with self._lock:
-                            self._set_complete(self._complete)
-                except (JetStreamError, nats.errors.Error) as exc:
-                    self._trouble = f"{type(exc).__name__}: {exc}"
-                    continue
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), PROBE_INTERVAL_S)
-                except TimeoutError:
-                    pass
-            await self._drop_consumer()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.error("%s: reading failed: %s", self._name, exc, exc_info=exc)
-            self._error = exc
+                    await self._probe(subjects)
+                except (JetStreamError, nats.errors.Error) as exc:  # the reader resets or fails on its own
+                    log.warning("%s: probing subjects: %s: %s", self._name, type(exc).__name__, exc)
+            if self._until is not None or reader.ended:
+                return
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            subjects = [] if reader.complete else self._quiet()
 
     def _quiet(self) -> list[str]:
         """Owned subjects with nothing known ahead of the read position."""
-        position = self._position
-        with self._lock:
-            return [s for s in self._owned if self._buffered[s] == 0 and self._last_seq.get(s, 0) <= position]
+        position, reader = self._position, self._reader
+        with reader.lock:
+            return [s for s in self._owned if reader.buffered[s] == 0 and self._last_seq.get(s, 0) <= position]
 
     async def _probe(self, subjects: list[str]) -> None:
         """Learn each subject's last sequence in the stream (for the watermark)."""
@@ -447,117 +419,11 @@ class JetStreamSource(_Decoding, DataSource):
                 return subject, reply["message"]["seq"]
 
         found = await asyncio.gather(*(last(s) for s in subjects))
-        with self._lock:
+        with self._reader.lock:
             self._last_seq.update(found)
-        self._probed = time.monotonic()
-
-    async def _new_consumer(self) -> None:
-        """A consumer (and inbox) that delivers the owned subjects after the last sequence read."""
-        await self._drop_consumer()
-        self._requesting, self._owed, self._cseq, self._trouble = False, 0, 0, None
-        inbox = None
-
-        async def deliver(msg) -> None:
-            if self._sub is inbox and not self._trouble:  # nothing from a consumer given up
-                self._on_message(msg)
-
-        self._inbox = self._nc.new_inbox()  # request n gets its statuses on <inbox>.n
-        inbox = self._sub = await self._nc.subscribe(self._inbox + ".*", cb=deliver)
-        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._fetched + 1,
-                                ack_policy=AckPolicy.NONE, filter_subjects=self._owned, mem_storage=True,
-                                num_replicas=1, inactive_threshold=CONSUMER_INACTIVE_S)
-        info = await self._nc.jsm().add_consumer(self.stream, config, timeout=API_TIMEOUT)
-        self._consumer = info.name
-        self._heard = time.monotonic()
-        with self._lock:
-            self._set_complete(info.num_pending == 0)
-
-    def _set_complete(self, complete: bool) -> None:
-        """Whether the buffer holds all the owned subjects have in the stream (under the
-        lock); a bounded source has ended once that is so and the stream reached ``until``
-        (later sequences may be another task's subjects)."""
-        self._complete = complete
-        self._exhausted = complete and self._until is not None and self._stream_last >= self._until
-
-    async def _drop_consumer(self) -> None:
-        if self._sub is not None:
-            sub, self._sub = self._sub, None
-            await sub.unsubscribe()
-        if self._consumer is not None:
-            name, self._consumer = self._consumer, None
-            try:
-                await self._nc.jsm().delete_consumer(self.stream, name)
-            except Exception as exc:  # gone already, or it expires on its own
-                log.debug("%s: deleting consumer %s: %s", self._name, name, exc)
-
-    async def _pull(self) -> None:
-        """Ask for as many messages as the buffer has room for (once it is half empty)."""
-        with self._lock:
-            room = self.buffer_records - len(self._buffer)
-            free_bytes = BUFFER_BYTES - self._buffered_bytes
-        if room < self._pull_threshold or free_bytes <= 0:
-            return
-        request = {"batch": room, "max_bytes": max(free_bytes, self._nc.max_payload),
-                   "expires": int(PULL_EXPIRES_S * 1e9), "idle_heartbeat": int(HEARTBEAT_S * 1e9)}
-        self._requests += 1
-        self._reply = f"{self._inbox}.{self._requests}"
-        self._requesting, self._owed = True, room
-        self._heard = time.monotonic()
-        await self._nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self._consumer}",
-                               json.dumps(request).encode(), reply=self._reply)
-
-    def _on_message(self, msg) -> None:
-        if not msg.reply:
-            self._on_status(msg)
-            return
-        tokens = msg.reply.split(".")
-        if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>
-            seq, cseq, ns, pending = int(tokens[5]), int(tokens[6]), int(tokens[7]), int(tokens[8])
-        else:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>...
-            seq, cseq, ns, pending = int(tokens[7]), int(tokens[8]), int(tokens[9]), int(tokens[10])
-        self._heard = time.monotonic()
-        if cseq != self._cseq + 1:
-            self._trouble = f"consumer {self._consumer} skipped from {self._cseq} to {cseq}"
-            self._wake.set()
-            return
-        self._cseq = cseq
-        self._owed -= 1
-        if self._owed <= 0:
-            self._requesting = False
-            self._wake.set()
-        if seq <= self._fetched:
-            return
-        with self._lock:
-            if self._until is not None and seq > self._until:
-                self._complete = self._exhausted = True
-                self._wake.set()
-                return
-            self._buffer.append((seq, msg.subject, msg.data, ns // 1_000_000))
-            self._buffered[msg.subject] += 1
-            self._buffered_bytes += len(msg.data)
-            self._set_complete(pending == 0)
-            self._fetched = seq
-
-    def _on_status(self, msg) -> None:
-        """A heartbeat, or the end of the open pull request (expired, complete or refused)."""
-        self._heard = time.monotonic()
-        headers = msg.headers or {}
-        status = headers.get("Status")
-        if status == "100" or msg.subject != self._reply:  # a heartbeat, or about a request already done
-            return
-        self._requesting, self._owed = False, 0
-        if headers.get("Description") not in _REQUEST_ENDS:
-            self._trouble = (f"consumer {self._consumer}: pull request ended with {status} "
-                             + " ".join(str(headers.get("Description", "")).split()))
-        self._wake.set()
 
     async def _republish(self, item: tuple, error: str) -> None:
-        seq, subject, data = item[0], item[1], item[2]
-        await self._nc.publish(self.dead_letter, data, headers={
-            "Gearbus-Error": " ".join(error.split())[:1000],
-            "Gearbus-Source": f"{self.stream}/{seq}/{subject}",
-            "Nats-Msg-Id": f"gearbus-dead-letter/{self.stream}/{seq}",  # a replay does not store it twice
-        })
+        await publish_dead_letter(self._nc, self.dead_letter, self.stream, item[0], item[1], item[2], error)
 
 
 class NatsSubjectSource(_Decoding, DataSource):
@@ -577,7 +443,7 @@ class NatsSubjectSource(_Decoding, DataSource):
             raise ValueError(f"subject must be a non-empty string, got {subject!r}")
         if not isinstance(buffer_records, int) or buffer_records < 1:
             raise ValueError(f"buffer_records must be a positive integer, got {buffer_records!r}")
-        _decoder(decode)
+        decoder(decode)
         self.subject = subject
         self.decode = decode
         self.queue = queue
@@ -588,7 +454,7 @@ class NatsSubjectSource(_Decoding, DataSource):
 
     def open(self, context: TaskContext) -> None:
         servers = servers_for(self.servers, context, f"read_nats({self.subject!r})")
-        self._decode = _decoder(self.decode)
+        self._decode = decoder(self.decode)
         self._name = f"nats source {self.subject}[{context.index}]"
         queue = self.queue or (f"gearbus.{context.app_name}.{context.processor_name}" if context.parallelism > 1
                                else "")

@@ -30,13 +30,11 @@ short-lived connection per call on a fresh event loop when they need stream info
 they connect inside the call, on their own event loop, and close before they return.
 Nothing holds a connection in ``__init__`` (it could not be pickled).
 
-Reading: each partition is a contiguous range of stream sequences read through its own
-ephemeral ordered consumer (deliver by start sequence, ack none, in memory), pulled with
-``$JS.API.CONSUMER.MSG.NEXT`` requests issued on one inbox subscription (several
-requests in flight); the sequence, consumer sequence, time stamp and pending count come
-from the reply subject, so no per-message API call is made. A gap in the consumer
-sequence (a dropped message) or a stall recreates the consumer from the last sequence
-read, so a partition yields each message of its range exactly once, in order.
+Reading: each partition is a contiguous range of stream sequences read through the
+JetStream pull reader the bus's source uses (:mod:`gearbus.connectors.jetstream_reader`:
+an ephemeral ordered consumer, several pull requests in flight on one inbox, a new
+consumer from the last sequence read after a gap or a stall), so a partition yields each
+message of its range exactly once, in order.
 
 Writing: plain publishes with a reply subject under one inbox (one wildcard
 subscription collects the acks), a bounded window of unacknowledged messages, and
@@ -52,8 +50,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,15 +78,14 @@ from gearbus.connectors.jetstream import (  # noqa: E402  (after the pyspark imp
     PUBLISH_WINDOW,
     JetStreamError,
     Publisher,
-    api,
     connect,
     dedup_id,
     ensure_stream,
-    publish_messages,
-    run_fresh,
+    on_connection,
     stream_info,
     stream_state,
 )
+from gearbus.connectors.jetstream_reader import PullReader  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +106,6 @@ DEFAULT_SERVERS = "nats://127.0.0.1:4222"
 CHUNK_ROWS = 10_000          # rows per Arrow batch handed to Spark
 PULL_BATCH = 2_000           # messages per MSG.NEXT pull request
 PULL_IN_FLIGHT = 4           # pull requests kept outstanding
-PULL_EXPIRES_S = 5.0         # a pull request's server-side expiry
-IDLE_S = 2.0                 # no message for this long: recreate the consumer from the last sequence
-STALL_S = 30.0               # no progress for this long: fail the task
 
 
 # --------------------------------------------------------------------------- options
@@ -184,227 +176,51 @@ def split_range(first: int, last: int, parts: int) -> list[SeqRange]:
     return [SeqRange(first + n * i // parts, first + n * (i + 1) // parts - 1) for i in range(parts)]
 
 
-def _parse_ack_reply(reply: str) -> tuple[int, int, int, int]:
-    """(stream seq, consumer seq, time stamp ns, pending) from a JetStream delivery's reply subject:
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` or the v2 form
-    with domain and account hash before the stream (and a random token at the end)."""
-    t = reply.split(".")
-    if len(t) == 9:
-        return int(t[5]), int(t[6]), int(t[7]), int(t[8])
-    return int(t[7]), int(t[8]), int(t[9]), int(t[10])
-
-
-class _RangeReader:
-    """Reads sequences ``first..last`` (inclusive) of a stream, optionally filtered by subject,
-    through an ephemeral ordered pull consumer; yields columns in chunks."""
-
-    def __init__(self, servers: list[str], stream: str, subject: str | None, first: int, last: int,
-                 chunk_rows: int = CHUNK_ROWS, pull_batch: int = PULL_BATCH, in_flight: int = PULL_IN_FLIGHT,
-                 creds: str | None = None):
-        self.servers, self.stream, self.subject, self.creds = servers, stream, subject, creds
-        self.first, self.last = first, last
-        self.chunk_rows, self.pull_batch = chunk_rows, pull_batch
-        self.max_outstanding = pull_batch * in_flight
-        self.nc = None
-        self.sub = None
-        self.consumer: str | None = None
-        self.gen = 0
-        self.seen = first - 1         # last stream sequence accepted
-        self.cseq = 0                 # last consumer sequence seen on the current consumer
-        self.outstanding = 0          # messages asked for and not yet received
-        self.pending = 0              # messages after `seen` the server knows of (matching the filter)
-        self.done = False
-        self.need_reset = False
-        self.wake = asyncio.Event()
-        self.received = 0             # messages received in total (progress marker)
-        self._clear()
-
-    def _clear(self):
-        self.seqs: list[int] = []
-        self.subjects: list[str] = []
-        self.datas: list[bytes] = []
-        self.stamps: list[int] = []
-
-    async def open(self) -> None:
-        self.nc = await connect(self.servers, name=f"gearbus-spark-read-{self.stream}", creds=self.creds)
-        await self._new_consumer()
-
-    async def _new_consumer(self) -> None:
-        await self._drop_consumer()
-        self.gen += 1
-        self.cseq = 0
-        self.outstanding = 0
-        self.need_reset = False
-        start = self.seen + 1
-        if start > self.last:
-            self._finish()
-            return
-        config = {"deliver_policy": "by_start_sequence", "opt_start_seq": start, "ack_policy": "none",
-                  "replay_policy": "instant", "mem_storage": True, "num_replicas": 1,
-                  "inactive_threshold": int(30e9), "max_waiting": 64}
-        if self.subject:  # one filter, or several comma-separated (JetStream's filter_subjects)
-            filters = self.subject.split(",")
-            if len(filters) == 1:
-                config["filter_subject"] = filters[0]
-            else:
-                config["filter_subjects"] = filters
-        inbox = self.nc.new_inbox()
-        gen = self.gen
-
-        async def on_msg(msg):
-            if gen == self.gen:
-                await self._on_msg(msg)
-
-        self.sub = await self.nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=1_000_000,
-                                           pending_bytes_limit=1 << 30)
-        self.inbox = inbox
-        info = await api(self.nc, f"$JS.API.CONSUMER.CREATE.{self.stream}",
-                          {"stream_name": self.stream, "config": config})
-        self.consumer = info["name"]
-        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
-        self.pending = int(info.get("num_pending", 0))
-        if self.pending == 0:
-            self._finish()
-            return
-        await self._request()
-
-    async def _drop_consumer(self) -> None:
-        if self.sub is not None:
-            try:
-                await self.sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - the connection may be gone; the consumer expires anyway
-                pass
-            self.sub = None
-        if self.consumer is not None:
-            name, self.consumer = self.consumer, None
-            try:
-                await api(self.nc, f"$JS.API.CONSUMER.DELETE.{self.stream}.{name}", timeout=2.0)
-            except Exception:  # noqa: BLE001 - inactive_threshold removes it
-                pass
-
-    async def _request(self) -> None:
-        want = min(self.pending, self.last - self.seen) - self.outstanding
-        while want > 0 and self.outstanding < self.max_outstanding:
-            n = min(self.pull_batch, want, self.max_outstanding - self.outstanding)
-            body = b'{"batch":%d,"expires":%d}' % (n, int(PULL_EXPIRES_S * 1e9))
-            await self.nc.publish(self.next_subject, body, reply=self.inbox)
-            self.outstanding += n
-            want -= n
-
-    def _finish(self) -> None:
-        self.done = True
-        self.wake.set()
-
-    async def _on_msg(self, msg) -> None:
-        if self.done or self.need_reset:
-            return
-        reply = msg.reply
-        if not reply:  # a status message: a pull request ended (404/408) or the consumer went away (409)
-            headers = msg.headers or {}
-            status = headers.get("Status", "")
-            if status == "100":
-                return
-            if status in ("404", "408"):
-                left = headers.get("Nats-Pending-Messages")
-                self.outstanding = max(0, self.outstanding - int(left)) if left else 0
-                await self._request()
-            else:
-                self.need_reset = True
-                self.wake.set()
-            return
-        sseq, cseq, stamp, pending = _parse_ack_reply(reply)
-        self.outstanding -= 1
-        self.received += 1
-        if cseq != self.cseq + 1:  # a message was dropped (slow consumer): start over from `seen`
-            self.need_reset = True
-            self.wake.set()
-            return
-        self.cseq = cseq
-        if sseq > self.last:
-            self._finish()
-            return
-        self.seqs.append(sseq)
-        self.subjects.append(msg.subject)
-        self.datas.append(msg.data)
-        self.stamps.append(stamp // 1000)
-        self.seen = sseq
-        self.pending = pending
-        if sseq >= self.last or pending == 0:
-            self._finish()
-            return
-        if len(self.seqs) >= self.chunk_rows:
-            self.wake.set()
-        if self.outstanding <= self.max_outstanding - self.pull_batch:
-            await self._request()
-
-    async def next_chunk(self) -> pa.RecordBatch | None:
-        """The next Arrow batch of rows, or None once the range is read."""
-        stalled_since = time.monotonic()
-        mark = self.received
-        while not self.done and len(self.seqs) < self.chunk_rows:
-            if self.need_reset:
-                await self._new_consumer()
-                continue
-            self.wake.clear()
-            try:
-                await asyncio.wait_for(self.wake.wait(), IDLE_S)
-            except TimeoutError:
-                if self.received != mark:  # slow, but messages come
-                    mark, stalled_since = self.received, time.monotonic()
-                    continue
-                if time.monotonic() - stalled_since > STALL_S:
-                    raise JetStreamError(f"reading stream {self.stream} sequences {self.seen + 1}..{self.last}: "
-                                         f"no message for {STALL_S:g} s") from None
-                # nothing came for a while: lost pull requests (a reconnect), a deleted consumer or
-                # deleted messages; a fresh consumer from `seen` + 1 sorts all of these out
-                await self._new_consumer()
-        if not self.seqs:
-            return None
-        batch = pa.RecordBatch.from_arrays([
-            pa.array(self.seqs, pa.int64()),
-            pa.array(self.subjects, pa.string()),
-            pa.array(self.datas, pa.binary()),
-            pa.array(self.stamps, pa.timestamp("us", tz="UTC")),
-        ], schema=ARROW_SCHEMA)
-        self._clear()
-        return batch
-
-    async def close(self) -> None:
-        if self.nc is None:
-            return
-        try:
-            await self._drop_consumer()
-        finally:
-            try:
-                await self.nc.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self.nc = None
-
-
 def read_range(servers: list[str], stream: str, subject: str | None, first: int, last: int,
                chunk_rows: int = CHUNK_ROWS, pull_batch: int = PULL_BATCH,
                creds: str | None = None) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of the messages with sequences ``first..last`` (inclusive), in order, each once.
-    Runs its own event loop, driven one chunk at a time by the caller (a Spark executor)."""
+    """Arrow batches of the messages with sequences ``first..last`` (inclusive), in order, each once,
+    read through a :class:`~gearbus.connectors.jetstream_reader.PullReader`. Runs its own event
+    loop, driven one chunk at a time by the caller (a Spark executor)."""
     if last < first:
         return
     loop = asyncio.new_event_loop()
-    reader = None
+    nc = reader = None
     try:
-        reader = _RangeReader(servers, stream, subject, first, last, chunk_rows, pull_batch, creds=creds)
+        nc = loop.run_until_complete(connect(servers, name=f"gearbus-spark-read-{stream}", creds=creds))
+        reader = PullReader(nc, stream, subject.split(",") if subject else [], first - 1, last,
+                            name=f"reading stream {stream} sequences {first}..{last}",
+                            max_records=chunk_rows + pull_batch * PULL_IN_FLIGHT, batch=pull_batch,
+                            in_flight=PULL_IN_FLIGHT, min_pull=pull_batch, follow=False)
         loop.run_until_complete(reader.open())
+        running = loop.create_task(reader.run())
         while True:
-            batch = loop.run_until_complete(reader.next_chunk())
-            if batch is None:
+            loop.run_until_complete(reader.wait_for(chunk_rows))
+            if reader.error is not None:
+                raise reader.error
+            items = reader.take(chunk_rows)
+            if not items:
+                loop.run_until_complete(running)
                 return
-            yield batch
+            yield _arrow(items)
     finally:
         try:
             if reader is not None:
                 loop.run_until_complete(reader.close())
+            if nc is not None:
+                loop.run_until_complete(nc.close())
         finally:
             loop.close()
+
+
+def _arrow(items: list[tuple]) -> pa.RecordBatch:
+    """Buffered messages ``(seq, subject, data, time stamp ns)`` as one batch of :data:`SCHEMA`."""
+    return pa.RecordBatch.from_arrays([
+        pa.array([item[0] for item in items], pa.int64()),
+        pa.array([item[1] for item in items], pa.string()),
+        pa.array([item[2] for item in items], pa.binary()),
+        pa.array([item[3] // 1000 for item in items], pa.timestamp("us", tz="UTC")),
+    ], schema=ARROW_SCHEMA)
 
 
 class _ReaderOptions:
@@ -536,13 +352,7 @@ class _WriterBase:
                 window_s = float(_option(options, "duplicate_window", 120))
                 info = ensure_stream(self.servers, str(stream), [self.subject], window_s, creds=self.creds)
             else:
-                async def get():
-                    nc = await connect(self.servers, creds=self.creds)
-                    try:
-                        return await stream_info(nc, str(stream))
-                    finally:
-                        await nc.close()
-                info = run_fresh(get())
+                info = on_connection(self.servers, lambda nc: stream_info(nc, str(stream)), self.creds)
             if int(info["config"].get("duplicate_window", 0)) <= 0:
                 raise JetStreamError(f"stream {stream} has no duplicate window: a replayed batch would be stored twice")
 
@@ -656,72 +466,3 @@ def register(spark) -> None:
     sc = spark.sparkContext
     sc.environment[PARALLELISM_ENV] = str(sc.defaultParallelism)
     spark.dataSource.register(JetStreamDataSource)
-
-
-# --------------------------------------------------------------------------- throughput
-
-
-def measure_throughput(url: str, n: int = 100_000, spark=None, payload_bytes: int = 100) -> dict:
-    """Records/s of the jetstream source into Spark (a batch read of ``n`` records materialised
-    with the noop sink) and of the sink back out (``n`` cached rows written to a stream), each
-    timed around its Spark action, after a small warm-up of both (so the figures exclude the
-    one-off start of Spark's Python workers). Creates streams with unique names on the server
-    at ``url``; prints and returns the figures."""
-    from pyspark.sql import SparkSession
-
-    if spark is None:
-        spark = SparkSession.getActiveSession()
-    if spark is None:  # Spark's Python workers must run this interpreter (it has nats-py and gearbus)
-        import sys
-
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        spark = (SparkSession.builder.master("local[*]").config("spark.ui.enabled", "false")
-                 .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-                 .getOrCreate())
-    register(spark)
-    tag = uuid.uuid4().hex[:8].upper()
-    src, out, warm = f"BENCH_IN_{tag}", f"BENCH_OUT_{tag}", f"BENCH_WARM_{tag}"
-    ensure_stream(url, src, [f"bench.in.{tag}"])
-    ensure_stream(url, out, [f"bench.out.{tag}"])
-    ensure_stream(url, warm, [f"bench.warm.{tag}"])
-    pad = b"x" * max(0, payload_bytes - 12)
-    publish_messages(url, f"bench.in.{tag}", (b"%012d" % i + pad for i in range(n)))
-
-    def source(end_seq=None):
-        reader = spark.read.format(FORMAT).option("servers", url).option("stream", src)
-        return reader.option("end_seq", end_seq).load() if end_seq else reader.load()
-
-    def sink(df, subject):
-        df.write.format(FORMAT).mode("append").option("servers", url).option("subject", subject).save()
-
-    source(min(n, 1000)).write.format("noop").mode("overwrite").save()  # warm-up: start the workers
-    sink(source(min(n, 1000)).select("data"), f"bench.warm.{tag}")
-
-    t0 = time.perf_counter()
-    source().write.format("noop").mode("overwrite").save()
-    read_s = time.perf_counter() - t0
-
-    rows = source().select("data").cache()
-    cached = rows.count()
-    t0 = time.perf_counter()
-    sink(rows, f"bench.out.{tag}")
-    write_s = time.perf_counter() - t0
-    rows.unpersist()
-    stored = int(stream_state(url, out)["messages"])
-    if cached != n or stored != n:
-        raise JetStreamError(f"throughput run lost records: {n} published, {cached} read, {stored} written")
-    result = {"records": n, "source_records_per_s": n / read_s, "sink_records_per_s": n / write_s,
-              "source_s": read_s, "sink_s": write_s}
-    print(f"jetstream -> spark: {n:,} records in {read_s:.2f} s = {n / read_s:,.0f} records/s; "
-          f"spark -> jetstream: {n:,} records in {write_s:.2f} s = {n / write_s:,.0f} records/s")
-    return result
-
-
-if __name__ == "__main__":  # python -m gearbus.connectors.spark_jetstream [N]
-    import sys
-    import tempfile
-
-    from gearbus.natsserver import NatsServer
-
-    with tempfile.TemporaryDirectory() as store, NatsServer(store_dir=store) as server:
-        measure_throughput(server.url, int(sys.argv[1]) if len(sys.argv) > 1 else 100_000)

@@ -16,7 +16,6 @@ a rerun stores nothing twice (within the stream's duplicate window).
 
 from __future__ import annotations
 
-import datetime
 import json
 import operator
 import os
@@ -44,11 +43,11 @@ from gearbus.api.windows import (
     SessionWindows,
     WindowOperator,
     WindowResult,
+    window_limits,
 )
 from gearbus.connectors.files import CollectionSource, JsonLinesSink, JsonLinesSource, TextFileSource
-from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, JetStreamTransactionalSink, LoopThread, api,
-                                        connect, dedup_id, run_fresh, stream_info)
-from gearbus.connectors.jetstream_source import JetStreamSource, _decoder
+from gearbus.connectors.jetstream import JetStreamError, JetStreamTransactionalSink, dedup_id, on_connection
+from gearbus.connectors.jetstream_source import JetStreamSource, decoder, partition_watermark, republish
 from shared.messages import AppError, AppState
 
 STEP_FAILURE = "gearbus step failure"
@@ -215,7 +214,8 @@ class SparkPlan:
             raise GraphError(f"step {step.name!r}: start=\"new\" reads only what arrives after the start, which a "
                              "bounded replay never sees; give start=\"first\", a stream sequence or a datetime")
         servers = self._servers(step, source.servers)
-        first, last = _on_nats(servers, lambda nc: _replay_range(nc, step.name, source), source.creds)
+        first, last = on_connection(servers, lambda nc: _replay_range(nc, step.name, source), source.creds,
+                                    name="gearbus-spark-plan")
         register(self.spark)
         reader = (self.spark.read.format(FORMAT).option("servers", ",".join(servers))
                   .option("stream", source.stream).option("start_seq", first).option("end_seq", last))
@@ -224,7 +224,7 @@ class SparkPlan:
         if source.subjects:
             reader = reader.option("subject", ",".join(source.subjects))
         rows = reader.load().select("subject", "seq", "data", F.unix_millis("timestamp")).rdd
-        decode = _decoder(source.decode)
+        decode = decoder(source.decode)
         stamp = _guard(step.name, source.timestamp_fn) if source.timestamp_fn is not None else None
 
         def decoded(partition):
@@ -255,7 +255,12 @@ class SparkPlan:
                       file=sys.stderr)
             if source.dead_letter:
                 dead = messages.filter(lambda m: m[1] is not None)
-                publish = _dead_letters(servers, source.stream, source.dead_letter, source.creds)
+                stream, dead_letter, creds = source.stream, source.dead_letter, source.creds
+
+                def publish(partition) -> None:
+                    republish(servers, dead_letter, stream, [(seq, subject, data, error)
+                                                             for subject, error, (seq, data), _ in partition], creds)
+
                 self.outputs.append(lambda: dead.foreachPartition(publish))
 
     def _subject_watermarks(self, stats, max_out_of_orderness_ms: int) -> list[int]:
@@ -272,7 +277,6 @@ class SparkPlan:
                 newest.setdefault(b, {})[subject] = ts
             last_index[subject] = max(last_index.get(subject, -1), index)
         by_end = sorted(last_index, key=last_index.get)
-        delay = max_out_of_orderness_ms + 1
         max_ts: dict[str, int] = {}
         watermark, ended, before = None, 0, []
         for b in range(max((key[0] for key, _ in stats), default=-1) + 1):
@@ -283,9 +287,7 @@ class SparkPlan:
                 ended += 1
             if not max_ts:
                 continue
-            holding = by_end[ended:]
-            current = (min(max_ts[s] - delay if s in max_ts else WATERMARK_MIN for s in holding) if holding
-                       else max(max_ts.values()) - delay)
+            current = partition_watermark(max_ts, by_end[ended:], max_out_of_orderness_ms)
             watermark = current if watermark is None else max(watermark, current)
         return before
 
@@ -389,13 +391,15 @@ class SparkPlan:
 
         def place(arrival):
             (value, ts, key), watermark = arrival[0], arrival[1]
+            complete, expired = window_limits(watermark, lateness)
             for window in assign(ts):
-                if window.end - 1 + lateness > watermark:  # not past its allowed lateness
-                    yield (key, window.start, window.end), (value, window.end - 1 <= watermark)
+                if window.end > expired:  # not past its allowed lateness
+                    yield (key, window.start, window.end), (value, window.end <= complete)
 
         def too_late(arrival):
             (_, ts, _), watermark = arrival[0], arrival[1]
-            return all(window.end - 1 + lateness <= watermark for window in assign(ts))
+            expired = window_limits(watermark, lateness)[1]
+            return all(window.end <= expired for window in assign(ts))
 
         late_sink = p["late_sink"]
         if late_sink is not None:
@@ -503,94 +507,24 @@ def _write_jsonl(data_sink: JsonLinesSink, rdd) -> None:
 
 
 async def _replay_range(nc, step: str, source: JetStreamSource) -> tuple[int, int]:
-    """The first and last stream sequence the bus source would read, as of now; the same
-    refusals as the bus (a missing stream, a subject filter without messages), and an
-    ``until`` past the stream's end, which the bus would wait for and a replay cannot."""
+    """The first and last stream sequence the bus source would read, as of now, found as the
+    bus finds them (the same refusals: a missing stream, a subject filter without messages),
+    and a refusal of an ``until`` past the stream's end, which the bus would wait for and a
+    replay cannot."""
     try:
-        info = await stream_info(nc, source.stream)
+        _, position, until, last = await source.locate(nc)
     except JetStreamError as exc:
-        if "not found" in str(exc):
-            raise JetStreamError(f"step {step!r}: JetStream stream {source.stream!r} does not exist") from None
-        raise
-    for subject_filter in source.subjects:
-        found = await api(nc, f"$JS.API.STREAM.INFO.{source.stream}", {"subjects_filter": subject_filter})
-        if not found["state"].get("subjects"):
-            configured = ", ".join(info["config"].get("subjects", []))
-            raise JetStreamError(f"step {step!r}: stream {source.stream!r} has no messages on a subject matching "
-                                 f"{subject_filter!r} (its subjects: {configured})")
-    last = info["state"]["last_seq"]
-    until = last if source.until == "now" else source.until
+        raise JetStreamError(f"step {step!r}: {exc}") from None
     if until > last:
         raise JetStreamError(f"step {step!r}: until={until} is past the end of stream {source.stream!r} (sequence "
                              f"{last}): the Spark runner replays what the stream holds and cannot wait for more")
-    if source.start == "first":
-        return 1, until
-    if isinstance(source.start, datetime.datetime):
-        return await _sequence_before(nc, source) + 1, until
-    return source.start, until
-
-
-async def _sequence_before(nc, source: JetStreamSource) -> int:
-    """The last stream sequence before ``source.start`` (a datetime), found as the bus finds
-    it: a consumer started at that time reports it as delivered."""
-    config = {"deliver_policy": "by_start_time",
-              "opt_start_time": source.start.astimezone(datetime.timezone.utc).isoformat(),
-              "ack_policy": "none", "mem_storage": True, "num_replicas": 1, "inactive_threshold": int(30e9)}
-    if source.subjects:
-        config["filter_subjects"] = source.subjects
-    info = await api(nc, f"$JS.API.CONSUMER.CREATE.{source.stream}", {"stream_name": source.stream, "config": config})
-    await api(nc, f"$JS.API.CONSUMER.DELETE.{source.stream}.{info['name']}")
-    return info["delivered"]["stream_seq"]
-
-
-def _on_nats(servers: list[str], work, creds: str | None = None):
-    """``work(nc)`` on a connection of its own (with the step's ``creds``), on a thread of its
-    own: the runner may be called inside a running event loop (the CLI's)."""
-
-    async def go():
-        nc = await connect(servers, name="gearbus-spark-plan", creds=creds)
-        try:
-            return await work(nc)
-        finally:
-            await nc.close()
-
-    thread = LoopThread("gearbus-spark-plan")
-    try:
-        return thread.call(go())
-    finally:
-        thread.stop()
+    return position + 1, until
 
 
 def _merge_stats(a, b):
     """Two (newest event time or None, last index, undecoded count) of a batch's subject, as one."""
     newest = b[0] if a[0] is None else a[0] if b[0] is None else max(a[0], b[0])
     return newest, max(a[1], b[1]), a[2] + b[2]
-
-
-def _dead_letters(servers: list[str], stream: str, subject: str, creds: str | None = None):
-    """A partition's undecoded messages republished to ``subject`` with the bus source's
-    headers (and its Nats-Msg-Id, so neither a rerun nor the bus stores one twice)."""
-
-    def publish(partition) -> None:
-        messages = list(partition)
-
-        async def go():
-            nc = await connect(servers, name="gearbus-spark-dead-letter", creds=creds)
-            try:
-                for source_subject, error, (seq, data), _ in messages:
-                    await nc.publish(subject, data, headers={
-                        "Gearbus-Error": " ".join(error.split())[:1000],
-                        "Gearbus-Source": f"{stream}/{seq}/{source_subject}",
-                        "Nats-Msg-Id": f"gearbus-dead-letter/{stream}/{seq}",
-                    })
-                await nc.flush(timeout=API_TIMEOUT)
-            finally:
-                await nc.close()
-
-        if messages:
-            run_fresh(go())
-
-    return publish
 
 
 def _apply(step: str, fn, *args):

@@ -14,7 +14,7 @@ import pytest
 from gearbus.api.graph import Processor
 from gearbus.api.task import TaskContext
 from gearbus.connectors.jetstream import JetStreamError, Publisher, connect, ensure_stream, run_fresh
-from gearbus.connectors import jetstream_source
+from gearbus.connectors import jetstream_reader
 from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSource
 
 N = 10_000
@@ -282,9 +282,9 @@ def test_the_buffer_holds_no_more_than_its_limit(nats_server):
     try:
         records = source.read(1)
         time.sleep(0.5)  # nobody reads: the reader must stop at the limit
-        assert len(source._buffer) == 300
+        assert len(source._reader.buffer) == 300
         while (got := source.read(7)) is not None:
-            assert len(source._buffer) <= 300
+            assert len(source._reader.buffer) <= 300
             records.extend(got)
             if not got:
                 time.sleep(source.idle_wait_s())
@@ -349,7 +349,7 @@ def test_a_lost_consumer_is_replaced_without_loss_or_duplicates(nats_server):
 
 
 def test_a_stream_that_goes_away_fails_the_read(nats_server, monkeypatch):
-    monkeypatch.setattr(jetstream_source, "RESET_RETRIES", 2)
+    monkeypatch.setattr(jetstream_reader, "RESET_RETRIES", 2)
     url = nats_server.url
     fill(url, 1000)
 

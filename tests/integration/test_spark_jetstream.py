@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from bench.spark_jetstream import measure_throughput
 from gearbus.connectors import jetstream
 from gearbus.connectors import spark_jetstream as sj
 from gearbus.natsserver import NatsServer
@@ -282,6 +283,6 @@ def test_sink_to_a_subject_no_stream_captures_fails_clearly_and_option_stream_cr
 
 
 def test_measure_throughput(spark, server):
-    result = sj.measure_throughput(server.url, N, spark)
+    result = measure_throughput(server.url, N, spark)
     assert result["records"] == N
     assert result["source_records_per_s"] > 0 and result["sink_records_per_s"] > 0
