@@ -1,0 +1,588 @@
+"""An application's life in its AppMaster: a state machine without I/O.
+
+The AppMaster's async shell feeds it events (slots allocated, an executor registered,
+heartbeating, stopped or lost with its worker, tasks deployed, a task finished, ended or
+failed, checkpoint acknowledgements, a savepoint asked for and written, a tick with the
+time) and carries out the instructions it returns. It never reads a clock, sleeps or
+touches NATS; it drives the checkpoint coordinator and passes the coordinator's actions on
+to the shell, so checkpoints, recovery and the app's end are decided in one place and
+tested without a network (dask's ``WorkerState``).
+
+The app moves through these phases (``_ALLOWED`` enforces the table)::
+
+    phase         event                                      -> phase         instructions
+    (new)         start (a fresh app)                        STARTING      RequestSlots
+    (new)         start (a relaunched AppMaster)             ADOPTING      AskExecutorsToRegister
+    STARTING      slots allocated                            STARTING      LaunchExecutor per slot
+    STARTING      every executor registered                  DEPLOYING     Deploy(epoch)
+    ADOPTING      every task hosted, or the window passed    DEPLOYING     Deploy | ROLLING_BACK (orphans)
+    DEPLOYING     deployed (tasks launched and started)      RUNNING       [ReportState(ACTIVE) the first time]
+    RUNNING       executor lost, recoverable task failure    ROLLING_BACK  Fence, StoreEpoch, RequestSlot
+    DEPLOYING       (or a deployment failed)                   (a new epoch; lost tasks get new executors)
+    ROLLING_BACK  more losses                                ROLLING_BACK  (placed too)
+    ROLLING_BACK  every lost task has a registered executor  DEPLOYING     Deploy(epoch)
+    RUNNING       every task finished                        ENDING        End(SUCCEEDED)
+    RUNNING       a savepoint with stop is written           ENDING        End(TERMINATED)
+    any           task failure, budget spent, no slot, ...   ENDING        End(FAILED, error)
+
+Every loss counts against the restart budget (``max_restarts``) and against its worker
+(``blacklist_after`` failures there and the worker is avoided). Losses while a rollback is
+under way join it; a loss while a deployment is under way starts a new epoch at once
+(the tasks of the older epoch are replaced, and its ``deployed`` report is ignored).
+Reports of an older epoch change nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from services.appmaster import checkpoints as cp
+from shared.messages import AppError, AppState, ErrorCode
+
+TaskKey = tuple[int, int]
+
+DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app survives
+DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": executor failures on one worker before avoiding it
+EXECUTOR_TIMEOUT_HEARTBEATS = 5  # an executor silent this many heartbeat intervals is lost (hung or host lost)
+MISSED_HEARTBEATS_LOGGED = 3  # after this many intervals of silence the shell warns once
+ADOPTION_WINDOW_HEARTBEATS = 2  # a relaunched AppMaster waits this long for the running executors
+STARTUP_TIMEOUT_S = 60.0  # a launched executor must register within this
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    ADOPTING = "adopting"
+    DEPLOYING = "deploying"
+    RUNNING = "running"
+    ROLLING_BACK = "rolling_back"
+    ENDING = "ending"
+
+
+_ALLOWED: dict[Phase, frozenset[Phase]] = {
+    Phase.STARTING: frozenset({Phase.DEPLOYING, Phase.ENDING}),
+    Phase.ADOPTING: frozenset({Phase.DEPLOYING, Phase.ROLLING_BACK, Phase.ENDING}),
+    Phase.DEPLOYING: frozenset({Phase.RUNNING, Phase.ROLLING_BACK, Phase.ENDING}),
+    Phase.RUNNING: frozenset({Phase.ROLLING_BACK, Phase.ENDING}),
+    Phase.ROLLING_BACK: frozenset({Phase.DEPLOYING, Phase.ROLLING_BACK, Phase.ENDING}),
+    Phase.ENDING: frozenset(),
+}
+
+
+# -- instructions: what the shell carries out -------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestSlots:
+    """Ask the master for ``count`` slots (at least one); then ``slots_allocated`` or ``fail``."""
+    count: int
+
+
+@dataclass(frozen=True)
+class RequestSlot:
+    """Ask for one slot for executor ``executor_id``, away from ``prefer_avoid`` if the
+    cluster allows, else away from ``avoid``; then ``slot_allocated`` or ``slot_failed``."""
+    executor_id: int
+    prefer_avoid: tuple[str, ...]
+    avoid: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchExecutor:
+    """Start executor ``executor_id`` on ``worker_id``; ``executor_launch_failed`` if that fails."""
+    executor_id: int
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class AskExecutorsToRegister:
+    """A relaunched AppMaster: the running executors are asked to register with it."""
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """Launch each executor's tasks in ``epoch`` (replacing older ones), restored from
+    ``restore`` (None: fresh), and start them all; then ``deployed`` or ``deploy_failed``."""
+    epoch: int
+    restore: cp.CheckpointMeta | None
+    assignments: tuple[tuple[int, tuple[TaskKey, ...]], ...]  # (executor id, its tasks)
+
+
+@dataclass(frozen=True)
+class StoreEpoch:
+    """Record the current epoch and restart count durably (a relaunched AppMaster goes on from them)."""
+    epoch: int
+    restarts: int
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Have ``worker_id`` kill executor ``executor_id``: it was declared lost (it may be hung)."""
+    executor_id: int
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReportState:
+    """Tell the master the app's state."""
+    state: str
+
+
+@dataclass(frozen=True)
+class AnswerSavepoint:
+    """Answer savepoint request ``request_id``: its checkpoint completed (``meta``, to be
+    written as the savepoint: then ``savepoint_written``), or it failed (``error``)."""
+    request_id: int
+    meta: cp.CheckpointMeta | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class End:
+    """The app's outcome is decided: send the final counters, report, stop the executors."""
+    state: str
+    error: AppError | None = None
+
+
+@dataclass(frozen=True)
+class Logged:
+    """Something the shell logs: ``event`` with ``data``."""
+    event: str
+    level: str
+    data: tuple[tuple[str, object], ...]
+
+
+Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | StoreEpoch | Fence
+               | ReportState | AnswerSavepoint | End | Logged | cp.Action)
+
+
+class Refused(Exception):
+    """A registration or heartbeat this AppMaster does not accept; ``code`` is an ErrorCode."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Executor:
+    """What the AppMaster knows of one executor."""
+    executor_id: int
+    worker_id: str
+    tasks: list[TaskKey] = field(default_factory=list)
+    registered: bool = False
+    lost: bool = False
+    suspect: bool = False  # lost with its worker perhaps: place its tasks elsewhere
+    launched_at: float | None = None  # launched by this AppMaster, not registered yet
+    last_heartbeat: float = 0.0
+    missed_logged: bool = False
+
+    @property
+    def live(self) -> bool:
+        return not self.lost
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the app's config says about its life."""
+    executors: int = 2
+    placement: str = "by_index"  # by_index: task i of every processor together; round_robin spreads them
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    blacklist_after: int = DEFAULT_BLACKLIST_AFTER
+    heartbeat_interval_s: float = 1.0
+
+
+class AppMasterState:
+    """One app's life as its AppMaster sees it; see the module docstring."""
+
+    def __init__(self, tasks: Iterable[TaskKey], coordinator: cp.CheckpointCoordinator, settings: Settings,
+                 epoch: int = 0, restarts: int = 0) -> None:
+        self.tasks: tuple[TaskKey, ...] = tuple(tasks)
+        self.coordinator = coordinator
+        self.settings = settings
+        self.epoch = epoch
+        self.restarts = restarts
+        self.phase: Phase | None = None
+        self.executors: dict[int, Executor] = {}
+        self.unfinished: set[TaskKey] = set(self.tasks)
+        self.blacklist: set[str] = set()
+        self.failures: collections.Counter[str] = collections.Counter()
+        self.outcome: End | None = None
+        self._restore: cp.CheckpointMeta | None = None  # what the next deployment restores
+        self._active_reported = False
+        self._adopt_until: float | None = None
+        self._savepoints: dict[int, tuple[int, bool]] = {}  # request id -> (first usable checkpoint id, stop)
+        self._written: dict[int, bool] = {}  # request id -> stop, for savepoints being written
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def live_executors(self) -> list[Executor]:
+        return [e for e in self.executors.values() if e.live]
+
+    @property
+    def running(self) -> bool:
+        return self.phase is Phase.RUNNING
+
+    @property
+    def ending(self) -> bool:
+        return self.phase is Phase.ENDING
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self, now: float, restore: cp.CheckpointMeta | None = None, adopt: bool = False) -> list[Instruction]:
+        """A fresh app (restored from ``restore``, a savepoint, if given), or a relaunched
+        AppMaster adopting the running executors and resuming from ``restore``."""
+        self._restore = restore
+        if adopt:
+            self.phase = Phase.ADOPTING
+            self._adopt_until = now + ADOPTION_WINDOW_HEARTBEATS * self.settings.heartbeat_interval_s
+            return [AskExecutorsToRegister()]
+        self.phase = Phase.STARTING
+        return [StoreEpoch(self.epoch, self.restarts), RequestSlots(max(1, min(self.settings.executors,
+                                                                               len(self.tasks))))]
+
+    def slots_allocated(self, workers: list[str], now: float) -> list[Instruction]:
+        """One executor per slot; tasks spread over them by the placement rule."""
+        if self.phase is not Phase.STARTING or self.executors or not workers:
+            return []
+        for worker in workers:
+            executor_id = len(self.executors)
+            self.executors[executor_id] = Executor(executor_id, worker, launched_at=now)
+        executors = list(self.executors.values())
+        for n, task in enumerate(sorted(self.tasks)):
+            index = task[1] if self.settings.placement == "by_index" else n
+            executors[index % len(executors)].tasks.append(task)
+        return [LaunchExecutor(e.executor_id, e.worker_id) for e in executors]
+
+    # -- executors -------------------------------------------------------------------------
+
+    def executor_registered(self, executor_id: int, worker_id: str, tasks: list[TaskKey], pid: int,
+                            now: float) -> list[Instruction]:
+        """An executor registers: one this AppMaster launched, or (while adopting) one of
+        the previous AppMaster's with the tasks it hosts. Raises Refused otherwise."""
+        executor = self.executors.get(executor_id)
+        if executor is None and self.phase is Phase.ADOPTING:
+            executor = self.executors[executor_id] = Executor(executor_id, worker_id, list(tasks))
+        if executor is None:
+            raise Refused(ErrorCode.NOT_FOUND, f"this app launched no executor {executor_id}")
+        if executor.lost:
+            raise Refused(ErrorCode.FENCED, f"executor {executor_id} was declared lost and replaced")
+        if executor.registered:
+            raise Refused(ErrorCode.CONFLICT, f"executor id {executor_id} is already registered (from worker "
+                                      f"{executor.worker_id}); duplicate from pid {pid} on worker {worker_id} refused")
+        executor.registered, executor.launched_at, executor.last_heartbeat = True, None, now
+        if self.phase is Phase.ADOPTING:
+            return self._adopted(now) if not self._unhosted() else []
+        return self._deploy_if_placed()
+
+    def executor_heartbeat(self, executor_id: int, now: float) -> bool:
+        """False for an executor this AppMaster does not know; Refused("fenced") for a lost one."""
+        executor = self.executors.get(executor_id)
+        if executor is None:
+            return False
+        if executor.lost:
+            raise Refused(ErrorCode.FENCED, f"executor {executor_id} was declared lost and replaced: stop")
+        executor.last_heartbeat, executor.missed_logged = now, False
+        return True
+
+    def executor_stopped(self, executor_id: int, worker_id: str, exit_detail: str, worker_gone: bool,
+                         now: float) -> list[Instruction]:
+        """Executor ``executor_id`` exited (``exit_detail``: how, e.g. "exited with code 1"), or
+        reported that its worker died (``worker_gone``)."""
+        executor = self.executors.get(executor_id)
+        if executor is None or self.phase is Phase.ENDING:
+            return []
+        if worker_gone:
+            return self._lost(executor, f"executor {executor_id} lost its worker {worker_id}", now, suspect=True)
+        return self._lost(executor, f"executor {executor_id} on worker {worker_id} {exit_detail}", now)
+
+    def worker_lost(self, worker_id: str, now: float) -> list[Instruction]:
+        return [i for e in list(self.executors.values()) if e.worker_id == worker_id and e.live
+                for i in self._lost(e, f"worker {worker_id} was lost", now, suspect=True)]
+
+    def slot_allocated(self, executor_id: int, worker_id: str, now: float) -> list[Instruction]:
+        executor = self.executors.get(executor_id)
+        if executor is None or executor.lost or self.phase is not Phase.ROLLING_BACK:
+            return []
+        executor.worker_id, executor.launched_at = worker_id, now
+        return [LaunchExecutor(executor_id, worker_id)]
+
+    def slot_failed(self, executor_id: int, reason: str) -> list[Instruction]:
+        executor = self.executors.get(executor_id)
+        if executor is None or executor.lost or self.phase is Phase.ENDING:
+            return []
+        return self._end(AppState.FAILED, AppError("RecoveryFailed", f"no slot for the lost tasks: {reason}",
+                                                   "recovery"))
+
+    def executor_launch_failed(self, executor_id: int, reason: str, now: float) -> list[Instruction]:
+        executor = self.executors.get(executor_id)
+        if executor is None or executor.lost or self.phase is Phase.ENDING:
+            return []
+        return self._lost(executor, f"starting executor {executor_id} on worker {executor.worker_id} failed: "
+                                    f"{reason}", now, suspect=True)
+
+    # -- deployment and tasks --------------------------------------------------------------
+
+    def deployed(self, epoch: int, now: float) -> list[Instruction]:
+        if epoch != self.epoch or self.phase is not Phase.DEPLOYING:
+            return []
+        self._enter(Phase.RUNNING)
+        actions: list[Instruction] = [Logged("app_running", "info", (("epoch", epoch),))]
+        if not self._active_reported:
+            self._active_reported = True
+            actions.append(ReportState(AppState.ACTIVE))
+        return actions + self._checkpointing(self.coordinator.start(now))
+
+    def deploy_failed(self, epoch: int, reason: str, now: float) -> list[Instruction]:
+        """An executor failed while tasks were being launched: roll back again."""
+        if epoch != self.epoch or self.phase is not Phase.DEPLOYING:
+            return []
+        return self._rollback(f"deploying epoch {epoch} failed: {reason}", "", "recovery", now)
+
+    def _deployed_epoch(self, epoch: int) -> bool:
+        """Whether a task's report of ``epoch`` is of the tasks this AppMaster deployed now."""
+        return epoch == self.epoch and self.phase in (Phase.DEPLOYING, Phase.RUNNING, Phase.ROLLING_BACK)
+
+    def task_finished(self, task: TaskKey, epoch: int) -> list[Instruction]:
+        if not self._deployed_epoch(epoch):
+            return []
+        self.unfinished.discard(task)
+        if self.unfinished:
+            return []
+        return [Logged("all_tasks_finished", "info", ())] + self._end(AppState.SUCCEEDED)
+
+    def task_failed(self, task: TaskKey, epoch: int, error: AppError, recoverable: bool, executor_id: int,
+                    now: float) -> list[Instruction]:
+        if not self._deployed_epoch(epoch):
+            return []
+        if not recoverable:
+            return self._end(AppState.FAILED, error)
+        if self.phase is Phase.ROLLING_BACK:  # the rollback under way covers it (one lost server fails many tasks)
+            return []
+        executor = self.executors.get(executor_id)
+        return self._rollback(f"task {task[0]}.{task[1]} failed: {error.message}",
+                              executor.worker_id if executor else "", f"task {task[0]}.{task[1]}", now)
+
+    def task_ended(self, task: TaskKey, epoch: int, now: float) -> list[Instruction]:
+        if not self._deployed_epoch(epoch):
+            return []
+        return self._checkpointing(self.coordinator.task_ended(task, now))
+
+    # -- checkpoints and savepoints --------------------------------------------------------
+
+    def checkpoint_acked(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int, ended: bool,
+                         now: float) -> list[Instruction]:
+        return self._checkpointing(self.coordinator.ack(checkpoint_id, epoch, task, size_bytes, ended, now))
+
+    def checkpoint_declined(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
+                            now: float) -> list[Instruction]:
+        return self._checkpointing(self.coordinator.decline(checkpoint_id, epoch, task, reason, now))
+
+    def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:
+        return self._checkpointing(self.coordinator.stored(checkpoint_id, now))
+
+    def checkpoint_store_failed(self, checkpoint_id: int, reason: str, now: float) -> list[Instruction]:
+        return self._checkpointing(self.coordinator.store_failed(checkpoint_id, reason, now))
+
+    def savepoint_requested(self, request_id: int, stop: bool, now: float) -> list[Instruction]:
+        """Checkpoint now; its completion answers the request. Raises Refused unless running."""
+        if self.phase is not Phase.RUNNING:
+            raise Refused(ErrorCode.UNAVAILABLE, "the app is not running: no savepoint now")
+        self._savepoints[request_id] = (self.coordinator.next_id, stop)
+        return self._checkpointing(self.coordinator.request(now))
+
+    def savepoint_written(self, request_id: int, ok: bool = True) -> list[Instruction]:
+        """The shell wrote (or failed to write) the savepoint of ``request_id``."""
+        stop = self._written.pop(request_id, False)
+        return self._end(AppState.TERMINATED) if ok and stop else []
+
+    def fail(self, error: AppError) -> list[Instruction]:
+        """Something the shell could not do (load the app, store the epoch, ...) ends the app."""
+        return self._end(AppState.FAILED, error) if self.phase is not Phase.ENDING else []
+
+    # -- time -----------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Instruction]:
+        """Deadlines (executor heartbeats and registrations, the adoption window) and the
+        checkpoint coordinator's clock."""
+        if self.phase is Phase.ENDING:
+            return []
+        actions: list[Instruction] = []
+        interval = self.settings.heartbeat_interval_s
+        for executor in list(self.executors.values()):
+            if executor.lost:
+                continue
+            if executor.launched_at is not None and now - executor.launched_at > STARTUP_TIMEOUT_S:
+                actions += self._lost(executor, f"executor {executor.executor_id} did not register within "
+                                                f"{STARTUP_TIMEOUT_S:g} s", now, suspect=True)
+            elif executor.registered:
+                silent = now - executor.last_heartbeat
+                if silent > EXECUTOR_TIMEOUT_HEARTBEATS * interval:
+                    actions += self._lost(executor, f"executor {executor.executor_id} on worker "
+                                                    f"{executor.worker_id} sent no heartbeat for {silent:.0f} s",
+                                          now, suspect=True)
+                elif silent > MISSED_HEARTBEATS_LOGGED * interval and not executor.missed_logged:
+                    executor.missed_logged = True
+                    actions.append(Logged("executor_heartbeat_missed", "warning",
+                                          (("executor_id", executor.executor_id), ("silent_s", round(silent, 1)))))
+            if self.phase is Phase.ENDING:
+                return actions
+        if self.phase is Phase.ADOPTING and now >= self._adopt_until:
+            actions += self._adopted(now)
+        if self.phase is Phase.RUNNING:
+            actions += self._checkpointing(self.coordinator.tick(now))
+        return actions
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise AssertionError if the state is inconsistent (run by the tests)."""
+        if self.phase in (Phase.DEPLOYING, Phase.RUNNING):
+            hosted = [t for e in self.live_executors() for t in e.tasks]
+            assert sorted(hosted) == sorted(self.tasks), f"tasks hosted {sorted(hosted)} != planned"
+            assert all(e.registered for e in self.live_executors()), "a deployed executor is not registered"
+        assert self.phase is Phase.ENDING or all(not e.tasks for e in self.executors.values() if e.lost), \
+            "a lost executor still hosts tasks"
+        assert self.unfinished <= set(self.tasks)
+        assert self.coordinator.epoch == self.epoch, (self.coordinator.epoch, self.epoch)
+        assert (self.outcome is not None) == (self.phase is Phase.ENDING)
+
+    # -- transitions ----------------------------------------------------------------------
+
+    def _enter(self, phase: Phase) -> None:
+        if self.phase is None or phase not in _ALLOWED[self.phase]:
+            raise AssertionError(f"app phase {self.phase} -> {phase} is not a transition")
+        self.phase = phase
+
+    def _unhosted(self) -> list[TaskKey]:
+        hosted = {t for e in self.live_executors() for t in e.tasks}
+        return [t for t in self.tasks if t not in hosted]
+
+    def _adopted(self, now: float) -> list[Instruction]:
+        """The adoption is over: the app goes on in this AppMaster's epoch (one above its
+        predecessor's); tasks nobody hosts get a new executor."""
+        self._adopt_until = None
+        orphans = self._unhosted()
+        actions: list[Instruction] = [Logged("app_adopted", "info", (
+            ("executors", len(self.live_executors())), ("orphaned_tasks", len(orphans)),
+            ("restore_checkpoint", self._restore.checkpoint_id if self._restore else 0), ("epoch", self.epoch))),
+            StoreEpoch(self.epoch, self.restarts)]
+        if not orphans:
+            self._enter(Phase.DEPLOYING)
+            return actions + [self._deployment()]
+        self._enter(Phase.ROLLING_BACK)
+        return actions + self._replace(orphans, set())
+
+    def _lost(self, executor: Executor, reason: str, now: float, suspect: bool = False) -> list[Instruction]:
+        """An executor is gone (or declared gone): fence it, then roll the app back."""
+        if executor.lost or self.phase is Phase.ENDING:
+            return []
+        executor.lost, executor.suspect, executor.launched_at = True, suspect, None
+        actions: list[Instruction] = [Logged("executor_lost", "error", (
+            ("executor_id", executor.executor_id), ("worker_id", executor.worker_id), ("reason", reason))),
+            Fence(executor.executor_id, executor.worker_id, reason)]
+        if self.phase in (Phase.STARTING, Phase.ADOPTING):
+            if self.phase is Phase.STARTING:  # still starting: the start-up fails instead
+                return actions + self._end(AppState.FAILED, AppError("ExecutorLost", reason,
+                                                                     f"executor {executor.executor_id}"))
+            executor.tasks = []  # its tasks are orphans: the adoption places them
+            return actions
+        return actions + self._rollback(reason, executor.worker_id, f"executor {executor.executor_id}", now)
+
+    def _count_failure(self, worker_id: str, reason: str, where: str) -> list[Instruction]:
+        """Count a failure on ``worker_id``; past the restart budget the app ends."""
+        self.restarts += 1
+        actions: list[Instruction] = []
+        if worker_id:
+            self.failures[worker_id] += 1
+            if self.failures[worker_id] >= self.settings.blacklist_after and worker_id not in self.blacklist:
+                self.blacklist.add(worker_id)
+                actions.append(Logged("worker_blacklisted", "warning",
+                                      (("worker_id", worker_id), ("failures", self.failures[worker_id]))))
+        if self.restarts > self.settings.max_restarts:
+            return actions + self._end(AppState.FAILED, AppError(
+                "RestartBudgetExhausted", f"{reason}; gave up after {self.settings.max_restarts} restarts", where))
+        return actions
+
+    def _rollback(self, reason: str, worker_id: str, where: str, now: float) -> list[Instruction]:
+        """Global recovery: a new epoch; lost executors' tasks get new executors; every task
+        restarts from the last completed checkpoint."""
+        actions = self._count_failure(worker_id, reason, where)
+        if self.phase is Phase.ENDING:
+            return actions
+        if self.phase is not Phase.ROLLING_BACK:
+            self.epoch += 1
+            actions += self._checkpointing(self.coordinator.restart(self.epoch, now))
+            self._restore = self.coordinator.latest()
+            self.unfinished = set(self.tasks)
+            actions.append(Logged("rolling_back", "warning", (
+                ("reason", reason), ("epoch", self.epoch), ("restarts", self.restarts),
+                ("restore_checkpoint", self._restore.checkpoint_id if self._restore else 0))))
+            self._enter(Phase.ROLLING_BACK)
+            actions.append(StoreEpoch(self.epoch, self.restarts))
+        avoid = {e.worker_id for e in self.executors.values() if e.lost and e.suspect and e.tasks}
+        for executor in self.executors.values():
+            if executor.lost:
+                executor.tasks = []
+        orphaned = self._unhosted()
+        return actions + (self._replace(orphaned, avoid) if orphaned else self._deploy_if_placed())
+
+    def _replace(self, tasks: list[TaskKey], avoid: set[str]) -> list[Instruction]:
+        """A new executor (id never used before) for ``tasks``, away from ``avoid``."""
+        executor_id = max(self.executors, default=-1) + 1
+        self.executors[executor_id] = Executor(executor_id, "", list(tasks))
+        return [RequestSlot(executor_id, tuple(sorted(self.blacklist | avoid)), tuple(sorted(self.blacklist)))]
+
+    def _deploy_if_placed(self) -> list[Instruction]:
+        """Deploy once every task has a registered, live executor."""
+        if self.phase not in (Phase.STARTING, Phase.ROLLING_BACK):
+            return []
+        if self._unhosted() or not all(e.registered for e in self.live_executors()):
+            return []
+        self._enter(Phase.DEPLOYING)
+        return [self._deployment()]
+
+    def _deployment(self) -> Deploy:
+        return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()))
+
+    def _checkpointing(self, actions: list[cp.Action]) -> list[Instruction]:
+        """Pass the coordinator's actions on; answer savepoints whose checkpoint ended, and
+        end the app when checkpoints keep failing."""
+        out: list[Instruction] = []
+        for action in actions:
+            out.append(action)
+            if isinstance(action, cp.NotifyComplete):
+                out += self._savepoints_ended(action.checkpoint_id, self.coordinator.latest(), "")
+            elif isinstance(action, cp.AbandonCheckpoint):
+                out += self._savepoints_ended(action.checkpoint_id, None, action.reason)
+            elif isinstance(action, cp.FailApplication):
+                out += self._end(AppState.FAILED, AppError("CheckpointsFailing", action.reason,
+                                                           "checkpoint coordinator"))
+        return out
+
+    def _savepoints_ended(self, checkpoint_id: int, meta: cp.CheckpointMeta | None,
+                          reason: str) -> list[Instruction]:
+        answers: list[Instruction] = []
+        for request_id, (first_id, stop) in list(self._savepoints.items()):
+            if checkpoint_id < first_id:
+                continue
+            del self._savepoints[request_id]
+            if meta is not None:
+                self._written[request_id] = stop
+                answers.append(AnswerSavepoint(request_id, meta))
+            else:
+                answers.append(AnswerSavepoint(request_id, error=f"the savepoint's checkpoint {checkpoint_id} "
+                                                                 f"failed: {reason}"))
+        return answers
+
+    def _end(self, state: str, error: AppError | None = None) -> list[Instruction]:
+        if self.phase is Phase.ENDING:
+            return []
+        self.phase = Phase.ENDING  # from any phase
+        self.outcome = End(state, error)
+        failed = [AnswerSavepoint(r, error=f"the app ended ({state})") for r in self._savepoints]
+        self._savepoints.clear()
+        return failed + [self.outcome]

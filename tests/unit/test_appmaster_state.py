@@ -1,0 +1,312 @@
+"""The AppMaster's state machine, without a network: events in, instructions out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.appmaster import checkpoints as cp
+from services.appmaster.state import (
+    AnswerSavepoint,
+    AppMasterState,
+    AskExecutorsToRegister,
+    Deploy,
+    End,
+    Fence,
+    LaunchExecutor,
+    Phase,
+    Refused,
+    ReportState,
+    RequestSlot,
+    RequestSlots,
+    Settings,
+    StoreEpoch,
+)
+from shared.messages import AppError, AppState
+
+SRC0, SRC1, SINK0, SINK1 = (0, 0), (0, 1), (1, 0), (1, 1)
+TASKS = [SRC0, SRC1, SINK0, SINK1]
+
+
+def machine(epoch: int = 0, max_restarts: int = 10, **kw) -> AppMasterState:
+    coordinator = cp.CheckpointCoordinator(TASKS, [SRC0, SRC1], interval_s=1, timeout_s=5, keep=2,
+                                           max_consecutive_failures=3, epoch=epoch)
+    return AppMasterState(TASKS, coordinator, Settings(max_restarts=max_restarts, **kw), epoch=epoch)
+
+
+def of(kind, instructions):
+    return [i for i in instructions if isinstance(i, kind)]
+
+
+def running(m: AppMasterState, now: float = 0) -> None:
+    assert of(RequestSlots, m.start(now)) == [RequestSlots(2)]
+    assert m.slots_allocated(["w1", "w2"], now) == [LaunchExecutor(0, "w1"), LaunchExecutor(1, "w2")]
+    assert m.executor_registered(0, "w1", [], 100, now) == []
+    [deploy] = m.executor_registered(1, "w2", [], 101, now)
+    assert deploy == Deploy(0, None, ((0, (SRC0, SINK0)), (1, (SRC1, SINK1))))  # task i of each together
+    assert ReportState(AppState.ACTIVE) in m.deployed(0, now)
+    assert m.phase is Phase.RUNNING
+    m.validate()
+
+
+def complete_checkpoint(m: AppMasterState, now: float) -> list:
+    [trigger] = of(cp.TriggerCheckpoint, m.tick(now))
+    out = []
+    for task in TASKS:
+        out += m.checkpoint_acked(trigger.checkpoint_id, m.epoch, task, 10, False, now)
+    [store] = of(cp.StoreCheckpoint, out)
+    return out + m.checkpoint_stored(store.meta.checkpoint_id, now)
+
+
+def rolled_back_to(m: AppMasterState, executor_id: int, worker: str, now: float) -> Deploy:
+    assert m.slot_allocated(executor_id, worker, now) == [LaunchExecutor(executor_id, worker)]
+    [deploy] = m.executor_registered(executor_id, worker, [], 200, now)
+    return deploy
+
+
+# -- starting -------------------------------------------------------------------------------
+
+def test_a_fresh_app_stores_its_epoch_gets_slots_launches_and_deploys_once_all_registered():
+    m = machine()
+    running(m)
+
+
+def test_round_robin_placement_spreads_the_tasks_of_a_processor():
+    for placement, expected in (("by_index", ((0, (SRC0, SINK0)), (1, (SRC1, SINK1)), (2, ()))),
+                                ("round_robin", ((0, (SRC0, SINK1)), (1, (SRC1,)), (2, (SINK0,))))):
+        m = machine(placement=placement, executors=3)
+        m.start(0)
+        m.slots_allocated(["w1", "w2", "w3"], 0)
+        m.executor_registered(0, "w1", [], 1, 0)
+        m.executor_registered(1, "w2", [], 1, 0)
+        [deploy] = m.executor_registered(2, "w3", [], 1, 0)
+        assert deploy.assignments == expected, placement
+
+
+def test_an_executor_lost_while_starting_fails_the_app():
+    m = machine()
+    m.start(0)
+    m.slots_allocated(["w1", "w2"], 0)
+    out = m.executor_stopped(1, "w2", "exited with code 1", False, 0)
+    [end] = of(End, out)
+    assert end.state == AppState.FAILED and end.error.error_type == "ExecutorLost"
+    assert of(Fence, out) == [Fence(1, "w2", "executor 1 on worker w2 exited with code 1")]
+
+
+def test_registrations_that_do_not_fit_are_refused_with_a_reason():
+    m = machine()
+    running(m)
+    with pytest.raises(Refused, match="already registered") as refused:
+        m.executor_registered(0, "w9", [], 7, 1)
+    assert refused.value.code == "conflict"
+    with pytest.raises(Refused) as refused:
+        m.executor_registered(9, "w1", [], 7, 1)
+    assert refused.value.code == "not_found"
+
+
+# -- recovery --------------------------------------------------------------------------------
+
+def test_a_lost_executor_is_fenced_and_the_app_rolls_back_to_the_last_checkpoint_elsewhere():
+    m = machine()
+    running(m)
+    complete_checkpoint(m, 1)
+    out = m.executor_stopped(1, "w2", "exited with code -9", True, 2)
+    assert of(Fence, out) == [Fence(1, "w2", "executor 1 lost its worker w2")]
+    assert of(StoreEpoch, out) == [StoreEpoch(1, 1)]
+    assert of(RequestSlot, out) == [RequestSlot(2, ("w2",), ())]
+    assert m.phase is Phase.ROLLING_BACK
+    deploy = rolled_back_to(m, 2, "w1", 2)
+    assert deploy.epoch == 1 and deploy.restore.checkpoint_id == 1
+    assert deploy.assignments == ((0, (SRC0, SINK0)), (2, (SRC1, SINK1)))
+    assert not of(ReportState, m.deployed(1, 3)) and m.phase is Phase.RUNNING  # ACTIVE was reported once
+    m.validate()
+
+
+def test_losses_during_a_rollback_join_it_and_a_loss_while_deploying_starts_a_new_epoch():
+    m = machine()
+    running(m)
+    m.executor_stopped(0, "w1", "exited with code 1", False, 1)
+    out = m.executor_stopped(1, "w2", "exited with code 1", False, 1)  # joins: no second epoch
+    assert m.epoch == 1 and not of(StoreEpoch, out) and of(RequestSlot, out) == [RequestSlot(3, (), ())]
+    m.slot_allocated(2, "w3", 1)
+    m.slot_allocated(3, "w4", 1)
+    assert m.executor_registered(2, "w3", [], 1, 1) == []
+    [deploy] = m.executor_registered(3, "w4", [], 1, 1)
+    assert deploy.epoch == 1
+    m.executor_stopped(2, "w3", "exited with code 1", False, 2)  # while deploying
+    assert m.epoch == 2 and m.phase is Phase.ROLLING_BACK
+    assert m.deployed(1, 2) == []  # the older epoch's report changes nothing
+    m.validate()
+
+
+def test_the_restart_budget_ends_the_app_and_a_worker_failing_often_is_avoided():
+    m = machine(max_restarts=2, blacklist_after=2)
+    running(m)
+    for epoch in (0, 1):
+        [deploy] = of(Deploy, m.task_failed(SRC0, epoch, AppError("E", "boom"), True, 0, 1))
+        assert deploy.epoch == epoch + 1
+        m.deployed(epoch + 1, 1)
+    assert m.blacklist == {"w1"}
+    [end] = of(End, m.task_failed(SRC0, 2, AppError("E", "boom again"), True, 0, 3))
+    assert end.state == AppState.FAILED and end.error.error_type == "RestartBudgetExhausted"
+    assert "boom again" in end.error.message
+
+
+def test_many_tasks_failing_at_once_cost_one_restart():
+    m = machine()
+    running(m)
+    m.executor_stopped(1, "w2", "exited with code 1", False, 1)
+    for task in TASKS:
+        assert m.task_failed(task, 1, AppError("E", "lost connection"), True, 0, 1) == []
+    assert m.restarts == 1 and m.epoch == 1
+
+
+def test_a_silent_executor_is_lost_after_five_heartbeats():
+    m = machine()
+    running(m)
+    m.executor_heartbeat(0, 4)
+    m.executor_heartbeat(1, 0.5)
+    assert not of(Fence, m.tick(5.4))
+    [fence] = of(Fence, m.tick(5.6))
+    assert fence.executor_id == 1 and "sent no heartbeat" in fence.reason
+    with pytest.raises(Refused) as refused:
+        m.executor_heartbeat(1, 6)
+    assert refused.value.code == "fenced"
+
+
+def test_a_task_failing_for_good_fails_the_app_with_its_error():
+    m = machine()
+    running(m)
+    error = AppError("ValueError", "bad record", "task 1.0")
+    assert m.task_failed(SINK0, 0, error, False, 0, 1) == [End(AppState.FAILED, error)]
+    assert m.task_failed(SINK1, 0, error, False, 1, 1) == []  # decided once
+
+
+# -- adoption -------------------------------------------------------------------------------
+
+def test_a_relaunched_appmaster_adopts_the_running_executors_and_deploys_at_once_when_all_are_back():
+    m = machine(epoch=4)
+    latest = cp.CheckpointMeta(7, 3, 0, 0, 0, tuple(TASKS), False)
+    assert m.start(0, restore=latest, adopt=True) == [AskExecutorsToRegister()]
+    assert m.executor_registered(0, "w1", [SRC0, SINK0], 1, 0.1) == []
+    out = m.executor_registered(1, "w2", [SRC1, SINK1], 1, 0.2)
+    assert of(Deploy, out) == [Deploy(4, latest, ((0, (SRC0, SINK0)), (1, (SRC1, SINK1))))]
+    assert of(StoreEpoch, out) == [StoreEpoch(4, 0)]
+
+
+def test_tasks_nobody_adopted_get_a_new_executor_when_the_window_passes():
+    m = machine(epoch=1)
+    m.start(0, adopt=True)
+    m.executor_registered(0, "w1", [SRC0, SINK0], 1, 0.1)
+    assert not of(RequestSlot, m.tick(1.9))
+    assert of(RequestSlot, m.tick(2.0)) == [RequestSlot(1, (), ())]
+    deploy = rolled_back_to(m, 1, "w2", 2)
+    assert deploy.assignments == ((0, (SRC0, SINK0)), (1, (SRC1, SINK1)))
+
+
+# -- the end ----------------------------------------------------------------------------------
+
+def test_the_app_succeeds_when_every_task_finished_in_the_current_epoch():
+    m = machine()
+    running(m)
+    for task in TASKS[:-1]:
+        assert m.task_finished(task, 0) == []
+    assert m.task_finished(SINK1, 5) == []  # another epoch's
+    assert of(End, m.task_finished(SINK1, 0)) == [End(AppState.SUCCEEDED)]
+    m.validate()
+
+
+def test_a_savepoint_with_stop_answers_with_its_checkpoint_then_terminates_the_app():
+    m = machine()
+    running(m)
+    with pytest.raises(Refused):
+        machine().savepoint_requested(1, False, 0)
+    out = m.savepoint_requested(41, True, 1)
+    [trigger] = of(cp.TriggerCheckpoint, out)
+    acks = []
+    for task in TASKS:
+        acks += m.checkpoint_acked(trigger.checkpoint_id, 0, task, 5, False, 1)
+    [store] = of(cp.StoreCheckpoint, acks)
+    [answer] = of(AnswerSavepoint, m.checkpoint_stored(store.meta.checkpoint_id, 1))
+    assert answer.request_id == 41 and answer.meta.checkpoint_id == trigger.checkpoint_id
+    assert m.savepoint_written(41) == [End(AppState.TERMINATED)]
+
+
+def test_a_savepoint_whose_checkpoint_fails_is_answered_with_the_reason():
+    m = machine()
+    running(m)
+    [trigger] = of(cp.TriggerCheckpoint, m.savepoint_requested(1, False, 1))
+    [answer] = of(AnswerSavepoint, m.checkpoint_declined(trigger.checkpoint_id, 0, SRC0, "too big", 1))
+    assert answer.meta is None and "too big" in answer.error
+
+
+# -- any ordering ----------------------------------------------------------------------------
+
+EXECUTORS = st.integers(0, 4)
+events = st.one_of(
+    st.tuples(st.just("allocated"), st.lists(st.sampled_from(["w1", "w2", "w3"]), min_size=1, max_size=3)),
+    st.tuples(st.just("registered"), EXECUTORS),
+    st.tuples(st.just("heartbeat"), EXECUTORS),
+    st.tuples(st.just("stopped"), EXECUTORS, st.booleans()),
+    st.tuples(st.just("worker_lost"), st.sampled_from(["w1", "w2", "w3"])),
+    st.tuples(st.just("slot"), EXECUTORS, st.sampled_from(["w1", "w2", "w3"])),
+    st.tuples(st.just("launch_failed"), EXECUTORS),
+    st.tuples(st.just("deployed"), st.integers(0, 3)),
+    st.tuples(st.just("deploy_failed"), st.integers(0, 3)),
+    st.tuples(st.just("finished"), st.sampled_from(TASKS), st.integers(0, 3)),
+    st.tuples(st.just("failed"), st.sampled_from(TASKS), st.integers(0, 3), st.booleans()),
+    st.tuples(st.just("tick"), st.floats(0, 3)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.booleans(), st.lists(events, max_size=50))
+def test_any_ordering_keeps_the_invariants(adopt, sequence):
+    """The invariants hold after every event; the app ends at most once; every
+    deployment hosts every task exactly once on registered executors; epochs only grow."""
+    m, now = machine(max_restarts=6), 0.0
+    m.start(now, adopt=adopt)
+    ends, epoch = 0, m.epoch
+    for kind, *args in sequence:
+        try:
+            if kind == "allocated":
+                out = m.slots_allocated(args[0], now)
+            elif kind == "registered":
+                executor = m.executors.get(args[0])
+                hosted = [TASKS[args[0] % 4]] if adopt and executor is None else []
+                out = m.executor_registered(args[0], executor.worker_id if executor else "w1", hosted, 1, now)
+            elif kind == "heartbeat":
+                m.executor_heartbeat(args[0], now)
+                out = []
+            elif kind == "stopped":
+                out = m.executor_stopped(args[0], "w1", "exited with code 1", args[1], now)
+            elif kind == "worker_lost":
+                out = m.worker_lost(args[0], now)
+            elif kind == "slot":
+                out = m.slot_allocated(args[0], args[1], now)
+            elif kind == "launch_failed":
+                out = m.executor_launch_failed(args[0], "refused", now)
+            elif kind == "deployed":
+                out = m.deployed(args[0], now)
+            elif kind == "deploy_failed":
+                out = m.deploy_failed(args[0], "refused", now)
+            elif kind == "finished":
+                out = m.task_finished(*args)
+            elif kind == "failed":
+                out = m.task_failed(args[0], args[1], AppError("E", "x"), args[2], 0, now)
+            else:
+                now += args[0]
+                out = m.tick(now)
+        except Refused:
+            out = []
+        m.validate()
+        assert m.epoch >= epoch
+        epoch = m.epoch
+        ends += len(of(End, out))
+        assert ends <= 1, "the app ended twice"
+        for deploy in of(Deploy, out):
+            assert deploy.epoch == m.epoch
+            hosted = sorted(t for _, tasks in deploy.assignments for t in tasks)
+            assert hosted == sorted(TASKS)
+            assert all(m.executors[e].registered and not m.executors[e].lost for e, _ in deploy.assignments)
