@@ -23,8 +23,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gearbus.api.task import DataSource, Record, TaskContext, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
-from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, LoopThread, api, connect, servers_for,
-                                        stream_info)
+from gearbus.connectors.jetstream import API_TIMEOUT, JetStreamError, api, connect, servers_for, stream_info
+from shared.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 

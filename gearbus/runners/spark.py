@@ -45,10 +45,11 @@ from gearbus.api.windows import (
     WindowResult,
 )
 from gearbus.connectors.files import CollectionSource, JsonLinesSink, JsonLinesSource, TextFileSource
-from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, JetStreamTransactionalSink, LoopThread, api,
-                                        connect, dedup_id, run_fresh, stream_info)
+from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, JetStreamTransactionalSink, api, connect,
+                                        dedup_id, run_fresh, stream_info)
 from gearbus.connectors.jetstream_source import JetStreamSource, _decoder
 from gearbus.runtime.windows import WindowOperator
+from shared.loop_thread import LoopThread
 from shared.messages import AppError, AppState
 
 STEP_FAILURE = "gearbus step failure"
