@@ -1,9 +1,16 @@
 """An application named like a framework package (gearbus, services, shared) cannot stand
 in for the framework on a real cluster: the command line and the ClusterRunner refuse it
 before anything is uploaded, the master refuses it from any client, and a zip that holds
-a framework package beside the app fails to load, naming it, instead of shadowing it."""
+a framework package beside the app fails to load, naming it, instead of shadowing it. A
+user's own ``services`` or ``shared`` folder where gearbus starts is not the framework's
+either: the roles start with the working directory off their import path."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
 
 import pytest
 
@@ -54,3 +61,19 @@ async def test_a_zip_holding_a_framework_package_fails_to_load_naming_it(client,
     assert summary.error.error_type == "ArtifactError", summary.error
     assert "artifact zip member 'shared/__init__.py'" in summary.error.message and CLASH in summary.error.message
     assert not (tmp_path / "out.jsonl").exists()
+
+
+async def test_user_folders_named_like_the_framework_where_gearbus_runs_stay_the_users(tmp_path):
+    project = tmp_path / "project"
+    for name in ("services", "shared"):
+        (project / name).mkdir(parents=True)
+        (project / name / "__init__.py").write_text("raise SystemExit('the user package shadowed the framework')\n")
+    (project / "numbers_app.py").write_text(APP)
+    gearbus_command = os.path.join(os.path.dirname(sys.executable), "gearbus")
+    process = await asyncio.create_subprocess_exec(
+        gearbus_command, "run", "--json", "numbers_app.py", "out.jsonl", cwd=project,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 90)
+    assert process.returncode == 0, err.decode()
+    assert json.loads(out)["state"] == AppState.SUCCEEDED
+    assert sorted(json.loads(line) for line in (project / "out.jsonl").read_text().splitlines()) == list(range(10))
