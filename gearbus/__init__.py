@@ -1,7 +1,7 @@
 """gearbus: Gearpump's architecture on NATS. What user applications import."""
 
 from gearbus.api.aggregators import AggregateFunction, Aggregator, Count, Fold, Mean, Reduce, Sum
-from gearbus.api.dsl import GroupedStream, Pipeline, Stream, WindowedStream
+from gearbus.api.dsl import GroupedStream, WindowedStream
 from gearbus.api.graph import Application, Graph, GraphError, Processor
 from gearbus.api.partitioners import (
     BroadcastPartitioner,
@@ -21,6 +21,7 @@ from gearbus.api.windows import (
     TumblingWindows,
     WindowResult,
 )
+from gearbus.connectors.dsl import Pipeline, Stream
 from gearbus.connectors.files import CollectionSource, CollectSink, JsonLinesSink, JsonLinesSource, TextFileSource
 
 __all__ = [

@@ -3,24 +3,30 @@ loading it back into an Application in the AppMaster and executor processes.
 
 An application module defines ``application(args: list[str])`` returning a DSL
 ``gearbus.Pipeline`` (planned here) or a low-level ``gearbus.Application``.
+
+User code never stands in for the framework's: an application named like a framework
+package (``gearbus``, ``services``, ``shared``) is refused, and the loader imports the
+application from its own file, directory or zip without putting anything on ``sys.path``
+ahead of the framework.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import contextlib
+import hashlib
 import importlib.util
 import io
 import os
 import sys
 import tempfile
 import zipfile
+import zipimport
 from dataclasses import dataclass
 
 from gearbus.api.dsl import Pipeline
 from gearbus.api.graph import Application
 from gearbus.planner import plan
+from shared.messages import FRAMEWORK_PACKAGES
 
 ENTRY_FUNCTION = "application"
 
@@ -30,6 +36,21 @@ MAX_ARTIFACT_BYTES = 256 << 20  # an application's code, zipped or inflated
 
 class ArtifactError(ValueError):
     """The application file or package cannot be used; the message says why."""
+
+
+def check_name(name: str, origin: str) -> None:
+    """Refuse an application whose module or package would clash with the framework's."""
+    if name in FRAMEWORK_PACKAGES:
+        raise ArtifactError(f"{origin}: the application name {name!r} clashes with gearbus's own package {name!r} "
+                            f"({', '.join(FRAMEWORK_PACKAGES)} are the framework's): rename the application")
+
+
+def package_init(path: str) -> str:
+    """The ``__init__.py`` of the package directory ``path``."""
+    init = os.path.join(path, "__init__.py")
+    if not os.path.exists(init):
+        raise ArtifactError(f"{path} is a directory but not a Python package (no __init__.py)")
+    return init
 
 
 @dataclass(frozen=True)
@@ -51,9 +72,9 @@ def pack(path: str | os.PathLike) -> Artifact:
     if not os.path.exists(path):
         raise ArtifactError(f"application file {path} does not exist")
     if os.path.isdir(path):
-        if not os.path.exists(os.path.join(path, "__init__.py")):
-            raise ArtifactError(f"{path} is a directory but not a Python package (no __init__.py)")
+        package_init(path)
         entry = os.path.basename(path)
+        check_name(entry, path)
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
             for root, dirs, files in os.walk(path):
@@ -64,8 +85,10 @@ def pack(path: str | os.PathLike) -> Artifact:
         return Artifact(buffer.getvalue(), "zip", entry)
     if not path.endswith(".py"):
         raise ArtifactError(f"{path} is not a Python file (.py) or package directory")
+    entry = os.path.splitext(os.path.basename(path))[0]
+    check_name(entry, path)
     with open(path, "rb") as f:
-        return Artifact(f.read(), "module", os.path.splitext(os.path.basename(path))[0])
+        return Artifact(f.read(), "module", entry)
 
 
 def call_application(module, args: list[str], origin: str) -> Pipeline | Application:
@@ -99,18 +122,32 @@ def build_application(module, args: list[str], origin: str, runner: str = "clust
 
 
 def import_file(path: str):
-    """Import a .py file as a module named after its stem (for the CLI's checks)."""
+    """Import a .py file as a module named after its stem."""
     name = os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
+    check_name(name, path)
+    return _import(name, importlib.util.spec_from_file_location(name, path), path)
+
+
+def import_package(path: str):
+    """Import a package directory as the package named after it, from there alone."""
+    name = os.path.basename(path)
+    check_name(name, path)
+    spec = importlib.util.spec_from_file_location(name, package_init(path), submodule_search_locations=[path])
+    return _import(name, spec, f"package {path}")
+
+
+def _import(name: str, spec, what: str):
+    """Run the module ``spec`` describes as ``name``. It is registered first (its own
+    submodules and pickles find it there); the framework's names never get this far."""
     if spec is None or spec.loader is None:
-        raise ArtifactError(f"cannot import {path}")
+        raise ArtifactError(f"cannot import {what}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
-        raise ArtifactError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise ArtifactError(f"importing {what} failed: {type(exc).__name__}: {exc}") from exc
     return module
 
 
@@ -133,15 +170,7 @@ def import_local(path: str):
     """Import a local .py file or package directory."""
     if not os.path.exists(path):
         raise ArtifactError(f"application file {path} does not exist")
-    if os.path.isdir(path):
-        sys.path.insert(0, os.path.dirname(path))
-        try:
-            module = importlib.import_module(os.path.basename(path))
-        except Exception as exc:
-            raise ArtifactError(f"importing package {path} failed: {type(exc).__name__}: {exc}") from exc
-    else:
-        module = import_file(path)
-    return module
+    return import_package(path) if os.path.isdir(path) else import_file(path)
 
 
 def unpack_artifact(data: bytes, kind: str, entry: str, workdir: str) -> str:
@@ -155,6 +184,7 @@ def unpack_artifact(data: bytes, kind: str, entry: str, workdir: str) -> str:
         raise ArtifactError(f"unknown artifact kind {kind!r}; expected 'module' or 'zip'")
     if not isinstance(entry, str) or not entry.isidentifier():
         raise ArtifactError(f"artifact entry {entry!r} is not a Python module name")
+    check_name(entry, f"artifact entry {entry!r}")
     if len(data) > MAX_ARTIFACT_BYTES:
         raise ArtifactError(f"artifact of {len(data)} bytes is larger than {MAX_ARTIFACT_BYTES}")
     if kind == "zip":
@@ -177,6 +207,8 @@ def _check_zip(data: bytes, entry: str) -> None:
         name = member.filename
         if name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/") or ":" in name:
             raise ArtifactError(f"artifact zip holds an unsafe name {name!r}")
+        top = name.replace("\\", "/").split("/")[0]
+        check_name(top.partition(".")[0], f"artifact zip member {name!r}")
     if f"{entry}/__init__.py" not in {m.filename for m in members}:
         raise ArtifactError(f"artifact zip has no package {entry!r} ({entry}/__init__.py)")
 
@@ -186,11 +218,7 @@ def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: 
     removes it) and build its Application."""
     path = unpack_artifact(data, kind, entry, workdir or tempfile.mkdtemp(prefix="gearbus-artifact-"))
     if kind == "zip":
-        sys.path.insert(0, path)
-        try:
-            module = importlib.import_module(entry)
-        except Exception as exc:
-            raise ArtifactError(f"importing package {entry} failed: {type(exc).__name__}: {exc}") from exc
+        module = _import(entry, zipimport.zipimporter(path).find_spec(entry), f"package {entry}")
     else:
         module = import_file(path)
     return build_application(module, args, f"application {entry}")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 from gearbus.natsserver import NatsCluster, NatsServer
 from gearbus.security import SecurityDir
+from shared.service import role_command
 
 
 def children_of(pid: int) -> list[int]:
@@ -63,7 +63,7 @@ class LocalCluster:
         servers = [option for url in self.urls for option in ("--nats", url)]
         if self.security:
             servers += self.security.role_args(role)
-        return subprocess.Popen([sys.executable, "-m", f"services.{role}", *args, *servers], stdout=log, stderr=log,
+        return subprocess.Popen([*role_command(f"services.{role}"), *args, *servers], stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL, env=env)
 
     def start_master(self, master_id: str = "master-0") -> subprocess.Popen:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gearbus.api.dsl import Pipeline, Step
 from gearbus.api.graph import Application, Graph, GraphError, Processor
 from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, Partitioner, ShufflePartitioner
-from gearbus.api.windows import GlobalWindows, WindowOperator
+from gearbus.api.windows import GlobalWindows
 from gearbus.runtime.chain import (
     ChainSourceTask,
     ChainTask,
@@ -31,6 +31,7 @@ from gearbus.runtime.chain import (
     WindowAggregateOp,
 )
 from gearbus.runtime.savepoints import stateful_steps
+from gearbus.runtime.windows import WindowOperator
 
 DEFAULT_COMBINE_KEYS = 100_000
 RUNNERS = ("test", "local", "cluster")

@@ -419,13 +419,18 @@ class Ack(Message):
 
 # --- client <-> master (app.*) ----------------------------------------------------
 
+#: The framework's own top-level packages. An application module or package of one of these
+#: names would shadow it, or be shadowed by it, in the processes that load the app, so
+#: SubmitApplication.entry may not be one (nor may a zip artifact hold one at its top level).
+FRAMEWORK_PACKAGES = ("gearbus", "services", "shared")
+
 
 class SubmitApplication(Message):
     """Submit an application whose artifact is already in the artifact object store."""
 
     name: str
     artifact: str  # object name in the gearbus_artifacts object store
-    entry: str  # module to import: the file's stem, or the package name
+    entry: str  # module to import: the file's stem, or the package name; not one of FRAMEWORK_PACKAGES
     artifact_kind: str = "module"  # "module" (one .py file) or "zip" (a zipped package)
     args: list[str] = dataclasses.field(default_factory=list)
     user: str = ""

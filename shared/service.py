@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from collections.abc import Coroutine, Sequence
 
 import structlog
@@ -119,3 +120,10 @@ def run_service(service: Service) -> int:
     except ImportError:
         return asyncio.run(service.run())
     return uvloop.run(service.run())
+
+
+def role_command(module: str) -> list[str]:
+    """The command that starts a role's process: ``python -P -m <module>``. ``-P`` keeps the
+    working directory off ``sys.path``: a user's own ``services`` or ``shared`` folder where
+    gearbus was started must not stand in for the framework's packages."""
+    return [sys.executable, "-P", "-m", module]

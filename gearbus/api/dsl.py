@@ -2,12 +2,16 @@
 named steps; the planner turns them into a processor DAG that every runner runs.
 
     p = Pipeline("wordcount")
-    (p.read_text(path)
+    (p.source(TextFileSource(path))
       .flat_map(str.split, name="split")
       .group_by(lambda w: w, name="by_word")
       .count(name="count")
       .map(lambda r: {"word": r.key, "count": r.value})
-      .write_jsonl(out))
+      .sink(JsonLinesSink(out)))
+
+These classes describe steps over any DataSource and DataSink; the named connector steps
+(``read_text``, ``write_jsonl``, ...) are added by :mod:`gearbus.connectors.dsl`, whose
+Pipeline is ``gearbus.Pipeline``: the api never imports a connector.
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ class Step:
 
 
 class Pipeline:
-    """A logical streaming graph. Build steps from :meth:`source` (or the read_*
-    helpers); every step gets a unique name, checked as it is added."""
+    """A logical streaming graph. Build steps from :meth:`source`; every step gets a
+    unique name, checked as it is added."""
 
     def __init__(self, name: str, config: dict[str, Any] | None = None, parallelism: int = 1):
         if not isinstance(parallelism, int) or parallelism < 1:
@@ -79,6 +83,10 @@ class Pipeline:
         self.steps.append(step)
         return step
 
+    def _stream_of(self, step: Step) -> Stream:
+        """The stream of ``step``'s records; a Pipeline that adds steps returns its own Stream."""
+        return Stream(self, step)
+
     # --- sources ----------------------------------------------------------------
 
     def source(self, data_source: DataSource, *, name: str | None = None, parallelism: int = 1,
@@ -100,64 +108,7 @@ class Pipeline:
             raise GraphError(f"source {name or default}: {exc}") from None
         step = self._add("source", name, [], timestamp_fn, parallelism, default=default, data_source=data_source,
                          watermarks=watermarks)
-        return Stream(self, step)
-
-    def read_text(self, path: str, **kwargs) -> Stream:
-        """Each line of a UTF-8 text file (without the newline) is one record."""
-        from gearbus.connectors.files import TextFileSource
-
-        return self._source(TextFileSource(path), "read_text", **kwargs)
-
-    def read_jsonl(self, path: str, **kwargs) -> Stream:
-        """Each line of a JSON Lines file, parsed, is one record."""
-        from gearbus.connectors.files import JsonLinesSource
-
-        return self._source(JsonLinesSource(path), "read_jsonl", **kwargs)
-
-    def from_collection(self, items: Iterable[Any], **kwargs) -> Stream:
-        """The items of a Python collection, in order."""
-        from gearbus.connectors.files import CollectionSource
-
-        return self._source(CollectionSource(items), "collection", **kwargs)
-
-    def read_jetstream(self, stream: str, subjects: str | list[str] | None = None, *, start="first", until=None,
-                       decode="json", timestamp_fn: Callable[[Any], int] | None = None,
-                       max_out_of_orderness_ms: int = 0, parallelism: int | None = None, name: str | None = None,
-                       servers: str | list[str] | None = None, dead_letter: str | None = None,
-                       creds: str | None = None) -> Stream:
-        """The messages of a JetStream stream (its subjects matching ``subjects``, spread
-        over the tasks), replayed exactly on recovery. ``start``: "first", "new", a stream
-        sequence or a datetime; ``until``: None (endless), "now" or a sequence. Messages
-        that do not decode go to ``dead_letter`` (a subject) instead of failing the task.
-        ``servers`` default to the cluster's NATS; ``creds``: the credential file to read
-        with on a secure cluster (the same path on every worker). Event time is
-        ``timestamp_fn(value)`` or the stream's timestamp; the watermark is kept per subject."""
-        from gearbus.connectors.jetstream_source import JetStreamSource
-
-        try:
-            source = JetStreamSource(stream, subjects, start=start, until=until, decode=decode,
-                                     timestamp_fn=timestamp_fn, max_out_of_orderness_ms=max_out_of_orderness_ms,
-                                     servers=servers, dead_letter=dead_letter, creds=creds)
-        except ValueError as exc:
-            raise GraphError(f"read_jetstream {name or stream!r}: {exc}") from None
-        # The source stamps its records and keeps the watermark; the step's own generator
-        # (same delay) only stands in before the first record.
-        return self._source(source, "read_jetstream", name=name,
-                            parallelism=self.parallelism if parallelism is None else parallelism,
-                            max_out_of_orderness_ms=max_out_of_orderness_ms)
-
-    def read_nats(self, subject: str, *, decode="json", queue: str | None = None, parallelism: int = 1,
-                  name: str | None = None, servers: str | list[str] | None = None, creds: str | None = None) -> Stream:
-        """The messages published on a core-NATS subject from now on: at-most-once (nothing
-        is kept while the task is down) and endless; event time is the arrival time.
-        ``creds`` as for :meth:`read_jetstream`."""
-        from gearbus.connectors.jetstream_source import NatsSubjectSource
-
-        try:
-            source = NatsSubjectSource(subject, decode=decode, queue=queue, servers=servers, creds=creds)
-        except ValueError as exc:
-            raise GraphError(f"read_nats {name or subject!r}: {exc}") from None
-        return self._source(source, "read_nats", name=name, parallelism=parallelism)
+        return self._stream_of(step)
 
 
 class Stream:
@@ -168,7 +119,7 @@ class Stream:
         self.step = step
 
     def _then(self, kind, name, fn=None, parallelism=None, default="", **params) -> Stream:
-        return Stream(self.pipeline, self.pipeline._add(kind, name, [self.step], fn, parallelism, default, **params))
+        return self.pipeline._stream_of(self.pipeline._add(kind, name, [self.step], fn, parallelism, default, **params))
 
     def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
         """Transform each value. A ``parallelism`` other than the input's starts a new
@@ -193,7 +144,7 @@ class Stream:
             if not isinstance(other, Stream) or other.pipeline is not self.pipeline:
                 raise GraphError(f"merge {name or ''}: can only merge streams of the same pipeline")
         step = self.pipeline._add("merge", name, [self.step] + [o.step for o in others])
-        return Stream(self.pipeline, step)
+        return self.pipeline._stream_of(step)
 
     def process(self, task_class: type[Task], parallelism: int | None = None, name: str | None = None,
                 **config) -> Stream:
@@ -208,26 +159,6 @@ class Stream:
             raise GraphError(f"sink {name or ''}: {data_sink!r} is not a gearbus DataSink")
         self._then("sink", name, None, parallelism, default=type(data_sink).__name__.removesuffix("Sink").lower(),
                    data_sink=data_sink)
-
-    def write_jsonl(self, path: str, name: str | None = None) -> None:
-        """Write each value as a JSON line to one file."""
-        from gearbus.connectors.files import JsonLinesSink
-
-        self._then("sink", name, None, 1, default="write_jsonl", data_sink=JsonLinesSink(path))
-
-    def write_jetstream(self, subject: str, *, stream: str | None = None, id_fn: Callable[[Any], Any] | None = None,
-                        name: str | None = None, servers: str | list[str] | None = None,
-                        creds: str | None = None) -> None:
-        """Publish each value as JSON to a JetStream subject, exactly once: what arrives
-        between checkpoints is published when its checkpoint completes, under message ids
-        from its position (or ``id_fn(value)``), deduplicated by the stream. ``stream``:
-        create that stream if missing. Runs in the tasks of the step before it. ``creds`` as
-        for :meth:`Pipeline.read_jetstream`."""
-        from gearbus.connectors.jetstream import JetStreamTransactionalSink
-
-        self._then("sink", name, None, None, default="write_jetstream",
-                   data_sink=JetStreamTransactionalSink(subject, stream=stream, id_fn=id_fn, servers=servers,
-                                                        creds=creds))
 
     def _needs_key(self, what: str):
         raise GraphError(f"{what} after step {self.step.name!r} needs a keyed stream: call group_by(...) first")

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
 from gearbus.api.partitioners import HashPartitioner, Partitioner
 from gearbus.api.task import DataSink, DataSource, Task
 from gearbus.api.watermarks import WatermarkGenerator
@@ -52,15 +53,11 @@ class Processor:
                watermarks: WatermarkGenerator | None = None, **config):
         """A source processor; ``watermarks`` defaults to in-order event time
         (BoundedOutOfOrderness(0))."""
-        from gearbus.runtime.tasks import DataSourceTask
-
         return cls(DataSourceTask, parallelism, name or type(data_source).__name__, config, data_source=data_source,
                    watermarks=watermarks)
 
     @classmethod
     def sink(cls, data_sink: DataSink, parallelism: int = 1, name: str | None = None, **config):
-        from gearbus.runtime.tasks import DataSinkTask
-
         return cls(DataSinkTask, parallelism, name or type(data_sink).__name__, config, data_sink=data_sink)
 
     @property

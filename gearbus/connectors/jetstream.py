@@ -20,6 +20,7 @@ from collections.abc import Iterable
 import nats
 
 from gearbus.api.task import DataSink, Record, TaskContext
+from shared.loop_thread import LoopThread
 from shared.security import ENV_CREDS, Security, nats_connect
 
 log = logging.getLogger(__name__)
@@ -243,30 +244,6 @@ def publish_messages(servers: str | list[str], subject: str, payloads: Iterable[
         return pub.published, pub.duplicates
 
     return on_connection(servers, publish, name="gearbus-publish")
-
-
-class LoopThread:
-    """An asyncio event loop on a daemon thread of its own. Connector methods are
-    synchronous and called on the executor's event loop, which must never wait on the
-    network, so each connector instance keeps its NATS connection on such a loop."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def call(self, coro):
-        """Run ``coro`` on the loop and wait for its result (never from the loop itself)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def submit(self, coro):
-        """Start ``coro`` on the loop without waiting (a concurrent.futures.Future)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
 
 
 class JetStreamTransactionalSink(DataSink):

@@ -22,9 +22,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gearbus.api.task import DataSource, Record, TaskContext, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
-from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, LoopThread, api, connect, on_connection,
+from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, api, connect, on_connection,
                                         servers_for, stream_info)
 from gearbus.connectors.jetstream_reader import CONSUMER_INACTIVE_S, PullReader
+from shared.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass, field
 
 from gearbus.api.graph import Application
+from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import Record, Task, TaskContext, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import NO_BARRIER, End, Flush, Frame, Snapshot, TaskCore
-from gearbus.runtime.tasks import DataSourceTask
 from shared import values
 from shared.messages import AppError
 

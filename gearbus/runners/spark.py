@@ -41,13 +41,12 @@ from gearbus.api.windows import (
     Accumulation,
     GlobalWindows,
     SessionWindows,
-    WindowOperator,
     WindowResult,
-    window_limits,
 )
 from gearbus.connectors.files import CollectionSource, JsonLinesSink, JsonLinesSource, TextFileSource
 from gearbus.connectors.jetstream import JetStreamError, JetStreamTransactionalSink, dedup_id, on_connection
 from gearbus.connectors.jetstream_source import JetStreamSource, decoder, partition_watermark, republish
+from gearbus.runtime.windows import WindowOperator, window_limits
 from shared.messages import AppError, AppState
 
 STEP_FAILURE = "gearbus step failure"

@@ -1,2 +1,2 @@
-"""The engine both the executor and the TestRunner drive: the I/O-free task core, the
-source and sink tasks, chained operators and their state."""
+"""The engine both the executor and the TestRunner drive: the I/O-free task core,
+chained operators, window operators and their state."""

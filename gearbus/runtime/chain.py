@@ -12,11 +12,11 @@ import copy
 import traceback
 from operator import itemgetter
 
+from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import Record, Task, new_record
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.api.windows import WindowOperator
-from gearbus.runtime.tasks import DataSourceTask
+from gearbus.runtime.windows import WindowOperator
 from shared.messages import AppError
 from shared.values import ValueTypeError
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from gearbus.api.graph import Application, Processor
+from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
 from gearbus.api.task import Task
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
-from gearbus.runtime.tasks import DataSinkTask, DataSourceTask
 
 
 class SavepointMismatch(ValueError):

@@ -10,9 +10,9 @@ import signal
 import structlog
 
 from gearbus.api.graph import Application
+from gearbus.api.io_tasks import DataSourceTask
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
-from gearbus.runtime.tasks import DataSourceTask
 from services.checkpoint_store import CheckpointStore
 from services.executor.heartbeat import Heartbeat
 from services.executor.outputs import DataPlaneConfig

@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import structlog
 
-from gearbus.connectors.jetstream import LoopThread
 from shared.bus import Bus, RequestError
+from shared.loop_thread import LoopThread
 from shared.messages import ErrorCode, ExecutorHeartbeat, Message
 from shared.security import Security
 

@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from gearbus.api.graph import Application
+from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import DataPlaneError, End, Flush, Grant, Snapshot, TaskCore
-from gearbus.runtime.tasks import DataSourceTask
 from services.executor.frames import Frame, FrameReader, decode_credit, encode_credit
 from services.executor.outputs import DataPlaneConfig, Outputs
 from services.histogram import Histogram

@@ -26,6 +26,7 @@ from shared import digests, subjects
 from shared.bus import JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout, bad_request, not_found, ride_out
 from shared.logging import configure
 from shared.messages import (
+    FRAMEWORK_PACKAGES,
     PROTOCOL_VERSION,
     Allocation,
     AppDag,
@@ -269,6 +270,9 @@ class Master(Service):
             raise bad_request(f"SubmitApplication.artifact_kind must be 'module' or 'zip', got {msg.artifact_kind!r}")
         if not msg.entry.isidentifier():
             raise bad_request(f"SubmitApplication.entry must be a Python module name, got {msg.entry!r}")
+        if msg.entry in FRAMEWORK_PACKAGES:
+            raise bad_request(f"SubmitApplication.entry {msg.entry!r} clashes with gearbus's own package {msg.entry!r} "
+                              f"({', '.join(FRAMEWORK_PACKAGES)} are the framework's): rename the application")
         store = await self.bus.js.object_store(subjects.ARTIFACT_BUCKET)
         try:
             info = await store.get_info(msg.artifact)

@@ -41,7 +41,7 @@ from shared.messages import (
 )
 from shared.nats_jwt import CredentialsError
 from shared.security import SECURITY_ENV, Security, add_arguments
-from shared.service import Service, run_service
+from shared.service import Service, role_command, run_service
 
 log = structlog.get_logger()
 
@@ -158,7 +158,7 @@ class Worker(Service):
         if len(self.children) >= self.slots:
             raise RequestError("unavailable", f"worker {self.worker_id} has no free slot", retryable=True)
         module = "services.appmaster" if msg.kind == ExecutorKind.APPMASTER else "services.executor"
-        argv = [sys.executable, "-m", module]
+        argv = role_command(module)
         for url in self.bus.servers:
             argv += ["--nats", url]
         env = {k: v for k, v in os.environ.items() if k not in SECURITY_ENV}

@@ -18,9 +18,9 @@ from gearbus.api.windows import (
     SlidingWindows,
     Triggers,
     TumblingWindows,
-    WindowOperator,
 )
 from gearbus.runtime.keygroups import MAX_PARALLELISM, key_group
+from gearbus.runtime.windows import WindowOperator
 
 FAST = settings(max_examples=150, deadline=None)
 

@@ -26,9 +26,9 @@ from gearbus.api.windows import (
     Triggers,
     TumblingWindows,
     Window,
-    WindowOperator,
     WindowResult,
 )
+from gearbus.runtime.windows import WindowOperator
 
 EARLY_5 = Triggers.repeat(Triggers.count(5))
 

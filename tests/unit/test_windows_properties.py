@@ -17,8 +17,8 @@ from gearbus.api.windows import (
     SlidingWindows,
     Triggers,
     TumblingWindows,
-    WindowOperator,
 )
+from gearbus.runtime.windows import WindowOperator
 
 FAST = settings(max_examples=80, deadline=None)
 

@@ -1,4 +1,7 @@
-"""The task classes behind source and sink processors."""
+"""The task classes behind source and sink processors: they adapt a DataSource or a
+DataSink to the Task interface. They need nothing but the api, and the api's
+``Processor.source`` / ``Processor.sink`` name them, so they live here (as Gearpump keeps
+its DataSourceTask beside DataSource); the runtime's chained source task extends them."""
 
 from __future__ import annotations
 

@@ -1,0 +1,397 @@
+"""The window operator: keyed windowed aggregation driven by records and watermarks, over
+the assigners and triggers of :mod:`gearbus.api.windows` (time follows Flink; see there).
+
+Pure computation (no I/O, no asyncio), so that the TestRunner and the distributed
+executors run the same code and emit the same panes.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from copy import deepcopy
+from heapq import heappop, heappush
+from math import inf
+from operator import itemgetter
+from typing import Any
+
+from gearbus.api.aggregators import Aggregator
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.api.windows import (
+    EARLY,
+    LATE,
+    ON_TIME,
+    Accumulation,
+    CountTrigger,
+    RepeatTrigger,
+    Trigger,
+    WatermarkTrigger,
+    Window,
+    WindowAssigner,
+    WindowResult,
+    checked_millis,
+)
+from gearbus.runtime.keygroups import key_group
+
+#: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
+_tuple = tuple.__new__
+_START = itemgetter(0)
+_END = itemgetter(1)
+#: Accumulator types a snapshot can share with the live pane instead of copying.
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None)})
+
+
+def _early_count(trigger: Trigger | None) -> int | None:
+    if trigger is None or isinstance(trigger, WatermarkTrigger):
+        return None
+    if isinstance(trigger, RepeatTrigger) and isinstance(trigger.trigger, CountTrigger):
+        return trigger.trigger.count
+    raise ValueError(
+        f"unsupported trigger {trigger!r}: use Triggers.watermark() (the default) or "
+        "Triggers.repeat(Triggers.count(n)) for early panes"
+    )
+
+
+class _Pane:
+    """State of one (key, window): its accumulator, and the weight of the records that
+    arrived since it last fired (for the count trigger)."""
+
+    __slots__ = ("acc", "count")
+
+    def __init__(self, acc: Any):
+        self.acc = acc
+        self.count = 0
+
+
+def window_limits(watermark: int, allowed_lateness_ms: int) -> tuple[float, float]:
+    """The lateness rule: under ``watermark``, a window with end <= the first limit is
+    complete (a record for it fires a LATE pane), and one with end <= the second is past
+    its allowed lateness (a record for it is dropped as late)."""
+    if watermark >= WATERMARK_MAX:
+        return inf, inf
+    fire_limit = watermark + 1
+    return fire_limit, fire_limit - allowed_lateness_ms
+
+
+class WindowOperator:
+    """Keyed windowed aggregation driven by records and watermarks.
+
+    Panes come back from :meth:`process`, :meth:`process_partial` and :meth:`advance` as
+    lists of :class:`WindowResult`, in a deterministic order for a given input sequence.
+    """
+
+    def __init__(
+        self,
+        assigner: WindowAssigner,
+        aggregator: Aggregator,
+        trigger: Trigger | None = None,
+        accumulation: Accumulation = Accumulation.DISCARDING,
+        allowed_lateness_ms: int = 0,
+        side_output_late: bool = False,
+    ):
+        if not isinstance(assigner, WindowAssigner):
+            raise TypeError(f"assigner must be a WindowAssigner (TumblingWindows, ...), got {assigner!r}")
+        if not isinstance(aggregator, Aggregator):
+            raise TypeError(f"aggregator must be an Aggregator (Count, AggregateFunction, ...), got {aggregator!r}")
+        if not isinstance(accumulation, Accumulation):
+            raise TypeError(f"accumulation must be an Accumulation, got {accumulation!r}")
+        self._combinable = aggregator.combinable
+        if assigner.merging and not self._combinable:
+            raise ValueError(
+                f"{assigner!r} merges windows, which needs an aggregator with merge; "
+                f"{aggregator!r} is not combinable (a Fold cannot merge: use Reduce, or an "
+                "AggregateFunction with merge)"
+            )
+        self.assigner = assigner
+        self.aggregator = aggregator
+        self.accumulation = accumulation
+        self.allowed_lateness_ms = checked_millis("allowed_lateness_ms", allowed_lateness_ms, 0)
+        self.side_output_late = bool(side_output_late)
+        self._early_count = _early_count(trigger)
+        self._discarding = accumulation is Accumulation.DISCARDING
+        self._merging = assigner.merging
+        self._assign = assigner.assign
+        self._create = aggregator.create
+        self._add = aggregator.add
+        self._merge = aggregator.merge
+        self._result = aggregator.result
+
+        self._set_watermark(WATERMARK_MIN)
+        #: window -> key -> pane; keys in the order the window first saw them.
+        self._windows: dict[Window, dict[Any, _Pane]] = {}
+        #: Sessions only: key -> its windows, sorted and disjoint.
+        self._sessions: dict[Any, list[Window]] = {}
+        #: Heaps of (end, start): windows waiting to complete, and complete windows
+        #: waiting to expire. Sessions leave stale entries behind when they merge.
+        self._pending: list[tuple[int, int]] = []
+        self._expiring: list[tuple[int, int]] = []
+        self._late: list[tuple[Any, Any, int]] = []
+        #: Weight of the records dropped because all their windows had expired.
+        self.late_dropped = 0
+        #: Records kept for the side output instead (side_output_late=True).
+        self.late_side_output = 0
+
+    @property
+    def watermark(self) -> int:
+        """The input watermark: the largest one seen."""
+        return self._watermark
+
+    @property
+    def state_size(self) -> int:
+        """The number of live (key, window) states."""
+        return sum(map(len, self._windows.values()))
+
+    def process(self, key: Any, value: Any, timestamp: int, watermark: int) -> list[WindowResult]:
+        """Add one record; ``watermark`` is the input watermark when it arrived.
+
+        Returns EARLY panes fired by the count trigger and LATE panes of late records. A
+        watermark ahead of the operator's is applied first, as :meth:`advance` would, so
+        ON_TIME panes may come first.
+        """
+        out = self.advance(watermark) if watermark > self._watermark else []
+        if self._merging:
+            added = self._add_to_session(key, self._add, value, 1, timestamp, out)
+        else:
+            added = False
+            for window in self._assign(timestamp):
+                added |= self._add_to_window(key, window, self._add, value, 1, out)
+        if not added:
+            # Like Flink, a record counts as late only when every one of its windows had
+            # expired; a sliding record still kept by some window is not dropped.
+            if self.side_output_late:
+                self._late.append((key, value, timestamp))
+                self.late_side_output += 1
+            else:
+                self.late_dropped += 1
+        return out
+
+    def process_partial(
+        self, key: Any, accumulator: Any, weight: int, timestamp: int, watermark: int
+    ) -> list[WindowResult]:
+        """Add a pre-aggregated accumulator standing for ``weight`` records (map-side
+        combine), merged in with the aggregator's merge.
+
+        Exact when every record of the partial has the same windows as ``timestamp``
+        (the same tumbling window; for sliding windows, the same gcd(size, slide) slice)
+        and arrived behind the same watermark. The weight counts toward count triggers
+        and ``late_dropped``; one partial fires at most one EARLY or LATE pane.
+        """
+        if self._merging:
+            raise ValueError(
+                "process_partial cannot be used with SessionWindows: which sessions a partial's "
+                "records belong to depends on their own timestamps; send the records instead"
+            )
+        if not self._combinable:
+            raise ValueError(f"process_partial needs a combinable aggregator; {self.aggregator!r} has no merge")
+        if self.side_output_late:
+            raise ValueError(
+                "process_partial cannot be used with side_output_late: the side output needs the "
+                "late records themselves; do not combine before this operator"
+            )
+        out = self.advance(watermark) if watermark > self._watermark else []
+        added = False
+        for window in self._assign(timestamp):
+            added |= self._add_to_window(key, window, self._merge, accumulator, weight, out)
+        if not added:
+            self.late_dropped += weight
+        return out
+
+    def advance(self, watermark: int) -> list[WindowResult]:
+        """Move the input watermark forward (a smaller one is ignored).
+
+        Fires the ON_TIME pane of every (key, window) that completes, ordered by window
+        end, window start, then key in the order the window first saw it; then forgets
+        windows past their allowed lateness.
+        """
+        if watermark <= self._watermark:
+            return []
+        fire_limit, expire_limit = self._set_watermark(watermark)
+        out: list[WindowResult] = []
+        fire = self._fire
+        pending = self._pending
+        while pending and pending[0][0] <= fire_limit:
+            entry = heappop(pending)
+            while pending and pending[0] == entry:
+                heappop(pending)
+            end, start = entry
+            window = _tuple(Window, (start, end))
+            panes = self._windows.get(window)
+            if not panes:
+                continue  # a session that merged into a larger one
+            for key, pane in panes.items():
+                out.append(fire(key, window, pane, ON_TIME))
+            if end <= expire_limit:
+                self._drop_window(window)
+            else:
+                heappush(self._expiring, entry)
+        expiring = self._expiring
+        while expiring and expiring[0][0] <= expire_limit:
+            end, start = heappop(expiring)
+            self._drop_window(_tuple(Window, (start, end)))
+        return out
+
+    def drain_late(self) -> list[tuple[Any, Any, int]]:
+        """Return and forget the (key, value, timestamp) of late records kept for the side
+        output (always empty unless side_output_late)."""
+        late, self._late = self._late, []
+        return late
+
+    def snapshot(self) -> dict:
+        """The operator's state at a checkpoint barrier, as plain picklable data::
+
+            {"watermark": int, "late_dropped": int, "late_side_output": int,
+             "late": [(key, value, timestamp), ...],   # not yet drained
+             "groups": {key_group: [(window_start, window_end, key, acc, count), ...]}}
+
+        Panes are grouped by :func:`~gearbus.runtime.keygroups.key_group`, so that a
+        task can be given the groups of several snapshots. Mutable accumulators are
+        copied: the state stays valid while the operator goes on (an aggregator may
+        update its accumulators in place).
+        """
+        groups: dict[int, list[tuple]] = {}
+        for (start, end), panes in self._windows.items():
+            for key, pane in panes.items():
+                acc = pane.acc
+                if type(acc) not in _IMMUTABLE:
+                    acc = deepcopy(acc)
+                groups.setdefault(key_group(key), []).append((start, end, key, acc, pane.count))
+        return {
+            "watermark": self._watermark,
+            "late_dropped": self.late_dropped,
+            "late_side_output": self.late_side_output,
+            "late": list(self._late),
+            "groups": groups,
+        }
+
+    def restore(self, state: dict) -> None:
+        """Replace the operator's state with a :meth:`snapshot`'s, whose ``groups`` may
+        be the union of several snapshots' (taken at the same barrier).
+
+        Fed the rest of the input, the restored operator fires the same panes at the
+        same calls as the one snapshotted; only the keys of one window that complete
+        together come out ordered by key group first (then by first arrival), as the
+        order across groups is not kept.
+        """
+        self._set_watermark(state["watermark"])
+        self.late_dropped = state["late_dropped"]
+        self.late_side_output = state["late_side_output"]
+        self._late = list(state["late"])
+        self._windows, self._sessions, self._pending, self._expiring = {}, {}, [], []
+        groups = state["groups"]
+        for group in sorted(groups):
+            for start, end, key, acc, count in groups[group]:
+                window = _tuple(Window, (start, end))
+                pane = _Pane(acc)
+                pane.count = count
+                self._panes(window)[key] = pane
+                if self._merging:
+                    self._sessions.setdefault(key, []).append(window)
+        for sessions in self._sessions.values():
+            sessions.sort()
+
+    # --- internals -------------------------------------------------------------------
+
+    def _set_watermark(self, watermark: int) -> tuple[float, float]:
+        """Take ``watermark`` and derive the limits from it; return them.
+
+        Windows with end <= _fire_limit are complete; with end <= _expire_limit, past
+        their allowed lateness. Kept as limits so each record costs one comparison.
+        """
+        self._watermark = watermark
+        self._fire_limit, self._expire_limit = window_limits(watermark, self.allowed_lateness_ms)
+        return self._fire_limit, self._expire_limit
+
+    def _add_to_window(self, key, window: Window, fold, item, weight: int, out: list) -> bool:
+        """Fold ``item`` into (key, window); False when the window has expired."""
+        panes = self._windows.get(window)
+        if panes is None:
+            if window[1] <= self._expire_limit:
+                return False
+            panes = self._new_window(window)
+        pane = panes.get(key)
+        if pane is None:
+            pane = panes[key] = _Pane(self._create())
+        self._update(key, window, pane, fold, item, weight, out)
+        return True
+
+    def _add_to_session(self, key, fold, item, weight: int, timestamp: int, out: list) -> bool:
+        """Fold ``item`` into the session of ``key`` around ``timestamp``, merging the
+        sessions it overlaps or touches; False when it is alone and expired."""
+        start, end = timestamp, timestamp + self.assigner.gap_ms
+        sessions = self._sessions.get(key)
+        if sessions is None:
+            if end <= self._expire_limit:
+                return False
+            sessions = self._sessions[key] = []
+        # Sessions are disjoint and sorted, so the ones this record touches are a run.
+        lo = bisect_left(sessions, start, key=_END)
+        hi = bisect_right(sessions, end, lo, key=_START)
+        if lo == hi:
+            # A lone session judges its own lateness; one that merges is at least as
+            # recent as the live sessions it joins, so it is never expired.
+            if end <= self._expire_limit:
+                return False
+            window = _tuple(Window, (start, end))
+            sessions.insert(lo, window)
+            pane = _Pane(self._create())
+            self._panes(window)[key] = pane
+        else:
+            first = sessions[lo]
+            window = _tuple(Window, (min(start, first[0]), max(end, sessions[hi - 1][1])))
+            if window == first:
+                pane = self._windows[window][key]
+            else:
+                pane = self._take(key, first)
+                for old in sessions[lo + 1 : hi]:
+                    other = self._take(key, old)
+                    pane.acc = self._merge(pane.acc, other.acc)
+                    pane.count += other.count
+                sessions[lo:hi] = [window]
+                self._panes(window)[key] = pane
+        self._update(key, window, pane, fold, item, weight, out)
+        return True
+
+    def _update(self, key, window: Window, pane: _Pane, fold, item, weight: int, out: list) -> None:
+        pane.acc = fold(pane.acc, item)
+        if window[1] <= self._fire_limit:
+            out.append(self._fire(key, window, pane, LATE))
+        elif self._early_count is not None:
+            pane.count += weight
+            if pane.count >= self._early_count:
+                out.append(self._fire(key, window, pane, EARLY))
+
+    def _fire(self, key, window: Window, pane: _Pane, timing: str) -> WindowResult:
+        value = self._result(pane.acc)
+        if self._discarding:
+            pane.acc = self._create()
+        pane.count = 0
+        return _tuple(WindowResult, (key, value, window[0], window[1], timing))
+
+    def _panes(self, window: Window) -> dict[Any, _Pane]:
+        """The panes of ``window``, which is not expired; a new window is scheduled."""
+        panes = self._windows.get(window)
+        if panes is None:
+            panes = self._new_window(window)
+        return panes
+
+    def _new_window(self, window: Window) -> dict[Any, _Pane]:
+        panes = self._windows[window] = {}
+        start, end = window
+        heappush(self._expiring if end <= self._fire_limit else self._pending, (end, start))
+        return panes
+
+    def _take(self, key, window: Window) -> _Pane:
+        """Remove and return the pane of a session that is merging into another."""
+        panes = self._windows[window]
+        pane = panes.pop(key)
+        if not panes:
+            del self._windows[window]
+        return pane
+
+    def _drop_window(self, window: Window) -> None:
+        panes = self._windows.pop(window, None)
+        if panes and self._merging:
+            for key in panes:
+                sessions = self._sessions[key]
+                del sessions[bisect_left(sessions, window)]
+                if not sessions:
+                    del self._sessions[key]
