@@ -9,13 +9,13 @@ import sys
 
 from gearbus.artifact import pack
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, REPO
-from tests.integration.test_master_ha import read_ticks, wait_for_ticks
-from tests.integration.test_cluster import APPS, expected_counts, read_counts, sample_lines, wait_state, write_text
+from tests.support.cluster import wait_state
+from tests.support.files import write_text
+from tests.support.paths import APPS, REPO, TICKER, WORDCOUNT
+from tests.support.ticker import read_ticks, wait_for_ticks
+from tests.support.wordcount import expected_counts, read_counts, sample_lines
 
 GEARBUS = [sys.executable, "-m", "gearbus.cli"]
-WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
-TICKER = os.path.join(EXAMPLES, "ticker.py")
 
 
 async def gearbus(*args: str, timeout: float = 90) -> tuple[int, str, str]:

@@ -14,7 +14,7 @@ import pytest
 from gearbus.connectors import jetstream
 from gearbus.connectors import spark_jetstream as sj
 from gearbus.natsserver import NatsServer
-from tests.integration.spark_session import shared_spark
+from tests.support.spark import shared_spark
 
 N = 100_000
 
