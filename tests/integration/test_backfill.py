@@ -11,10 +11,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gearbus.artifact import pack
 from gearbus.connectors import jetstream
 from shared.messages import AppState
 from tests.support.paths import APPS, EXAMPLES, REPO
+
+pytestmark = pytest.mark.spark
 
 BASE = 1_700_000_000_000
 

@@ -16,6 +16,8 @@ from tests.support.cluster import wait_state
 from tests.support.dashboard import Dashboard
 from tests.support.paths import APPS, REPO, TICKER
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
 FAILING = os.path.join(APPS, "failing.py")

@@ -16,6 +16,8 @@ from gearbus.connectors import spark_jetstream as sj
 from gearbus.natsserver import NatsServer
 from tests.support.spark import shared_spark
 
+pytestmark = pytest.mark.spark
+
 N = 100_000
 
 

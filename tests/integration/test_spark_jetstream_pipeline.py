@@ -23,6 +23,8 @@ from shared.messages import AppState
 from tests.support.jetstream import publish
 from tests.support.spark import shared_spark
 
+pytestmark = pytest.mark.spark
+
 T0 = 1_700_000_000_000
 WINDOW_MS = 1_000
 DELAY_MS = 200

@@ -29,6 +29,8 @@ from tests.support.examples import (
 from tests.support.files import canonical, write_jsonl
 from tests.support.paths import EXAMPLES, REPO
 
+pytestmark = pytest.mark.spark
+
 
 @pytest.fixture(scope="module")
 def spark():
