@@ -1,26 +1,38 @@
 """Fixtures: a real nats-server on a free port with a temporary JetStream directory,
-and an embedded cluster of real master and worker processes."""
+and an embedded cluster of real master and worker processes. Also what applies to the
+whole suite: the markers each test folder implies and the hypothesis profiles."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
-from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.natsserver import NatsServer
-from shared import subjects
 from shared.bus import RequestError
-from shared.messages import ClusterInfo
+from tests.support.cluster import wait_for_workers
+from tests.support.fuzzing import FULL_PROFILE, QUICK_PROFILE
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = os.path.join(REPO, "examples")
-sys.path.insert(0, REPO)
+TESTS = Path(__file__).parent
+FOLDER_MARKERS = {"unit", "integration", "chaos"}
+
+settings.register_profile(FULL_PROFILE, deadline=None)
+settings.register_profile(QUICK_PROFILE, deadline=None)
+settings.load_profile(FULL_PROFILE if os.environ.get("CI") else QUICK_PROFILE)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by its folder: tests/unit -> unit, tests/integration -> integration,
+    tests/chaos -> chaos."""
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder in FOLDER_MARKERS:
+            item.add_marker(folder)
 
 
 @pytest.fixture
@@ -29,46 +41,6 @@ def nats_server(tmp_path):
     os.makedirs(server.store_dir, exist_ok=True)
     with server:
         yield server
-
-
-async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable], timeout: float = 30.0,
-                     watcher: Client | None = None):
-    """Return the first truthy ``await probe()``, asking again each time a message
-    arrives on ``subject`` (a heartbeat or state event says something may have changed).
-    ``watcher``: the connection that may subscribe to ``subject`` (on a secure cluster a
-    client may not), else ``client``'s."""
-    woken = asyncio.Event()
-
-    async def wake(msg):
-        woken.set()
-
-    sub = await (watcher or client).bus.nc.subscribe(subject, cb=wake)
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                woken.clear()
-                result = await probe()
-                if result:
-                    return result
-                await woken.wait()
-    finally:
-        await sub.unsubscribe()
-
-
-async def wait_for_cluster(client: Client, ready: Callable[[ClusterInfo], bool], timeout: float = 30.0,
-                           watcher: Client | None = None) -> None:
-    """Return once ``ready(info)`` holds for the master's ClusterInfo (asked again on
-    each worker heartbeat, which a worker sends only once registered)."""
-
-    async def probe():
-        return ready(await client.info())
-
-    await wait_until(client, subjects.WORKER_HEARTBEAT, probe, timeout, watcher)
-
-
-async def wait_for_workers(client: Client, count: int, timeout: float = 30.0) -> None:
-    """Return once the master lists ``count`` live workers."""
-    await wait_for_cluster(client, lambda info: sum(w.alive for w in info.workers) >= count, timeout)
 
 
 @pytest.fixture

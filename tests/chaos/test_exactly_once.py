@@ -31,12 +31,11 @@ from gearbus.connectors.jetstream import Publisher, ensure_stream_async
 from gearbus.natsserver import NatsServer
 from shared import subjects
 from shared.messages import AppState
-from tests.conftest import REPO, wait_for_workers, wait_until
-from tests.integration.test_cluster import wait_exited, wait_state
-from tests.integration.test_master_ha import next_election
+from tests.support.cluster import next_election, wait_exited, wait_for_workers, wait_state, wait_until
+from tests.support.paths import APPS
 
 log = structlog.get_logger()
-APP = os.path.join(REPO, "tests", "apps", "exactly_once.py")
+APP = os.path.join(APPS, "exactly_once.py")
 EVENTS = 200_000
 USERS = 50
 BASE_TS = 1_700_000_000_000

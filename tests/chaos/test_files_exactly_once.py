@@ -21,9 +21,9 @@ from gearbus.cluster import LocalCluster
 from services.launch import LAUNCH_ENV
 from shared import subjects
 from shared.messages import AppState, LaunchExecutor, decode
-from tests.conftest import EXAMPLES, wait_for_workers, wait_until
+from tests.support.cluster import wait_for_workers, wait_until
+from tests.support.paths import WORDCOUNT
 
-WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
 LINES = 300_000
 READ, WRITE = 0, 1  # processors: read+split+combine, then count+format; the sink is the last
 

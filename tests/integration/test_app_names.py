@@ -18,8 +18,8 @@ from gearbus.artifact import Artifact, ArtifactError
 from gearbus.runners import ClusterRunner
 from shared.bus import RemoteError
 from shared.messages import AppState
-from tests.integration.test_cli import gearbus
-from tests.unit.test_artifact_names import zipped
+from tests.support.cli import gearbus
+from tests.support.files import zipped
 
 APP = """
 from gearbus import Pipeline

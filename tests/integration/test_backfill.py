@@ -11,11 +11,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gearbus.artifact import pack
 from gearbus.connectors import jetstream
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, REPO
-from tests.integration.test_jetstream_sink import APP
+from tests.support.paths import APPS, EXAMPLES, REPO
+
+pytestmark = pytest.mark.spark
 
 BASE = 1_700_000_000_000
 
@@ -28,9 +31,7 @@ async def read_all(client, subject: str, count: int) -> list[dict]:
 
 
 async def test_spark_averages_what_the_bus_wrote_and_publishes_them_back(cluster, client, tmp_path):
-    app = tmp_path / "to_jetstream.py"
-    app.write_text(APP)
-    app_id = await client.submit(pack(str(app)), [cluster.url, "1200"])
+    app_id = await client.submit(pack(os.path.join(APPS, "to_jetstream.py")), [cluster.url, "1200"])
     assert (await client.wait(app_id, timeout=60)).state == AppState.SUCCEEDED
 
     loop = asyncio.get_running_loop()
@@ -51,7 +52,7 @@ async def test_spark_averages_what_the_bus_wrote_and_publishes_them_back(cluster
     for row in rows:  # the last message of a window is its answer
         final[(row["sensor"], row["window_start"])] = row
 
-    temps = collections.defaultdict(list)  # the readings the bus app wrote (see tests/integration/test_jetstream_sink)
+    temps = collections.defaultdict(list)  # the readings the bus app wrote (see tests/apps/to_jetstream.py)
     for n in range(1200):
         ts = BASE + n * 250
         temps[(f"s{n % 4}", ts // 60_000 * 60_000)].append(n % 30)

@@ -12,9 +12,10 @@ from gearbus.artifact import pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from shared.messages import AppState
-from tests.conftest import REPO, wait_for_workers
+from tests.support.cluster import wait_for_workers
+from tests.support.paths import APPS
 
-APP = os.path.join(REPO, "tests", "apps", "slow_batch.py")
+APP = os.path.join(APPS, "slow_batch.py")
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,17 +3,13 @@ runs on and reports the failures, and fails only past the tolerated number in a 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from gearbus.artifact import pack
 from shared import subjects
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, wait_until
-from tests.integration.test_cluster import wait_state
-
-TICKER = os.path.join(EXAMPLES, "ticker.py")
+from tests.support.cluster import wait_state, wait_until
+from tests.support.paths import TICKER
 
 pytestmark = pytest.mark.timeout(90)
 

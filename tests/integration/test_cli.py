@@ -5,26 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 
 import pytest
 
 from gearbus.artifact import pack
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, REPO
-from tests.integration.test_master_ha import read_ticks, wait_for_ticks
-from tests.integration.test_cluster import APPS, expected_counts, read_counts, sample_lines, wait_state, write_text
-
-GEARBUS = [sys.executable, "-m", "gearbus.cli"]
-WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
-TICKER = os.path.join(EXAMPLES, "ticker.py")
-
-
-async def gearbus(*args: str, timeout: float = 90) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(*GEARBUS, *args, cwd=REPO, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), timeout)
-    return process.returncode, out.decode(), err.decode()
+from tests.support.cli import GEARBUS, gearbus
+from tests.support.cluster import wait_state
+from tests.support.files import write_text
+from tests.support.paths import APPS, REPO, TICKER, WORDCOUNT
+from tests.support.ticker import read_ticks, wait_for_ticks
+from tests.support.wordcount import expected_counts, read_counts, sample_lines
 
 
 async def test_run_wordcount_on_the_embedded_default(tmp_path):

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import json
 import os
-import random
 import signal
 
 import pytest
@@ -18,55 +15,10 @@ from gearbus.natsserver import NatsServer
 from shared import subjects
 from shared.bus import RemoteError
 from shared.messages import AppState, ErrorCode, RegisterExecutor, RequestResource
-from tests.conftest import EXAMPLES, REPO, wait_for_workers, wait_until
-
-APPS = os.path.join(REPO, "tests", "apps")
-WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
-
-
-def write_text(path, lines) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
-
-
-def read_counts(path) -> dict[str, int]:
-    counts = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            assert row["word"] not in counts, f"word {row['word']!r} written twice"
-            counts[row["word"]] = row["count"]
-    return counts
-
-
-def expected_counts(path) -> dict[str, int]:
-    with open(path, encoding="utf-8") as f:
-        return dict(collections.Counter(f.read().split()))
-
-
-async def wait_exited(pid: int, timeout: float) -> None:
-    """Wait for any process (not only a child) to exit, via a pidfd: no polling."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    loop = asyncio.get_running_loop()
-    exited = asyncio.Event()
-    loop.add_reader(fd, exited.set)
-    try:
-        await asyncio.wait_for(exited.wait(), timeout)
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-async def wait_state(client: Client, app_id: int, state: str, timeout: float = 30.0) -> None:
-    """Wait for an app to reach ``state`` (a non-terminal one), woken by state events."""
-
-    async def reached():
-        return (await client.status(app_id)).state == state
-
-    await wait_until(client, subjects.app_state_events(app_id), reached, timeout)
+from tests.support.cluster import wait_exited, wait_for_workers, wait_state, wait_until
+from tests.support.files import write_text
+from tests.support.paths import APPS, WORDCOUNT
+from tests.support.wordcount import expected_counts, read_counts, sample_lines
 
 
 async def run_wordcount(client: Client, tmp_path, lines: list[str], parallelism: int = 2, *extra: str) -> None:
@@ -77,12 +29,6 @@ async def run_wordcount(client: Client, tmp_path, lines: list[str], parallelism:
     app = await client.wait(app_id, timeout=60)
     assert app.state == AppState.SUCCEEDED, app.error
     assert read_counts(output) == expected_counts(source)
-
-
-def sample_lines(count: int, seed: int = 3) -> list[str]:
-    rng = random.Random(seed)
-    vocabulary = [f"w{i}" for i in range(500)] + ["naïve", "日本語", "😀", "ünïcödé", "a-b", "x"]
-    return [" ".join(rng.choices(vocabulary, k=rng.randint(0, 12))) for _ in range(count)]
 
 
 async def test_wordcount_counts_exactly_on_two_workers(client, tmp_path):

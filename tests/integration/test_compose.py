@@ -25,11 +25,10 @@ from gearbus.natsserver import find_binary, free_port, wait_listening
 from gearbus.security import SecurityDir
 from shared.messages import AppState
 from shared.security import Security
-from tests.conftest import wait_for_cluster
+from tests.support.cluster import wait_for_cluster
+from tests.support.paths import REPO, WORDCOUNT
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPOSE = os.path.join(REPO, "compose.yaml")
-WORDCOUNT = os.path.join(REPO, "examples", "wordcount.py")
 COMPOSE_NATS_URL = "nats://nats:4222"
 
 REGISTER_TIMEOUT_S = 30.0

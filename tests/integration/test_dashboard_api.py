@@ -4,7 +4,6 @@ client and a Prometheus scraper would."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 
@@ -12,12 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gearbus.artifact import pack
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, REPO
-from tests.integration.dashboard_process import Dashboard
-from tests.integration.test_cluster import wait_state
-from tests.integration.test_metrics import LINES, WORDCOUNT, write_text
-
-TICKER = os.path.join(EXAMPLES, "ticker.py")
+from tests.support.cluster import wait_state
+from tests.support.dashboard import Dashboard
+from tests.support.paths import REPO, TICKER, WORDCOUNT
+from tests.support.wordcount import CORPUS_LINES, write_corpus
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
@@ -27,7 +24,7 @@ def samples(text: str) -> dict[tuple[str, frozenset], float]:
 
 async def test_rest_api_and_metrics_show_what_the_apps_did(cluster, client, tmp_path):
     text, output = tmp_path / "text.txt", tmp_path / "counts.jsonl"
-    words = write_text(text)
+    words = write_corpus(text)
     done = await client.submit(pack(WORDCOUNT), ["--input", str(text), "--output", str(output),
                                                  "--combine-keys", "1"])
     assert (await client.wait(done, timeout=60)).state == AppState.SUCCEEDED
@@ -47,7 +44,7 @@ async def test_rest_api_and_metrics_show_what_the_apps_did(cluster, client, tmp_
         status, app = await dashboard.json("GET", f"/api/v1/apps/{done}")
         assert status == 200 and app["error"] is None and app["guarantee"] == "exactly-once"
         split, count, write = app["processors"]
-        assert split["records_in"] == LINES and count["records_in"] == split["records_out"]
+        assert split["records_in"] == CORPUS_LINES and count["records_in"] == split["records_out"]
         assert write["records_in"] == len(words)
         assert [p["name"] for p in app["dag"]["processors"]] == [split["name"], count["name"], write["name"]]
         status, task = await dashboard.json("GET", f"/api/v1/apps/{done}/tasks/2/0")

@@ -12,14 +12,15 @@ from playwright.async_api import Page, async_playwright, expect
 
 from gearbus.artifact import pack
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, REPO
-from tests.integration.dashboard_process import Dashboard
-from tests.integration.test_cluster import wait_state
+from tests.support.cluster import wait_state
+from tests.support.dashboard import Dashboard
+from tests.support.paths import APPS, REPO, TICKER
+
+pytestmark = pytest.mark.browser
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
-TICKER = os.path.join(EXAMPLES, "ticker.py")
-FAILING = os.path.join(REPO, "tests", "apps", "failing.py")
+FAILING = os.path.join(APPS, "failing.py")
 # As root, in a sandbox with no outside network: no Chromium sandbox, and none of its calls home.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]

@@ -14,7 +14,7 @@ import textwrap
 from gearbus.artifact import pack
 from gearbus.client import Client
 from shared.messages import AppState, AppSummary
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 GEARBUS = [sys.executable, "-m", "gearbus.cli"]
 

@@ -6,32 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 from gearbus.artifact import pack
 from gearbus.connectors import jetstream
 from shared.messages import AppState
-
-APP = '''
-from gearbus import Pipeline
-
-def reading(n):
-    return {"sensor": f"s{n % 4}", "temp": n % 30, "ts": 1_700_000_000_000 + n * 250}
-
-def application(args):
-    url, count = args
-    p = Pipeline("to-jetstream", parallelism=2)
-    (p.from_collection(range(int(count)), parallelism=2)
-      .map(reading, name="reading")
-      .write_jetstream("readings.raw", stream="READINGS", id_fn=lambda r: r["ts"], name="publish", servers=url))
-    return p
-'''
+from tests.support.paths import APPS
 
 
-async def test_a_bus_app_writes_into_a_jetstream_stream_without_duplicates(cluster, client, tmp_path):
-    app = tmp_path / "to_jetstream.py"
-    app.write_text(APP)
+async def test_a_bus_app_writes_into_a_jetstream_stream_without_duplicates(cluster, client):
+    app = os.path.join(APPS, "to_jetstream.py")
     for _ in range(2):  # the second run publishes the same data again: all of it deduplicated
-        app_id = await client.submit(pack(str(app)), [cluster.url, "2000"])
+        app_id = await client.submit(pack(app), [cluster.url, "2000"])
         final = await client.wait(app_id, timeout=60)
         assert final.state == AppState.SUCCEEDED, final.error
         state = await asyncio.get_running_loop().run_in_executor(None, jetstream.stream_state, cluster.url,

@@ -13,38 +13,13 @@ import pytest
 
 from gearbus.api.graph import Processor
 from gearbus.api.task import TaskContext
-from gearbus.connectors.jetstream import JetStreamError, Publisher, connect, ensure_stream, run_fresh
+from gearbus.connectors.jetstream import JetStreamError, connect, ensure_stream, run_fresh
 from gearbus.connectors import jetstream_reader
 from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSource
+from tests.support.jetstream import EVENT_COUNT as N
+from tests.support.jetstream import events, fill, publish
 
-N = 10_000
 BASE_TS = 1_700_000_000_000
-
-
-def publish(url: str, messages: list[tuple[str, bytes]]) -> None:
-    """Publish (subject, data) pairs in this order, acknowledged."""
-
-    async def go():
-        nc = await connect([url], name="test")
-        try:
-            publisher = await Publisher(nc).open()
-            for subject, data in messages:
-                await publisher.publish(subject, data, None)
-            await publisher.drain()
-        finally:
-            await nc.close()
-
-    run_fresh(go())
-
-
-def events(start: int, stop: int) -> list[tuple[str, bytes]]:
-    """Event n goes to subject ev.(n % 4)."""
-    return [(f"ev.{n % 4}", json.dumps({"n": n}).encode()) for n in range(start, stop)]
-
-
-def fill(url: str, count: int = N) -> None:
-    ensure_stream(url, "EV", ["ev.*"])
-    publish(url, events(0, count))
 
 
 def opened(url: str, source: JetStreamSource, index: int = 0, parallelism: int = 1) -> JetStreamSource:
@@ -320,7 +295,6 @@ def test_nats_subject_source_reads_what_is_published_and_drops_on_a_full_buffer(
         assert source.read(100) == []
     finally:
         source.close()
-
 
 
 def test_a_lost_consumer_is_replaced_without_loss_or_duplicates(nats_server):

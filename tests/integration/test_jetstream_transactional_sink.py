@@ -15,7 +15,7 @@ from gearbus.connectors.jetstream import JetStreamTransactionalSink, connect, en
 from gearbus.planner import plan
 from gearbus.runners import TestRunner
 from gearbus.runners.inprocess import InProcessEngine, SimulatedCrash
-from tests.integration.test_jetstream_source import fill
+from tests.support.jetstream import fill
 
 
 def opened(url: str, sink: JetStreamTransactionalSink, epoch: int = 0) -> JetStreamTransactionalSink:

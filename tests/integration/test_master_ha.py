@@ -4,7 +4,6 @@ fencing of a deposed leader, and the start-up refusals. Real processes, SIGKILL/
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -21,45 +20,12 @@ from gearbus.cluster import LocalCluster
 from gearbus.natsserver import NatsServer
 from shared import subjects
 from shared.bus import RequestError
-from shared.messages import AppState, ClusterInfo, MasterElected, QueryCluster, decode
-from tests.conftest import EXAMPLES, wait_for_workers, wait_until
-from tests.integration.test_cluster import APPS, wait_state
+from shared.messages import AppState, ClusterInfo, QueryCluster, decode
+from tests.support.cluster import next_election, wait_for_workers, wait_state, wait_until
+from tests.support.paths import APPS, TICKER
+from tests.support.ticker import read_ticks, wait_for_ticks
 
 log = structlog.get_logger()
-TICKER = os.path.join(EXAMPLES, "ticker.py")
-
-
-async def next_election(client: Client, exclude: str) -> asyncio.Future:
-    """A future resolved with the first MasterElected from a master other than ``exclude``."""
-    elected = asyncio.get_running_loop().create_future()
-
-    async def on_elected(msg):
-        event = decode(msg.data, (MasterElected,))
-        if event.master_id != exclude and not elected.done():
-            elected.set_result(event)
-
-    sub = await client.bus.nc.subscribe(subjects.MASTER_ELECTED, cb=on_elected)
-    elected.add_done_callback(lambda _: asyncio.ensure_future(sub.unsubscribe()))
-    return elected
-
-
-def read_ticks(path) -> list[int]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line)["n"] for line in f if line.endswith("\n")]
-
-
-async def wait_for_ticks(client: Client, path, beyond: int, timeout: float = 20,
-                         watcher: Client | None = None) -> list[int]:
-    """Wait (woken by AppMaster heartbeats, which ``watcher`` may see if ``client`` may not)
-    until the output holds a number > ``beyond``."""
-
-    async def probe():
-        ticks = read_ticks(path)
-        return ticks if ticks and max(ticks) > beyond else None
-
-    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout, watcher)
 
 
 async def leader_of(client: Client) -> str:

@@ -3,31 +3,19 @@ served with the app's DAG by the master, on a real cluster."""
 
 from __future__ import annotations
 
-import collections
 import os
 
 from gearbus.artifact import pack
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, REPO
+from tests.support.paths import APPS, WORDCOUNT
+from tests.support.wordcount import CORPUS_LINES, write_corpus
 
-WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
-FAILING = os.path.join(REPO, "tests", "apps", "failing.py")
-LINES = 20_000
-
-
-def write_text(path) -> collections.Counter:
-    words = collections.Counter()
-    with open(path, "w", encoding="utf-8") as f:
-        for n in range(LINES):
-            line = [f"w{(n * 7 + k) % 500}" for k in range(5)]
-            words.update(line)
-            f.write(" ".join(line) + "\n")
-    return words
+FAILING = os.path.join(APPS, "failing.py")
 
 
 async def test_the_final_metrics_count_what_the_app_processed(client, tmp_path):
     text, output = tmp_path / "text.txt", tmp_path / "counts.jsonl"
-    words = write_text(text)
+    words = write_corpus(text)
     app_id = await client.submit(pack(WORDCOUNT), ["--input", str(text), "--output", str(output),
                                                    "--combine-keys", "1"])
     final = await client.wait(app_id, timeout=60)
@@ -40,7 +28,7 @@ async def test_the_final_metrics_count_what_the_app_processed(client, tmp_path):
                                                                          (1, 2, "ShufflePartitioner")]
     split, count, write = final.processors
     assert [m.name for m in final.processors] == [p.name for p in dag.processors]
-    assert split.records_in == LINES  # the source's lines
+    assert split.records_in == CORPUS_LINES  # the source's lines
     assert count.records_in == split.records_out > 0  # nothing lost on the edge
     assert count.records_out == write.records_in == len(words)  # one count per distinct word
     assert count.bytes_in == split.bytes_out > 0 and write.bytes_in == count.bytes_out > 0

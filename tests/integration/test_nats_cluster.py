@@ -16,9 +16,9 @@ from gearbus.cluster import LocalCluster
 from gearbus.natsserver import NatsCluster
 from shared import subjects
 from shared.messages import AppState
-from tests.conftest import wait_for_workers, wait_until
-from tests.integration.test_master_ha import TICKER, next_election, read_ticks
-from tests.integration.test_cluster import wait_state
+from tests.support.cluster import next_election, wait_for_workers, wait_state, wait_until
+from tests.support.paths import TICKER
+from tests.support.ticker import read_ticks
 
 log = structlog.get_logger()
 

@@ -25,11 +25,10 @@ import pytest
 import pytest_asyncio
 from nats.js.errors import BucketNotFoundError
 
-from tests.conftest import EXAMPLES, REPO
-from tests.integration.test_cluster import read_counts
+from tests.support.paths import REPO, WORDCOUNT
+from tests.support.wordcount import read_counts
 
 DOC = os.path.join(REPO, "docs", "protocol.md")
-WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
 ARTIFACT_BUCKET = "gearbus_artifacts"
 TERMINAL = {"SUCCEEDED", "FAILED", "TERMINATED"}
 

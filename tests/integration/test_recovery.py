@@ -15,12 +15,11 @@ from gearbus.artifact import pack
 from gearbus.client import Client
 from shared import subjects
 from shared.messages import AppState, ExecutorStopped, decode
-from tests.conftest import EXAMPLES, wait_for_workers, wait_until
-from tests.integration.test_cluster import wait_exited, wait_state
-from tests.integration.test_master_ha import read_ticks
+from tests.support.cluster import wait_exited, wait_for_workers, wait_state, wait_until
+from tests.support.paths import TICKER
+from tests.support.ticker import read_ticks
 
 log = structlog.get_logger()
-TICKER = os.path.join(EXAMPLES, "ticker.py")
 
 
 async def flowing_beyond(client, path, beyond: int, timeout: float = 30) -> list[int]:

@@ -16,10 +16,10 @@ from gearbus.connectors.jetstream import Publisher, ensure_stream_async
 from shared import subjects
 from shared.bus import RequestError
 from shared.messages import AppState
-from tests.conftest import REPO, wait_until
-from tests.integration.test_cluster import wait_state
+from tests.support.cluster import wait_state, wait_until
+from tests.support.paths import APPS
 
-APP = os.path.join(REPO, "tests", "apps", "savepoint_counts.py")
+APP = os.path.join(APPS, "savepoint_counts.py")
 EVENTS = 6_000
 USERS = 7
 

@@ -30,11 +30,11 @@ from shared.messages import (
     SubmitApplication,
 )
 from shared.security import Security
-from tests.conftest import EXAMPLES, REPO
-from tests.integration.test_cluster import wait_state
-from tests.integration.test_master_ha import read_ticks, wait_for_ticks
+from tests.support.cluster import wait_state
+from tests.support.paths import APPS, EXAMPLES, REPO
+from tests.support.ticker import read_ticks, wait_for_ticks
 
-MARKER_APP = os.path.join(REPO, "tests", "apps", "marker.py")
+MARKER_APP = os.path.join(APPS, "marker.py")
 REFUSAL_TIMEOUT_S = 10
 
 

@@ -15,7 +15,9 @@ from bench.spark_jetstream import measure_throughput
 from gearbus.connectors import jetstream
 from gearbus.connectors import spark_jetstream as sj
 from gearbus.natsserver import NatsServer
-from tests.integration.spark_session import shared_spark
+from tests.support.spark import shared_spark
+
+pytestmark = pytest.mark.spark
 
 N = 100_000
 

@@ -20,8 +20,10 @@ from gearbus.security import add_user, init
 from gearbus.runners import TestRunner
 from gearbus.runners.spark import SparkRunner
 from shared.messages import AppState
-from tests.integration.spark_session import shared_spark
-from tests.integration.test_jetstream_source import publish
+from tests.support.jetstream import publish
+from tests.support.spark import shared_spark
+
+pytestmark = pytest.mark.spark
 
 T0 = 1_700_000_000_000
 WINDOW_MS = 1_000

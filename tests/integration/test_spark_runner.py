@@ -17,18 +17,19 @@ import pytest
 from gearbus.natsserver import free_port
 from gearbus.runners.spark import SparkRunner, SparkUnavailable, check_master, spark_session
 from shared.messages import AppState
-from tests.conftest import EXAMPLES, REPO
-from tests.integration.test_examples import (
+from tests.support.examples import (
     MINUTE,
-    canonical,
     clicks,
     expected_pageviews,
     expected_sensors,
     expected_sessions,
     pageview_events,
     sensor_readings,
-    write_jsonl,
 )
+from tests.support.files import canonical, write_jsonl
+from tests.support.paths import EXAMPLES, REPO
+
+pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")

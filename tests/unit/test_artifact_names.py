@@ -4,10 +4,8 @@ own file, directory or zip without putting anything on sys.path."""
 
 from __future__ import annotations
 
-import io
 import sys
 import tomllib
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 import shared
 from gearbus.artifact import ArtifactError, load_artifact, load_local, pack, unpack_artifact
 from shared.messages import FRAMEWORK_PACKAGES
+from tests.support.files import zipped
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,14 +36,6 @@ def package(where: Path, name: str) -> Path:
     (path / "__init__.py").write_text(APP.format(package=name))
     (path / "steps.py").write_text("def double(x):\n    return 2 * x\n")
     return path
-
-
-def zipped(entries: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as zf:
-        for name, text in entries.items():
-            zf.writestr(name, text)
-    return buffer.getvalue()
 
 
 def clash(name: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 CITED = re.compile(r"(?<![\w./'\"-])[\w./-]+\.md\b")  # in prose and links (a quoted one is a path in code)
 SKIPPED_DIRS = {"node_modules", "build", "dist"}

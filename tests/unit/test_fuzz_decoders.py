@@ -3,10 +3,11 @@ the wrong shape, huge sizes, deep nesting and every message with each field muta
 decoder either returns what it decodes or raises the one protocol error type (ProtocolError,
 or ArtifactError for artifacts) with a message, never another exception.
 
-Budget: each decoder gets 10,000 examples per run, split across the strategies below (the
-example counts are in the settings): most are raw bytes, which hypothesis makes fast, and
-a thousand or so each are structured (slower to generate), so the file runs in about half
-a minute. Hypothesis draws new examples each run, so the runs add up."""
+Budget: under the ci hypothesis profile each decoder gets 10,000 examples per run, split
+across the strategies below (the example counts are in the settings): most are raw bytes,
+which hypothesis makes fast, and a thousand or so each are structured (slower to generate),
+so the file runs in about half a minute. A local run draws a tenth of each count
+(tests/support/fuzzing.py). Hypothesis draws new examples each run, so the runs add up."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from gearbus.artifact import MAX_ARTIFACT_BYTES, ArtifactError, unpack_artifact
 from services.executor.frames import FrameReader, decode_credit, encode_credit, encode_frame, split_message
 from shared import messages, values
 from shared.messages import PROTOCOL_VERSION, Message, ProtocolError, decode
+from tests.support.fuzzing import examples
 
 MESSAGE_TYPES = sorted(Message.registry.values(), key=lambda cls: cls.__name__)
 
@@ -55,13 +57,13 @@ def nested(depth: int) -> bytes:
 # --- shared.messages.decode: 8,000 + 1,000 + 1,000 = 10,000 examples ---------------------
 
 
-@settings(max_examples=8000, deadline=None)
+@settings(max_examples=examples(8000), deadline=None)
 @given(st.binary(max_size=200))
 def test_decode_of_arbitrary_bytes(data):
     expect_protocol_error(lambda: decode(data))
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(msgpack_values, st.sampled_from([None, *[cls.__name__ for cls in MESSAGE_TYPES], "Nope", 7]),
        st.sampled_from([PROTOCOL_VERSION, None, 2, "1"]))
 def test_decode_of_valid_msgpack_of_the_wrong_shape(body, tag, version):
@@ -91,7 +93,7 @@ def _example_wire(cls) -> dict:
     return {f.name: _example_value(hints[f.name]) for f in dataclasses.fields(cls)}
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.sampled_from(MESSAGE_TYPES), st.data())
 def test_decode_of_every_message_with_a_field_mutated(cls, data):
     body = {**_example_wire(cls), "type": cls.__name__, "v": PROTOCOL_VERSION}
@@ -129,13 +131,13 @@ def test_decode_refuses_an_oversized_message_before_reading_it():
 # --- shared.values.unpack: 8,000 + 2,000 = 10,000 examples ------------------------------
 
 
-@settings(max_examples=8000, deadline=None)
+@settings(max_examples=examples(8000), deadline=None)
 @given(st.binary(max_size=200))
 def test_values_unpack_of_arbitrary_bytes(data):
     expect_protocol_error(lambda: values.unpack(data))
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(st.integers(0, 127), flat_values)
 def test_values_unpack_of_extension_types_holding_anything(code, inner):
     data = msgpack.packb(msgpack.ExtType(code, msgpack.packb(inner, use_bin_type=True)), use_bin_type=True)
@@ -153,7 +155,7 @@ def test_values_unpack_of_tuples_nested_past_the_limit():
 # --- data-plane frames: 8,500 + 1,000 + 500 = 10,000 examples ---------------------------
 
 
-@settings(max_examples=8500, deadline=None)
+@settings(max_examples=examples(8500), deadline=None)
 @given(st.lists(st.binary(max_size=120), min_size=1, max_size=3))
 def test_frame_reader_of_arbitrary_messages(messages_in):
     reader = FrameReader(max_bytes=4096)
@@ -162,7 +164,7 @@ def test_frame_reader_of_arbitrary_messages(messages_in):
         assert 0 <= reader.pending_bytes <= 4096
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.lists(flat_values, min_size=0, max_size=11), st.sampled_from([0, 1, 2]))
 def test_frame_reader_of_msgpack_of_the_wrong_shape(columns, kind):
     body = msgpack.packb(columns, use_bin_type=True)
@@ -170,7 +172,7 @@ def test_frame_reader_of_msgpack_of_the_wrong_shape(columns, kind):
     expect_protocol_error(lambda: FrameReader().feed(data))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(st.tuples(flat_values, st.integers(-(2**40), 2**40)), max_size=20),
        st.integers(200, 2000), st.data())
 def test_fragments_cut_anywhere_and_shuffled_never_escape_the_protocol_error(records, max_bytes, data):
@@ -191,13 +193,13 @@ def test_fragments_cut_anywhere_and_shuffled_never_escape_the_protocol_error(rec
 # --- credit grants: 9,000 + 1,000 = 10,000 examples -------------------------------------
 
 
-@settings(max_examples=9000, deadline=None)
+@settings(max_examples=examples(9000), deadline=None)
 @given(st.binary(max_size=60))
 def test_decode_credit_of_arbitrary_bytes(data):
     expect_protocol_error(lambda: decode_credit(data))
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.lists(flat_values, max_size=6))
 def test_decode_credit_of_msgpack_of_the_wrong_shape(fields):
     decoded = expect_protocol_error(lambda: decode_credit(msgpack.packb(fields, use_bin_type=True)))
@@ -216,7 +218,7 @@ def _zip(entries: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-@settings(max_examples=6000, deadline=None)
+@settings(max_examples=examples(6000), deadline=None)
 @given(st.binary(max_size=300), st.sampled_from(["zip", "module", "tar", ""]),
        st.sampled_from(["app", "../evil", "a/b", "", "x y"]))
 def test_artifact_unpacking_of_arbitrary_bytes(tmp_path_factory, data, kind, entry):
@@ -226,7 +228,7 @@ def test_artifact_unpacking_of_arbitrary_bytes(tmp_path_factory, data, kind, ent
     assert all(not name.startswith(".") for name in os.listdir(workdir))
 
 
-@settings(max_examples=4000, deadline=None)
+@settings(max_examples=examples(4000), deadline=None)
 @given(st.dictionaries(st.sampled_from(["app/__init__.py", "app/m.py", "../x.py", "/etc/x", "app/../../y",
                                         "C:/z", "other/__init__.py", "app\\..\\w"]),
                        st.binary(max_size=40), max_size=4))

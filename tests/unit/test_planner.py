@@ -5,7 +5,6 @@ plan-time errors."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -42,9 +41,7 @@ from gearbus.runtime.chain import (
     WindowAggregateOp,
 )
 from gearbus.planner import describe, plan
-from tests.conftest import EXAMPLES, REPO
-
-WORDCOUNT = os.path.join(EXAMPLES, "wordcount.py")
+from tests.support.paths import REPO, WORDCOUNT
 
 
 class Passthrough(Task):

@@ -8,7 +8,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 
 class Dashboard:
