@@ -15,9 +15,9 @@ import structlog
 
 from gearbus.api.graph import Application
 from gearbus.api.watermarks import WATERMARK_MIN
+from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.savepoints import SavepointMismatch, claim, join_task_state, split_task_state
-from services.appmaster import checkpoints as cp
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore
