@@ -42,7 +42,7 @@ class DataPlaneError(RuntimeError):
 
 
 class Frame(NamedTuple):
-    """The unit one task sends another (see services/executor/frames.py for the wire form)."""
+    """The unit one task sends another (see gearbus/runtime/frames.py for the wire form)."""
 
     src_processor: int
     src_index: int
@@ -160,6 +160,11 @@ class TaskCore:
         self._advance(WATERMARK_MAX, actions)
         self._end(actions)
         return actions
+
+    def flush(self) -> Flush:
+        """The task's output so far, to go out followed by its current watermark (the
+        driver's batch limit or linger decides when)."""
+        return Flush(self._take_output(), self.watermark)
 
     def repeat_grants(self) -> list:
         """The current count to every open input, for a driver whose inbox is idle: a grant

@@ -17,9 +17,9 @@ from gearbus.api.graph import Application
 from gearbus.api.task import TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime.chain import failure_report
-from gearbus.runtime.core import DataPlaneError, End, Flush, Grant, Snapshot, TaskCore
+from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
+from gearbus.runtime.frames import Frame, FrameReader, decode_credit, encode_credit
 from gearbus.runtime.tasks import DataSourceTask
-from services.executor.frames import Frame, FrameReader, decode_credit, encode_credit
 from services.executor.outputs import DataPlaneConfig, Outputs
 from services.histogram import Histogram
 from shared import subjects
@@ -104,9 +104,9 @@ class TaskRunner:
         return TaskCounters(
             task=self.task_id,
             records_in=self.core.records_in if not isinstance(self.task, DataSourceTask) else self.records_read,
-            records_out=self.outputs.records_out,
+            records_out=self.outputs.sender.records_out,
             frames_in=self.core.frames_in,
-            frames_out=self.outputs.frames_out,
+            frames_out=self.outputs.sender.frames_out,
             watermark=self.core.watermark,
             finished=self.finished,
             messages_dropped=self.dropped,
@@ -116,7 +116,7 @@ class TaskRunner:
             epoch=self.epoch,
             executor_id=self.executor_id,
             bytes_in=self.bytes_in,
-            bytes_out=self.outputs.bytes_out,
+            bytes_out=self.outputs.sender.bytes_out,
             inbox_depth=self.inbox.qsize(),
             backpressure_ms=self.outputs.backpressure_s * 1000,
             busy_ms=self.batches.total_ms,
@@ -168,7 +168,7 @@ class TaskRunner:
             if self.restore_envelope is not None:
                 await asyncio.to_thread(self.core.restore, self.restore_envelope)  # a sink re-commits: may block
                 if self.core.ended:  # it had ended before the checkpoint: its receivers hear the end again
-                    await self.outputs.finish(WATERMARK_MAX)
+                    await self.outputs.publish(self.outputs.sender.finish(WATERMARK_MAX))
                     await self.on_ended(self)
             if isinstance(self.task, DataSourceTask) and not self.core.ended:
                 await self._run_source()
@@ -244,7 +244,7 @@ class TaskRunner:
                 continue
             self.records_read += count
             await self._act(core.advance_source(task.watermark))
-            await self._flush(core.watermark)  # the batch, when the watermark did not move
+            await self._flush()  # the batch, when the watermark did not move
             await asyncio.sleep(0)  # let the executor's other tasks run between batches
 
     async def _inject_pending(self) -> None:
@@ -268,10 +268,10 @@ class TaskRunner:
                         try:
                             data = await asyncio.wait_for(inbox.get(), linger)
                         except asyncio.TimeoutError:
-                            await self._flush(self.core.watermark)
+                            await self._flush()
                             data = await self._next_while_idle()
                     else:
-                        await self._flush(self.core.watermark)
+                        await self._flush()
                         data = await self._next_while_idle()
                 else:
                     data = await self._next_while_idle()
@@ -284,7 +284,7 @@ class TaskRunner:
                 continue
             await self._accept(data)
             if len(task.output) >= batch:
-                await self._flush(self.core.watermark)
+                await self._flush()
 
     async def _next_while_idle(self) -> bytes | Frame | int | object:
         """The next inbox item; while none comes, the credit grants are repeated now and then,
@@ -323,15 +323,11 @@ class TaskRunner:
             kind = type(action)
             if kind is Grant:
                 await self._grant(*action)
-            elif kind is Flush:
-                await self.outputs.send(action.records, action.watermark)
-            elif kind is End:
-                await self.outputs.send(action.records, WATERMARK_MAX)
-                await self.outputs.finish(WATERMARK_MAX)
+                continue
+            await self.outputs.publish(self.outputs.sender.act(action))
+            if kind is End:
                 await self.on_ended(self)
             elif kind is Snapshot:
-                await self.outputs.send(action.records, action.watermark)
-                await self.outputs.barrier(action.checkpoint_id)
                 self.on_snapshot(self, action)
 
     async def _grant(self, sender: tuple[int, int], consumed: int) -> None:
@@ -347,7 +343,6 @@ class TaskRunner:
         self.dropped += 1
         log.warning("data_message_dropped", task=self.name, error=reason)
 
-    async def _flush(self, watermark: int) -> None:
-        """Send what the task emitted, followed by ``watermark``."""
-        self.task.output, output = [], self.task.output
-        await self.outputs.send(output, watermark)
+    async def _flush(self) -> None:
+        """Send what the task emitted, followed by its watermark."""
+        await self.outputs.publish(self.outputs.sender.act(self.core.flush()))
