@@ -16,7 +16,6 @@ from the last completed checkpoint: a user's test of exactly-once recovery.
 from __future__ import annotations
 
 import collections
-import pickle
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ from gearbus.api.task import Record, Task, TaskContext, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import NO_BARRIER, End, Flush, Frame, Snapshot, TaskCore
+from gearbus.runtime.snapshots import TaskSnapshot
 from gearbus.runtime.tasks import DataSourceTask
 from shared import values
 from shared.messages import AppError
@@ -73,7 +73,7 @@ class InProcessEngine:
         self.checkpoint_every = checkpoint_every
         self.queue: collections.deque = collections.deque()
         self.nodes: dict[tuple[int, int], _Node] = {}
-        #: checkpoint id -> task key -> pickled snapshot envelope, for complete checkpoints
+        #: checkpoint id -> task key -> encoded TaskSnapshot, for complete checkpoints
         self.completed: dict[int, dict[tuple[int, int], bytes]] = {}
         self._pending: dict[int, dict[tuple[int, int], bytes]] = {}
         self._next_checkpoint = 1
@@ -134,7 +134,7 @@ class InProcessEngine:
         if missing:
             raise RuntimeError(f"checkpoint {checkpoint_id} has no snapshot of tasks {missing}")
         for key, node in self.nodes.items():
-            self._guard(node, node.core.restore, pickle.loads(snapshots[key]))
+            self._guard(node, node.core.restore, TaskSnapshot.decode(snapshots[key]))
         self._next_checkpoint = checkpoint_id + 1
         for node in self.nodes.values():
             if node.core.ended:  # it ended before the checkpoint: its receivers hear the end again
@@ -203,7 +203,7 @@ class InProcessEngine:
         taken = self._pending.get(snapshot.checkpoint_id)
         if taken is None:
             return
-        taken[node.key] = self._guard(node, pickle.dumps, snapshot.state, pickle.HIGHEST_PROTOCOL)
+        taken[node.key] = self._guard(node, snapshot.state.encode)
         if len(taken) == len(self.nodes):
             del self._pending[snapshot.checkpoint_id]
             self.completed[snapshot.checkpoint_id] = taken

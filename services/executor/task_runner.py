@@ -19,6 +19,7 @@ from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import Frame, FrameReader, decode_credit, encode_credit
+from gearbus.runtime.snapshots import TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from gearbus.runtime.tasks import DataSourceTask
 from services.executor.outputs import DataPlaneConfig, Outputs
@@ -56,10 +57,10 @@ class TaskRunner:
         on_ended: Callable[[TaskRunner], Awaitable[None]],
         start_ms: int = 0,
         epoch: int = 0,
-        restore: dict | None = None,
+        restore: TaskSnapshot | None = None,
         servers: list[str] | None = None,
     ):
-        """``restore``: the snapshot envelope to resume from (None: a fresh start)."""
+        """``restore``: the snapshot to resume from (None: a fresh start)."""
         graph = app.graph
         self.nc = nc
         self.app_id = app_id
