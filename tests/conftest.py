@@ -1,5 +1,6 @@
-"""Fixtures: a real nats-server on a free port with a temporary JetStream directory,
-and an embedded cluster of real master and worker processes."""
+"""Fixtures: the in-process engine (the cluster's runtime without processes), a real
+nats-server on a free port with a temporary JetStream directory, and an embedded cluster
+of real master and worker processes."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from collections.abc import Awaitable, Callable
 import pytest
 import pytest_asyncio
 
+from gearbus.api.dsl import Pipeline
+from gearbus.api.graph import Application
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.natsserver import NatsServer
+from gearbus.planner import plan
+from gearbus.runners.inprocess import InProcessEngine
 from shared import subjects
 from shared.bus import RequestError
 from shared.messages import ClusterInfo
@@ -21,6 +26,20 @@ from shared.messages import ClusterInfo
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
 sys.path.insert(0, REPO)
+
+
+@pytest.fixture
+def inprocess() -> Callable[..., InProcessEngine]:
+    """Make an in-process engine for a pipeline (planned for the test runner) or an
+    application: every rule of the cluster's runtime over an in-memory transport, one
+    interleaving per ``seed``; for tests that need no real processes."""
+
+    def make(app: Pipeline | Application, *, seed: int = 0, checkpoint_every: int = 0, epoch: int = 0,
+             batch_records: int | None = None) -> InProcessEngine:
+        application = plan(app, "test") if isinstance(app, Pipeline) else app
+        return InProcessEngine(application, batch_records, checkpoint_every, epoch, seed)
+
+    return make
 
 
 @pytest.fixture
