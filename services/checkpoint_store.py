@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgpack
 import nats.js.errors
 
+from gearbus.runtime.savepoints import SavepointRecord
 from shared import subjects
 from shared.bus import ride_out
 
@@ -106,21 +107,21 @@ class CheckpointStore:
         value = await self._get_value(subjects.checkpoint_latest_key(self.app_id))
         return msgpack.unpackb(value) if value else None
 
-    async def put_savepoint(self, name: str, record: dict, parts: dict[tuple[str, int], bytes]) -> None:
+    async def put_savepoint(self, record: SavepointRecord, parts: dict[tuple[str, int], bytes]) -> None:
         """Write a savepoint: each step's state per task index, then its record."""
         for (step, index), data in parts.items():
-            await self._put_object(subjects.savepoint_object(name, step, index), data)
-        await self._put_value(subjects.savepoint_key(name), msgpack.packb(record))
+            await self._put_object(subjects.savepoint_object(record.name, step, index), data)
+        await self._put_value(subjects.savepoint_key(record.name), msgpack.packb(record.to_dict()))
 
-    async def savepoint(self, name: str) -> dict | None:
+    async def savepoint(self, name: str) -> SavepointRecord | None:
         """A savepoint's record: app, checkpoint, and ``steps`` {step: parallelism}."""
         value = await self._get_value(subjects.savepoint_key(name))
-        return msgpack.unpackb(value) if value else None
+        return SavepointRecord.from_dict(msgpack.unpackb(value)) if value else None
 
-    async def savepoint_part(self, record: dict, step: str, index: int) -> bytes:
+    async def savepoint_part(self, record: SavepointRecord, step: str, index: int) -> bytes:
         """One step's state in one task of a savepoint, from the store of the app that took it."""
-        name = record["name"]
-        data = await self._get_object(subjects.savepoint_object(name, step, index), record["app_id"])
+        name = record.name
+        data = await self._get_object(subjects.savepoint_object(name, step, index), record.app_id)
         if data is None:
             raise LookupError(f"savepoint {name!r} has no state of step {step!r} task {index}")
         return data

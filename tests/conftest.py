@@ -1,19 +1,25 @@
-"""Fixtures: a real nats-server on a free port with a temporary JetStream directory,
-and an embedded cluster of real master and worker processes. Also what applies to the
-whole suite: the markers each test folder implies and the hypothesis profiles."""
+"""Fixtures: the in-process engine (the cluster's runtime without processes), a real
+nats-server on a free port with a temporary JetStream directory, and an embedded cluster
+of real master and worker processes. Also what applies to the whole suite: the markers
+each test folder implies and the hypothesis profiles."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from hypothesis import settings
 
+from gearbus.api.dsl import Pipeline
+from gearbus.api.graph import Application
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.natsserver import NatsServer
+from gearbus.planner import plan
+from gearbus.runners.inprocess import InProcessEngine
 from shared.bus import RequestError
 from tests.support.cluster import wait_for_workers
 from tests.support.fuzzing import FULL_PROFILE, QUICK_PROFILE
@@ -33,6 +39,20 @@ def pytest_collection_modifyitems(config, items):
         folder = item.path.relative_to(TESTS).parts[0]
         if folder in FOLDER_MARKERS:
             item.add_marker(folder)
+
+
+@pytest.fixture
+def inprocess() -> Callable[..., InProcessEngine]:
+    """Make an in-process engine for a pipeline (planned for the test runner) or an
+    application: every rule of the cluster's runtime over an in-memory transport, one
+    interleaving per ``seed``; for tests that need no real processes."""
+
+    def make(app: Pipeline | Application, *, seed: int = 0, checkpoint_every: int = 0, epoch: int = 0,
+             batch_records: int | None = None) -> InProcessEngine:
+        application = plan(app, "test") if isinstance(app, Pipeline) else app
+        return InProcessEngine(application, batch_records, checkpoint_every, epoch, seed)
+
+    return make
 
 
 @pytest.fixture

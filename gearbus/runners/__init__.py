@@ -1,6 +1,6 @@
 """Runners: one pipeline, several places to run it (Samza's ApplicationRunner idea).
 
-- TestRunner: in this process, no NATS; deterministic; for users' unit tests.
+- TestRunner: in this process, no NATS; the cluster's runtime, deterministic per seed; for users' unit tests.
 - LocalRunner: an embedded cluster (nats-server, master, workers) on this machine.
 - ClusterRunner: an existing cluster, by NATS URL.
 
@@ -25,7 +25,7 @@ from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.planner import plan
 from gearbus.security import init as init_security
-from gearbus.runners.inprocess import DEFAULT_BATCH_RECORDS, InProcessEngine, PipelineFailed
+from gearbus.runners.inprocess import InProcessEngine, PipelineFailed
 from shared.messages import AppError, AppState, AppSummary
 from shared.security import Security
 
@@ -49,12 +49,16 @@ class TestRunner:
 
     __test__ = False  # not a pytest test class
 
+    def __init__(self, seed: int = 0):
+        """``seed``: which of the interleavings the cluster could take this run takes."""
+        self.seed = seed
+
     def run(self, app: Pipeline | Application | str, args: Sequence[str] = (), raise_on_failure: bool = True) -> RunResult:
         """Run to the end. Sources read batches of the app's ``batch_records`` (as the
         executors do), so watermarks advance at the same points as on the bus."""
         application = _resolve(app, args, "test")
         try:
-            InProcessEngine(application, int(application.config.get("batch_records", DEFAULT_BATCH_RECORDS))).run()
+            InProcessEngine(application, seed=self.seed).run()
         except PipelineFailed as failure:
             if raise_on_failure:
                 raise

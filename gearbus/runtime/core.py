@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from gearbus.api.task import Record, Task
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.snapshots import TaskSnapshot
 
 Sender = tuple[int, int]  # (processor id, task index)
 NO_BARRIER = 0
@@ -42,7 +43,7 @@ class DataPlaneError(RuntimeError):
 
 
 class Frame(NamedTuple):
-    """The unit one task sends another (see services/executor/frames.py for the wire form)."""
+    """The unit one task sends another (see gearbus/runtime/frames.py for the wire form)."""
 
     src_processor: int
     src_index: int
@@ -76,7 +77,7 @@ class Snapshot(NamedTuple):
     acknowledge. ``ended``: taken after the end."""
 
     checkpoint_id: int
-    state: dict
+    state: TaskSnapshot
     ended: bool
     records: list[Record]
     watermark: int
@@ -161,6 +162,11 @@ class TaskCore:
         self._end(actions)
         return actions
 
+    def flush(self) -> Flush:
+        """The task's output so far, to go out followed by its current watermark (the
+        driver's batch limit or linger decides when)."""
+        return Flush(self._take_output(), self.watermark)
+
     def repeat_grants(self) -> list:
         """The current count to every open input, for a driver whose inbox is idle: a grant
         lost (with a NATS server, say) would otherwise leave its sender waiting for good.
@@ -172,13 +178,13 @@ class TaskCore:
                 actions.append(Grant(sender, state.consumed))
         return actions
 
-    def restore(self, envelope: dict) -> None:
-        """Resume from a snapshot's envelope (see :meth:`_snapshot`)."""
-        if envelope["task"] is not None:  # None: a savepoint held nothing for this task
-            self.task.restore(envelope["task"])
-        self.ended = envelope["ended"]
-        self.watermark = envelope["watermark"]
-        self.last_checkpoint = envelope["checkpoint_id"]
+    def restore(self, snapshot: TaskSnapshot) -> None:
+        """Resume from a snapshot (see :meth:`_snapshot`)."""
+        if snapshot.state is not None:  # None: a savepoint held nothing for this task
+            self.task.restore(snapshot.state)
+        self.ended = snapshot.ended
+        self.watermark = snapshot.watermark
+        self.last_checkpoint = snapshot.checkpoint_id
 
     # --- rules -----------------------------------------------------------------------
 
@@ -248,6 +254,5 @@ class TaskCore:
     def _snapshot(self, checkpoint_id: int) -> Snapshot:
         self.task.prepare_checkpoint(checkpoint_id)
         self.last_checkpoint = checkpoint_id
-        envelope = {"task": self.task.snapshot(), "ended": self.ended, "watermark": self.watermark,
-                    "checkpoint_id": checkpoint_id}
-        return Snapshot(checkpoint_id, envelope, self.ended, self._take_output(), self.watermark)
+        state = TaskSnapshot(checkpoint_id, self.task.snapshot(), self.ended, self.watermark)
+        return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.watermark)

@@ -9,6 +9,7 @@ step names are fragile for this: they change when steps are added or reordered.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gearbus.api.graph import Application, Processor
@@ -19,6 +20,31 @@ from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
 
 class SavepointMismatch(ValueError):
     """A savepoint's state does not fit the pipeline restored from it."""
+
+
+@dataclass(frozen=True)
+class SavepointRecord:
+    """A savepoint's record, beside its states (one object per step and task index, in
+    the object store of the app that took it): where it came from, and each stateful
+    step's parallelism, which a new plan claims it by."""
+
+    name: str
+    app_id: int
+    app_name: str
+    checkpoint_id: int
+    created_ms: int
+    steps: dict[str, int]  # step -> parallelism
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for msgpack."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SavepointRecord:
+        """The inverse of :meth:`to_dict`."""
+        return cls(name=str(data["name"]), app_id=int(data["app_id"]), app_name=str(data["app_name"]),
+                   checkpoint_id=int(data["checkpoint_id"]), created_ms=int(data["created_ms"]),
+                   steps={str(step): int(n) for step, n in data["steps"].items()})
 
 
 def _ops(processor: Processor) -> list[Op]:

@@ -15,10 +15,10 @@ import traceback
 import structlog
 
 from gearbus.api.graph import Application
-from gearbus.api.watermarks import WATERMARK_MIN
+from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.guarantee import delivery_guarantee
-from gearbus.runtime.savepoints import SavepointMismatch, claim, join_task_state, split_task_state
-from services.appmaster import checkpoints as cp
+from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, join_task_state, split_task_state
+from gearbus.runtime.snapshots import TaskSnapshot
 from services.appmaster import state as st
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
@@ -503,13 +503,11 @@ class AppMaster(Service):
         for processor in self.app.graph.processors:
             for index in range(processor.parallelism):
                 data = await self.store.get_snapshot(meta.checkpoint_id, meta.epoch, (processor.id, index))
-                envelope = pickle.loads(data)
-                for step, state in split_task_state(processor, envelope["task"]).items():
+                for step, state in split_task_state(processor, TaskSnapshot.decode(data).state).items():
                     parts[(step, index)] = pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
                     steps[step] = processor.parallelism
-        record = {"name": name, "app_id": self.app_id, "app_name": self.app.name, "checkpoint_id": meta.checkpoint_id,
-                  "created_ms": int(time.time() * 1000), "steps": steps}
-        await self.store.put_savepoint(name, record, parts)
+        record = SavepointRecord(name, self.app_id, self.app.name, meta.checkpoint_id, int(time.time() * 1000), steps)
+        await self.store.put_savepoint(record, parts)
         return steps
 
     async def _from_savepoint(self, name: str, allow_unclaimed: bool) -> cp.CheckpointMeta:
@@ -519,7 +517,7 @@ class AppMaster(Service):
         if record is None:
             raise AppFailure(AppError("SavepointNotFound", f"no savepoint named {name!r}", "restoring a savepoint"))
         try:
-            claimed = claim(self.app, record["steps"], allow_unclaimed)
+            claimed = claim(self.app, record.steps, allow_unclaimed)
         except SavepointMismatch as exc:
             raise AppFailure(AppError("SavepointMismatch", f"savepoint {name!r}: {exc}",
                                       "restoring a savepoint")) from None
@@ -528,15 +526,14 @@ class AppMaster(Service):
             mine = [step for step, owner in claimed.items() if owner is processor]
             for index in range(processor.parallelism):
                 states = {step: pickle.loads(await self.store.savepoint_part(record, step, index)) for step in mine}
-                envelope = {"task": join_task_state(processor, states) if states else None, "ended": False,
-                            "watermark": WATERMARK_MIN, "checkpoint_id": SAVEPOINT_CHECKPOINT_ID}
-                data = pickle.dumps(envelope, pickle.HIGHEST_PROTOCOL)
+                data = TaskSnapshot.seeded(SAVEPOINT_CHECKPOINT_ID,
+                                           join_task_state(processor, states) if states else None).encode()
                 await self.store.put_snapshot(SAVEPOINT_CHECKPOINT_ID, self.epoch, (processor.id, index), data)
                 size += len(data)
                 tasks.append((processor.id, index))
         meta = cp.CheckpointMeta(SAVEPOINT_CHECKPOINT_ID, self.epoch, time.monotonic(), 0.0, size, tuple(tasks), False)
         await self.store.put_record(meta.to_dict())
-        log.info("restoring_savepoint", name=name, steps=sorted(claimed), from_app=record["app_id"])
+        log.info("restoring_savepoint", name=name, steps=sorted(claimed), from_app=record.app_id)
         return meta
 
     # --- handlers --------------------------------------------------------------

@@ -39,7 +39,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.appmaster import checkpoints as cp
+from gearbus.runtime import checkpoints as cp
 from shared.messages import AppError, AppState, ErrorCode
 
 TaskKey = tuple[int, int]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pickle
 import signal
 
 import structlog
@@ -13,6 +12,7 @@ from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
+from gearbus.runtime.snapshots import TaskSnapshot
 from services.checkpoint_store import CheckpointStore
 from services.executor.heartbeat import Heartbeat
 from services.executor.outputs import DataPlaneConfig
@@ -143,7 +143,7 @@ class Executor(Service):
             if msg.restore_checkpoint:
                 data = await self.store.get_snapshot(msg.restore_checkpoint, msg.restore_epoch,
                                                      (task_id.processor, task_id.index))
-                envelope = pickle.loads(data)
+                envelope = TaskSnapshot.decode(data)
             runner = TaskRunner(
                 self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
                 self.on_snapshot, self.on_task_ended, msg.start_ms, msg.epoch, envelope, self.servers,
@@ -206,7 +206,7 @@ class Executor(Service):
         """Serialise now (the task goes on changing its state), store and acknowledge in
         the background."""
         try:
-            data = pickle.dumps(snapshot.state, pickle.HIGHEST_PROTOCOL)
+            data = snapshot.state.encode()
         except Exception as exc:
             self.spawn(self._decline(runner, snapshot.checkpoint_id, f"the state of {runner.name} cannot be "
                                                                      f"serialised: {type(exc).__name__}: {exc}"),

@@ -18,8 +18,10 @@ from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime.chain import failure_report
-from gearbus.runtime.core import DataPlaneError, End, Flush, Grant, Snapshot, TaskCore
-from services.executor.frames import Frame, FrameReader, decode_credit, encode_credit
+from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
+from gearbus.runtime.frames import Frame, FrameReader, decode_credit, encode_credit
+from gearbus.runtime.snapshots import TaskSnapshot
+from gearbus.runtime.source import SourceLoop
 from services.executor.outputs import DataPlaneConfig, Outputs
 from services.histogram import Histogram
 from shared import subjects
@@ -55,10 +57,10 @@ class TaskRunner:
         on_ended: Callable[[TaskRunner], Awaitable[None]],
         start_ms: int = 0,
         epoch: int = 0,
-        restore: dict | None = None,
+        restore: TaskSnapshot | None = None,
         servers: list[str] | None = None,
     ):
-        """``restore``: the snapshot envelope to resume from (None: a fresh start)."""
+        """``restore``: the snapshot to resume from (None: a fresh start)."""
         graph = app.graph
         self.nc = nc
         self.app_id = app_id
@@ -86,12 +88,11 @@ class TaskRunner:
         self.inbox_bytes = 0
         self.local_senders: dict[tuple[int, int], TaskRunner] = {}
         self.reader = FrameReader()
-        self.injected: list[int] = []  # checkpoint ids whose barriers a source task has to inject
+        self.source = SourceLoop(self.core, config.batch_records) if isinstance(self.task, DataSourceTask) else None
         self.wake = asyncio.Event()
         self.committed = 0
         self._commit_lock = asyncio.Lock()
         self.dropped = 0
-        self.records_read = 0
         self.bytes_in = 0
         self.batches = Histogram()  # time to process each batch (a frame, or a source's read)
         self.timed = config.task_metrics
@@ -103,10 +104,10 @@ class TaskRunner:
         source = getattr(self.task, "source", None)
         return TaskCounters(
             task=self.task_id,
-            records_in=self.core.records_in if not isinstance(self.task, DataSourceTask) else self.records_read,
-            records_out=self.outputs.records_out,
+            records_in=self.core.records_in if self.source is None else self.source.records_read,
+            records_out=self.outputs.sender.records_out,
             frames_in=self.core.frames_in,
-            frames_out=self.outputs.frames_out,
+            frames_out=self.outputs.sender.frames_out,
             watermark=self.core.watermark,
             finished=self.finished,
             messages_dropped=self.dropped,
@@ -116,7 +117,7 @@ class TaskRunner:
             epoch=self.epoch,
             executor_id=self.executor_id,
             bytes_in=self.bytes_in,
-            bytes_out=self.outputs.bytes_out,
+            bytes_out=self.outputs.sender.bytes_out,
             inbox_depth=self.inbox.qsize(),
             backpressure_ms=self.outputs.backpressure_s * 1000,
             busy_ms=self.batches.total_ms,
@@ -168,9 +169,9 @@ class TaskRunner:
             if self.restore_envelope is not None:
                 await asyncio.to_thread(self.core.restore, self.restore_envelope)  # a sink re-commits: may block
                 if self.core.ended:  # it had ended before the checkpoint: its receivers hear the end again
-                    await self.outputs.finish(WATERMARK_MAX)
+                    await self.outputs.publish(self.outputs.sender.finish(WATERMARK_MAX))
                     await self.on_ended(self)
-            if isinstance(self.task, DataSourceTask) and not self.core.ended:
+            if self.source is not None and not self.core.ended:
                 await self._run_source()
             await self._run_stream()
         except asyncio.CancelledError:
@@ -202,7 +203,7 @@ class TaskRunner:
 
     def inject(self, checkpoint_id: int) -> None:
         """A source task: inject the barrier of ``checkpoint_id`` between two batches."""
-        self.injected.append(checkpoint_id)
+        self.source.inject(checkpoint_id)
         self.wake.set()
         if self.core.ended:  # an ended source waits on its inbox, a reading one on ``wake``
             self.inbox.put_nowait(checkpoint_id)
@@ -222,35 +223,23 @@ class TaskRunner:
     # --- sources ---------------------------------------------------------------------
 
     async def _run_source(self) -> None:
-        task, batch, core = self.task, self.config.batch_records, self.core
-        while True:
-            if self.injected:
-                await self._inject_pending()
-            if self.stopped:
-                return
-            started = time.perf_counter() if self.timed else 0.0
-            count = task.read(batch)
-            if count and self.timed:
+        source, timed = self.source, self.timed
+        while not self.stopped:
+            started = time.perf_counter() if timed else 0.0
+            actions, count = source.step()
+            if count and timed:
                 self.batches.observe((time.perf_counter() - started) * 1000)
+            await self._act(actions)
             if count is None:
-                await self._act(core.end_source())
                 return
-            if not count:
+            if count:
+                await asyncio.sleep(0)  # let the executor's other tasks run between batches
+            elif not source.barriers:
                 self.wake.clear()
                 try:
-                    await asyncio.wait_for(self.wake.wait(), task.source.idle_wait_s())
+                    await asyncio.wait_for(self.wake.wait(), self.task.source.idle_wait_s())
                 except asyncio.TimeoutError:
                     pass
-                continue
-            self.records_read += count
-            await self._act(core.advance_source(task.watermark))
-            await self._flush(core.watermark)  # the batch, when the watermark did not move
-            await asyncio.sleep(0)  # let the executor's other tasks run between batches
-
-    async def _inject_pending(self) -> None:
-        injected, self.injected = self.injected, []
-        for checkpoint_id in injected:
-            await self._act(self.core.inject_barrier(checkpoint_id))
 
     # --- everything else -------------------------------------------------------------
 
@@ -259,8 +248,8 @@ class TaskRunner:
         inbox, task = self.inbox, self.task
         linger = self.config.linger_ms / 1000
         batch = self.config.batch_records
-        if self.injected:  # asked for while the source read its last batch
-            await self._inject_pending()
+        if self.source is not None:  # barriers asked for while the source read its last batch
+            await self._act(self.source.pending_barriers())
         while True:
             if inbox.empty():
                 if task.output:
@@ -268,10 +257,10 @@ class TaskRunner:
                         try:
                             data = await asyncio.wait_for(inbox.get(), linger)
                         except asyncio.TimeoutError:
-                            await self._flush(self.core.watermark)
+                            await self._flush()
                             data = await self._next_while_idle()
                     else:
-                        await self._flush(self.core.watermark)
+                        await self._flush()
                         data = await self._next_while_idle()
                 else:
                     data = await self._next_while_idle()
@@ -280,11 +269,11 @@ class TaskRunner:
             if data is STOP:
                 return
             if type(data) is int:  # a barrier injected at an ended source
-                await self._inject_pending()
+                await self._act(self.source.pending_barriers())
                 continue
             await self._accept(data)
             if len(task.output) >= batch:
-                await self._flush(self.core.watermark)
+                await self._flush()
 
     async def _next_while_idle(self) -> bytes | Frame | int | object:
         """The next inbox item; while none comes, the credit grants are repeated now and then,
@@ -323,15 +312,11 @@ class TaskRunner:
             kind = type(action)
             if kind is Grant:
                 await self._grant(*action)
-            elif kind is Flush:
-                await self.outputs.send(action.records, action.watermark)
-            elif kind is End:
-                await self.outputs.send(action.records, WATERMARK_MAX)
-                await self.outputs.finish(WATERMARK_MAX)
+                continue
+            await self.outputs.publish(self.outputs.sender.act(action))
+            if kind is End:
                 await self.on_ended(self)
             elif kind is Snapshot:
-                await self.outputs.send(action.records, action.watermark)
-                await self.outputs.barrier(action.checkpoint_id)
                 self.on_snapshot(self, action)
 
     async def _grant(self, sender: tuple[int, int], consumed: int) -> None:
@@ -347,7 +332,6 @@ class TaskRunner:
         self.dropped += 1
         log.warning("data_message_dropped", task=self.name, error=reason)
 
-    async def _flush(self, watermark: int) -> None:
-        """Send what the task emitted, followed by ``watermark``."""
-        self.task.output, output = [], self.task.output
-        await self.outputs.send(output, watermark)
+    async def _flush(self) -> None:
+        """Send what the task emitted, followed by its watermark."""
+        await self.outputs.publish(self.outputs.sender.act(self.core.flush()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -183,8 +184,9 @@ async def test_master_info_lists_workers_and_slots(client):
 
 
 async def test_a_kill_during_submission_answers_the_submitter_conflict(cluster_factory):
-    """As docs/protocol.md says: the submission waits for a slot, the app is killed, and once
-    the wait ends the submitter learns its app was killed (not that it could not start)."""
+    """As docs/protocol.md says: the submission waits for a slot, the app is killed, and the
+    submitter learns its app was killed (not that it could not start); it gets no AppMaster
+    when the slot comes."""
     made = cluster_factory(workers=0)
     async with Client(made.url, timeout=60) as client:
         submitting = asyncio.create_task(client.submit(pack(os.path.join(APPS, "endless.py"))))

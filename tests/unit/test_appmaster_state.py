@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.appmaster import checkpoints as cp
+from gearbus.runtime import checkpoints as cp
 from services.appmaster.state import (
     AnswerSavepoint,
     AppMasterState,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.appmaster.checkpoints import (
+from gearbus.runtime.checkpoints import (
     AbandonCheckpoint,
     CheckpointCoordinator,
     CheckpointMeta,

@@ -5,7 +5,11 @@ import asyncio
 
 import pytest
 
-from services.executor.outputs import Channel
+from gearbus.api.partitioners import HashPartitioner
+from gearbus.api.task import Record
+from gearbus.runtime.frames import Frame
+from gearbus.runtime.sender import Channel, DataPlaneConfig
+from services.executor.outputs import Outputs
 
 WINDOW = 4
 
@@ -18,13 +22,13 @@ def sent(channel: Channel, frames: int) -> None:
 
 
 def test_a_new_channel_may_send_one_window():
-    channel = Channel("data.1.2.0", WINDOW)
+    channel = Channel((2, 0), WINDOW)
     sent(channel, WINDOW)
     assert channel.seq == channel.limit == WINDOW
 
 
 def test_a_lost_grant_is_repaired_by_the_next_one():
-    channel = Channel("data.1.2.0", WINDOW)
+    channel = Channel((2, 0), WINDOW)
     sent(channel, WINDOW)
     # the receiver's grant of 2 was lost; its next one says 4
     channel.grant(4, WINDOW)
@@ -32,7 +36,7 @@ def test_a_lost_grant_is_repaired_by_the_next_one():
 
 
 def test_repeated_and_overtaken_grants_change_nothing():
-    channel = Channel("data.1.2.0", WINDOW)
+    channel = Channel((2, 0), WINDOW)
     sent(channel, WINDOW)
     channel.grant(4, WINDOW)
     channel.grant(4, WINDOW)
@@ -41,7 +45,7 @@ def test_repeated_and_overtaken_grants_change_nothing():
 
 
 def test_a_grant_counting_frames_never_sent_does_not_open_the_window_further():
-    channel = Channel("data.1.2.0", WINDOW)
+    channel = Channel((2, 0), WINDOW)
     sent(channel, 2)
     channel.grant(1_000_000, WINDOW)
     assert channel.limit == 2 + WINDOW
@@ -49,10 +53,15 @@ def test_a_grant_counting_frames_never_sent_does_not_open_the_window_further():
 
 @pytest.mark.timeout(5)
 async def test_a_sender_waits_for_the_window_and_resumes_on_a_grant():
-    channel = Channel("data.1.2.0", WINDOW)
-    sent(channel, WINDOW)
-    waiter = asyncio.create_task(channel.acquire())
+    delivered: list[Frame] = []
+    outputs = Outputs(None, 1, 1, 0, 0, [(HashPartitioner(), 2, 1)], DataPlaneConfig(credit_frames=WINDOW))
+    outputs.link_local({(2, 0): lambda frame, size: delivered.append(frame)})
+    frames = [outgoing for n in range(WINDOW + 1)
+              for outgoing in outputs.sender.send([Record(n, 0, None)], 0)]
+    waiter = asyncio.create_task(outputs.publish(frames))
     await asyncio.sleep(0)
     assert not waiter.done()
-    channel.grant(1, WINDOW)
+    assert [f.seq for f in delivered] == list(range(1, WINDOW + 1))
+    assert outputs.grant(2, 0, 0, 1)
     await asyncio.wait_for(waiter, 1)
+    assert [f.seq for f in delivered] == list(range(1, WINDOW + 2))

@@ -27,9 +27,7 @@ from gearbus import (
 )
 from gearbus.api.task import now_ms
 from gearbus.connectors import files
-from gearbus.planner import plan
 from gearbus.runners import PipelineFailed, TestRunner
-from gearbus.runners.inprocess import InProcessEngine
 
 LINES = ["the cat sat", "on the mat", "", "the end"]
 WORDS = [w for line in LINES for w in line.split()]
@@ -517,14 +515,14 @@ def late_pipeline(out: list, accumulation=Accumulation.DISCARDING, late_sink=Non
     return p
 
 
-def late_counts(engine: InProcessEngine) -> dict[str, int]:
+def late_counts(engine) -> dict[str, int]:
     return {node.name: node.task.late_records for node in engine.nodes.values()}
 
 
 @pytest.mark.parametrize("accumulation, late_pane", [(Accumulation.DISCARDING, 1), (Accumulation.ACCUMULATING, 3)])
-def test_late_panes_and_dropped_records(accumulation, late_pane):
+def test_late_panes_and_dropped_records(inprocess, accumulation, late_pane):
     out = []
-    engine = InProcessEngine(plan(late_pipeline(out, accumulation), "test"), batch_records=1)
+    engine = inprocess(late_pipeline(out, accumulation))
     engine.run()
     assert out == [
         WindowResult("k", 2, 0, 10, "on_time"),
@@ -538,9 +536,9 @@ def test_late_panes_and_dropped_records(accumulation, late_pane):
     assert (aggregate.operator.late_dropped, aggregate.operator.late_side_output) == (2, 0)
 
 
-def test_records_too_late_go_to_the_late_sink():
+def test_records_too_late_go_to_the_late_sink(inprocess):
     out, late = [], []
-    engine = InProcessEngine(plan(late_pipeline(out, late_sink=CollectSink(late)), "test"), batch_records=1)
+    engine = inprocess(late_pipeline(out, late_sink=CollectSink(late)))
     engine.run()
     assert late == [("k", 7), ("k", 15)]
     assert [(r.window_start, r.value, r.timing) for r in out] == [(0, 2, "on_time"), (0, 1, "late"),
@@ -557,26 +555,26 @@ def test_the_test_runner_uses_the_pipeline_batch_size_for_late_data():
                                                                   (10, 1, "on_time"), (20, 2, "on_time")]
 
 
-def test_without_allowed_lateness_a_late_record_is_dropped():
+def test_without_allowed_lateness_a_late_record_is_dropped(inprocess):
     out = []
     p = Pipeline("strict", config={"batch_records": 1})
     (p.from_collection([("k", t) for t in [1, 12, 3, 13]], timestamp_fn=lambda e: e[1], name="src")
         .group_by(lambda e: e[0], name="k").window(TumblingWindows(10)).count(name="n")
         .sink(CollectSink(out), name="out"))
-    engine = InProcessEngine(plan(p, "test"), batch_records=1)
+    engine = inprocess(p)
     engine.run()
     assert [(r.window_start, r.value, r.timing) for r in out] == [(0, 1, "on_time"), (10, 2, "on_time")]
     assert late_counts(engine)["n+out[0]"] == 1
 
 
-def test_out_of_order_within_the_bound_is_not_late():
+def test_out_of_order_within_the_bound_is_not_late(inprocess):
     out = []
     p = Pipeline("bounded", config={"batch_records": 1})
     (p.from_collection([("k", t) for t in [1, 12, 3, 9, 14, 25]], timestamp_fn=lambda e: e[1], name="src",
                        max_out_of_orderness_ms=10)
         .group_by(lambda e: e[0], name="k").window(TumblingWindows(10)).count(name="n")
         .sink(CollectSink(out), name="out"))
-    engine = InProcessEngine(plan(p, "test"), batch_records=1)
+    engine = inprocess(p)
     engine.run()
     assert [(r.window_start, r.value, r.timing) for r in out] == [(0, 3, "on_time"), (10, 2, "on_time"),
                                                                   (20, 1, "on_time")]

@@ -3,7 +3,7 @@
 import pytest
 
 from gearbus import Record
-from services.executor.frames import DataPlaneError, FrameReader, encode_frame, split_message
+from gearbus.runtime.frames import DataPlaneError, FrameReader, encode_frame, split_message
 
 
 def test_whole_frame_round_trip():
@@ -109,7 +109,7 @@ def test_reassembly_memory_is_capped_across_senders_that_never_finish():
 
 @pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"\x94\x01\x02\x03\xff"])
 def test_malformed_credit_is_a_data_plane_error(data):
-    from services.executor.frames import decode_credit
+    from gearbus.runtime.frames import decode_credit
 
     with pytest.raises(DataPlaneError):
         decode_credit(data)

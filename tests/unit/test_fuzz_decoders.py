@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from gearbus.api.task import Record
 from gearbus.artifact import MAX_ARTIFACT_BYTES, ArtifactError, unpack_artifact
-from services.executor.frames import FrameReader, decode_credit, encode_credit, encode_frame, split_message
+from gearbus.runtime.frames import FrameReader, decode_credit, encode_credit, encode_frame, split_message
 from shared import messages, values
 from shared.messages import PROTOCOL_VERSION, Message, ProtocolError, decode
 from tests.support.fuzzing import examples

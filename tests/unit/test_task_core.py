@@ -7,6 +7,7 @@ from gearbus.api.graph import Processor
 from gearbus.api.task import Record, Task, TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.core import DataPlaneError, End, Flush, Frame, Grant, Snapshot, TaskCore
+from gearbus.runtime.snapshots import TaskSnapshot
 
 A, B = (0, 0), (0, 1)
 
@@ -122,7 +123,7 @@ def test_barriers_align_holding_back_the_channel_that_is_ahead():
     core.receive(B, b.frame([2]))
     actions = core.receive(B, b.frame([], barrier=7))
     snapshots = [x for x in actions if type(x) is Snapshot]
-    assert snapshots == [Snapshot(7, {"task": 3, "ended": False, "watermark": WATERMARK_MIN, "checkpoint_id": 7},
+    assert snapshots == [Snapshot(7, TaskSnapshot(7, 3, False, WATERMARK_MIN),
                                   False, [], WATERMARK_MIN)]
     assert task.total == 1003  # the held frame was processed after the snapshot
 
@@ -147,7 +148,7 @@ def test_the_next_barrier_on_a_held_channel_holds_it_again():
     assert [x.checkpoint_id for x in first if type(x) is Snapshot] == [1]
     assert task.total == 11  # A's 10 ran; A's 20 waits behind barrier 2
     second = core.receive(B, b.frame([2], barrier=2))
-    assert [(x.checkpoint_id, x.state["task"]) for x in second if type(x) is Snapshot] == [(2, 13)]
+    assert [(x.checkpoint_id, x.state.state) for x in second if type(x) is Snapshot] == [(2, 13)]
     assert task.total == 33
 
 
@@ -159,7 +160,7 @@ def test_an_ended_task_still_answers_barriers_and_says_it_ended():
     assert core.ended
     core.receive(A, a.frame([], barrier=9))
     [snapshot] = [x for x in core.receive(B, b.frame([], barrier=9)) if type(x) is Snapshot]
-    assert snapshot.ended and snapshot.state["ended"] and snapshot.state["task"] == 3
+    assert snapshot.ended and snapshot.state.ended and snapshot.state.state == 3
 
 
 def test_end_of_stream_held_behind_a_barrier_comes_after_the_snapshot():
@@ -175,7 +176,7 @@ def test_end_of_stream_held_behind_a_barrier_comes_after_the_snapshot():
 
 def test_restore_resumes_the_state_and_a_task_that_had_ended_does_not_end_twice():
     task, core = make_core()
-    core.restore({"task": 41, "ended": True, "watermark": WATERMARK_MAX, "checkpoint_id": 5})
+    core.restore(TaskSnapshot(5, 41, True, WATERMARK_MAX))
     assert task.total == 41 and core.ended and core.last_checkpoint == 5
     a, b = Channel(A), Channel(B)
     assert core.receive(A, a.frame([], watermark=WATERMARK_MAX, eos=True)) == []
@@ -188,7 +189,7 @@ def test_a_source_snapshots_where_the_barrier_is_injected_and_ends_with_the_fina
     task, core = make_core(senders=())
     assert core.advance_source(100) == [Flush([], 100)]
     [snapshot] = core.inject_barrier(3)
-    assert snapshot.checkpoint_id == 3 and snapshot.state["watermark"] == 100
+    assert snapshot.checkpoint_id == 3 and snapshot.state.watermark == 100
     assert core.end_source() == [End([Record(0, 0)])]
     assert task.calls[-2:] == [("watermark", WATERMARK_MAX), ("end",)]
 

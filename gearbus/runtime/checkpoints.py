@@ -1,9 +1,9 @@
-"""The AppMaster's checkpoint coordinator: a state machine without I/O.
+"""The checkpoint coordinator: a state machine without I/O.
 
-Aligned checkpoints as Flink takes them, with global rollback on failure (the messages:
-docs/protocol.md, "Checkpoints" and "Recovery").
-The coordinator decides; the AppMaster's async shell acts. Every event method takes
-``now`` (monotonic seconds, read by the shell) and returns a list of actions (frozen
+Aligned checkpoints as Flink takes them, with global rollback on failure. The
+coordinator decides; a shell acts: the AppMaster's (over NATS, on the monotonic clock)
+and the TestRunner's in-process engine (in memory, on a clock it advances). Every event
+method takes ``now`` (seconds, read by the shell) and returns a list of actions (frozen
 dataclasses below) for the shell to carry out; the coordinator never sleeps, never
 reads a clock and never touches NATS, so every transition is tested without a network
 (dask's WorkerState: events in, actions out).

@@ -1,0 +1,178 @@
+"""The sending side of a task, free of I/O: every rule of what goes to which receiver.
+
+Output is partitioned per out edge, cut into frames per receiver (at most
+``batch_records`` records and, unless a single record is larger, ``batch_bytes``
+encoded bytes), numbered per receiver, and each frame carries the watermark that holds
+after its records. Control goes in band behind the records: watermarks, barriers,
+end-of-stream. Credit is counted per receiver: a frame may go once its sequence number
+is within what the receiver granted.
+
+The sender decides and returns :class:`Outgoing` frames in the order they must go; the
+driver carries them out: the executor publishes them over NATS (or hands them to a task
+in the same process) and waits for credit, the TestRunner queues them in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gearbus.api.partitioners import Partitioner
+from gearbus.api.task import Record
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.core import NO_BARRIER, End, Flush, Frame, Snapshot
+from gearbus.runtime.frames import encode_frame
+
+TaskKey = tuple[int, int]  # (processor id, task index)
+
+
+@dataclass(frozen=True)
+class DataPlaneConfig:
+    """Knobs of the data plane, read from the application config."""
+
+    batch_records: int = 4096  # records per frame at most
+    batch_bytes: int = 512 * 1024  # encoded bytes per frame at most (a lone larger record still goes)
+    linger_ms: float = 0.0  # how long a task whose inbox ran dry holds a small batch before sending it
+    credit_frames: int = 16  # frames a sender may have in flight to one receiver
+    task_metrics: bool = True  # time each batch (the latency histogram); off saves two clock reads a batch
+
+    @classmethod
+    def from_config(cls, config: dict) -> DataPlaneConfig:
+        values = {k: config[k] for k in cls.__dataclass_fields__ if k in config}
+        for key, value in values.items():
+            if key == "task_metrics":
+                if not isinstance(value, bool):
+                    raise ValueError(f"application config task_metrics must be true or false, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"application config {key} must be a non-negative number, got {value!r}")
+        made = cls(**values)
+        if made.batch_records < 1 or made.credit_frames < 2:
+            raise ValueError("application config needs batch_records >= 1 and credit_frames >= 2")
+        return made
+
+
+class Channel:
+    """One sender -> receiver pair: its sequence numbers, last watermark and credit."""
+
+    __slots__ = ("receiver", "seq", "limit", "watermark")
+
+    def __init__(self, receiver: TaskKey, window: int):
+        self.receiver = receiver
+        self.seq = 0  # the last sequence number given to a frame
+        self.limit = window  # the highest sequence number the receiver lets us send
+        self.watermark = WATERMARK_MIN  # the last watermark given to a frame
+
+    def grant(self, consumed: int, window: int) -> None:
+        """The receiver processed ``consumed`` frames: we may send up to ``consumed`` +
+        ``window``. Counts only raise the limit (an old or repeated grant is harmless) and
+        cannot exceed what was sent (a confused or hostile grant cannot let a sender flood
+        its receiver)."""
+        self.limit = max(self.limit, min(consumed, self.seq) + window)
+
+    def has_credit(self, seq: int) -> bool:
+        """Whether frame ``seq`` of this channel is within the window."""
+        return seq <= self.limit
+
+
+class Outgoing(NamedTuple):
+    """A frame to send on ``channel`` once it has credit, and its encoded form."""
+
+    channel: Channel
+    frame: Frame
+    data: bytes
+
+
+class Sender:
+    """All out edges of one task: actions of its :class:`~gearbus.runtime.core.TaskCore`
+    in, frames out."""
+
+    def __init__(self, processor: int, index: int, epoch: int,
+                 edges: list[tuple[Partitioner, int, int]], config: DataPlaneConfig):
+        """``edges``: (partitioner, downstream processor id, downstream parallelism) each."""
+        self.processor = processor
+        self.index = index
+        self.epoch = epoch
+        self.config = config
+        self.ports: list[tuple[Partitioner, list[Channel]]] = []
+        self.channels: dict[TaskKey, Channel] = {}
+        for partitioner, downstream, parallelism in edges:
+            port = [Channel((downstream, i), config.credit_frames) for i in range(parallelism)]
+            self.channels.update((channel.receiver, channel) for channel in port)
+            self.ports.append((partitioner, port))
+        self.records_out = 0
+        self.frames_out = 0
+        self.bytes_out = 0
+
+    def act(self, action: Flush | End | Snapshot) -> list[Outgoing]:
+        """The frames a core's sending action asks for (a Snapshot's barrier follows its output)."""
+        kind = type(action)
+        if kind is Flush:
+            return self.send(action.records, action.watermark)
+        if kind is End:
+            return self.send(action.records, WATERMARK_MAX) + self.finish(WATERMARK_MAX)
+        if kind is Snapshot:
+            return self.send(action.records, action.watermark) + self.barrier(action.checkpoint_id)
+        raise TypeError(f"not a sending action: {action!r}")
+
+    def grant(self, processor: int, index: int, epoch: int, consumed: int) -> Channel | None:
+        """Credit from a receiver: its channel, or None from an unknown receiver or attempt."""
+        channel = self.channels.get((processor, index))
+        if channel is None or epoch != self.epoch:
+            return None
+        channel.grant(consumed, self.config.credit_frames)
+        return channel
+
+    def send(self, records: list[Record], watermark: int) -> list[Outgoing]:
+        """Partition ``records`` over every out edge into frames.
+
+        ``watermark`` holds after these records: it rides the last frame to each
+        receiver (earlier frames carry the previous one) and goes alone to receivers
+        that got none of the records, so every receiver applies it at the same point
+        of the stream, whatever the batching.
+        """
+        out: list[Outgoing] = []
+        step = self.config.batch_records
+        for partitioner, channels in self.ports:
+            buckets = partitioner.route(records, len(channels), self.index) if records else None
+            for i, channel in enumerate(channels):
+                bucket = buckets[i] if buckets else None
+                if bucket:
+                    for start in range(0, len(bucket), step):
+                        last = start + step >= len(bucket)
+                        self._frame(out, channel, watermark if last else channel.watermark, False, NO_BARRIER,
+                                    bucket[start : start + step])
+                elif watermark > channel.watermark:
+                    self._frame(out, channel, watermark, False, NO_BARRIER, [])
+        return out
+
+    def finish(self, watermark: int) -> list[Outgoing]:
+        """End-of-stream, with the final watermark, to every receiver."""
+        out: list[Outgoing] = []
+        for channel in self.channels.values():
+            self._frame(out, channel, watermark, True, NO_BARRIER, [])
+        return out
+
+    def barrier(self, checkpoint_id: int) -> list[Outgoing]:
+        """Checkpoint ``checkpoint_id``'s barrier to every receiver, behind everything sent."""
+        out: list[Outgoing] = []
+        for channel in self.channels.values():
+            self._frame(out, channel, channel.watermark, False, checkpoint_id, [])
+        return out
+
+    def _frame(self, out: list[Outgoing], channel: Channel, watermark: int, eos: bool, barrier: int,
+               records: list[Record]) -> None:
+        """Number and encode one frame (``watermark`` holds after its records); one over
+        ``batch_bytes`` is halved, the first half carrying the previous watermark."""
+        seq = channel.seq + 1
+        data = encode_frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier, records)
+        if len(data) > self.config.batch_bytes and len(records) > 1:
+            half = len(records) // 2
+            self._frame(out, channel, channel.watermark, False, NO_BARRIER, records[:half])
+            self._frame(out, channel, watermark, eos, barrier, records[half:])
+            return
+        channel.seq, channel.watermark = seq, watermark
+        out.append(Outgoing(channel, Frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier,
+                                           records), data))
+        self.frames_out += 1
+        self.bytes_out += len(data)
+        self.records_out += len(records)

@@ -1,0 +1,56 @@
+"""A source task's loop, free of I/O: the executor's async loop and the TestRunner's
+loop both take one step at a time and carry out its actions.
+
+A step first injects the checkpoint barriers asked for since the last one (a barrier
+goes between two batches, never inside one), then reads a batch of at most
+``batch_records`` records. A source that has nothing now reads 0 and the driver waits
+(at most ``idle_wait_s``, or until a barrier is asked for); one that has ended reads
+None, and its last output goes with the final watermark and end-of-stream; otherwise
+the source's watermark advances and the batch goes out.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from gearbus.runtime.core import TaskCore
+
+
+class SourceStep(NamedTuple):
+    """What one step did: ``actions`` for the driver; ``count`` records read (0: nothing
+    now, None: the source ended)."""
+
+    actions: list
+    count: int | None
+
+
+class SourceLoop:
+    """The loop of one source task around its core."""
+
+    def __init__(self, core: TaskCore, batch_records: int):
+        self.core = core
+        self.task = core.task
+        self.batch_records = batch_records
+        self.barriers: list[int] = []  # checkpoints whose barriers are to be injected
+        self.records_read = 0
+
+    def inject(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was triggered: its barrier goes before the next batch."""
+        self.barriers.append(checkpoint_id)
+
+    def pending_barriers(self) -> list:
+        """Inject the barriers asked for (an ended source still passes them on)."""
+        barriers, self.barriers = self.barriers, []
+        return [action for checkpoint_id in barriers for action in self.core.inject_barrier(checkpoint_id)]
+
+    def step(self) -> SourceStep:
+        """Pending barriers, then one batch."""
+        actions = self.pending_barriers()
+        count = self.task.read(self.batch_records)
+        if count is None:
+            actions += self.core.end_source()
+        elif count:
+            self.records_read += count
+            actions += self.core.advance_source(self.task.watermark)
+            actions.append(self.core.flush())  # the batch, when the watermark did not move
+        return SourceStep(actions, count)

@@ -1,0 +1,67 @@
+"""The sender's rules, without a network: what frames go to which receiver, in what order."""
+
+from gearbus.api.partitioners import BroadcastPartitioner, HashPartitioner
+from gearbus.api.task import Record
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.core import End, Flush, Snapshot
+from gearbus.runtime.sender import DataPlaneConfig, Sender
+from gearbus.runtime.snapshots import TaskSnapshot
+
+
+def sender(parallelism: int = 2, partitioner=None, **config) -> Sender:
+    return Sender(1, 0, 3, [(partitioner or HashPartitioner(), 2, parallelism)], DataPlaneConfig(**config))
+
+
+def frames(outgoing) -> list[tuple]:
+    """(receiver, seq, watermark, eos, barrier, values) per frame, in sending order."""
+    return [(o.channel.receiver, o.frame.seq, o.frame.watermark, o.frame.eos, o.frame.barrier,
+             [r.value for r in o.frame.records]) for o in outgoing]
+
+
+def test_the_watermark_rides_the_last_frame_to_each_receiver_and_goes_alone_to_the_others():
+    s = sender(parallelism=1, partitioner=BroadcastPartitioner(), batch_records=2)
+    assert frames(s.send([Record(v, 0, None) for v in "abcde"], 10)) == [
+        ((2, 0), 1, WATERMARK_MIN, False, 0, ["a", "b"]),
+        ((2, 0), 2, WATERMARK_MIN, False, 0, ["c", "d"]),
+        ((2, 0), 3, 10, False, 0, ["e"]),
+    ]
+    s = sender(parallelism=2)
+    out = frames(s.send([Record("k", 0, None)] * 3, 7))
+    assert sorted(len(f[5]) for f in out) == [0, 3]  # one receiver gets the records, the other the watermark alone
+    assert all(f[1:5] == (1, 7, False, 0) for f in out)
+    assert s.send([], 7) == []  # a watermark that did not move is not sent again
+
+
+def test_a_barrier_follows_the_output_to_every_receiver_with_the_last_watermark():
+    s = sender()
+    out = frames(s.act(Snapshot(4, TaskSnapshot(4, None, False, 9), False, [Record("k", 0, None)], 9)))
+    records, barriers = out[:2], out[2:]
+    assert [f[4] for f in records] == [0, 0] and [f[4] for f in barriers] == [4, 4]
+    assert all(f[2] == 9 and f[1] == 2 and f[5] == [] for f in barriers)
+
+
+def test_the_end_sends_the_last_records_then_end_of_stream_with_the_final_watermark():
+    s = sender(parallelism=1)
+    assert frames(s.act(End([Record("x", 0, None)]))) == [
+        ((2, 0), 1, WATERMARK_MAX, False, 0, ["x"]),
+        ((2, 0), 2, WATERMARK_MAX, True, 0, []),
+    ]
+
+
+def test_a_frame_over_batch_bytes_is_halved_but_a_lone_large_record_still_goes():
+    s = sender(parallelism=1, batch_bytes=2000)
+    big = "x" * 1500  # two of them pass batch_bytes
+    out = frames(s.act(Flush([Record(big, 0, None)] * 4, 5)))
+    assert [len(f[5]) for f in out] == [1, 1, 1, 1]
+    assert [f[2] for f in out] == [WATERMARK_MIN, WATERMARK_MIN, WATERMARK_MIN, 5]
+    assert len(frames(s.send([Record("y" * 5000, 0, None)], 6))) == 1
+
+
+def test_credit_bounds_each_channel_and_only_this_attempts_receivers_grant_it():
+    s = sender(parallelism=1, credit_frames=2)
+    out = [o for v in range(3) for o in s.send([Record(v, 0, None)], WATERMARK_MIN)]
+    assert [o.channel.has_credit(o.frame.seq) for o in out] == [True, True, False]
+    assert s.grant(2, 0, 2, 1) is None  # another epoch's receiver
+    assert s.grant(9, 0, 3, 1) is None  # not a receiver
+    assert s.grant(2, 0, 3, 1) is out[2].channel and out[2].channel.has_credit(3)
+    assert (s.frames_out, s.records_out) == (3, 3)
