@@ -1,7 +1,7 @@
 """Exactly-once under chaos: a kill every few seconds while a JetStream pipeline runs.
 
     python bench/chaos.py [--records 1000000] [--rate 8000] [--interval-ms 1000]
-                          [--kill-every-s 5] [--kills executor,worker,appmaster,master,nats]
+                          [--kill-every-s 5] [--kills executor,worker,appmaster,master,nats,powercut]
                           [--workers 3] [--masters 2] [--heartbeat-s 1.0] [--nats-signal term]
                           [--seed 42] [--recovery-timeout 60] [--keep]
 
@@ -23,6 +23,9 @@ the previous kill was recovered from), one of, in turn:
                SIGKILL with ``--nats-signal kill``, then start). The publisher is paused
                (all its messages acknowledged) around it, so the input keeps its order;
                the cluster's roles are not told anything.
+* powercut  -- SIGKILL every process at once (masters, workers, AppMaster, executors and the
+               nats-server), then start them all again on the same store; measured from
+               the restart (the app must resume by itself).
 
 Measured per kill, from the kill:
 
@@ -83,7 +86,7 @@ APP = os.path.join(REPO, "tests", "apps", "exactly_once.py")
 IN_STREAM, OUT_STREAM, OUT_SUBJECT = "CHAOSEV", "CHAOSOUT", "chaos.windows"
 USERS = 50
 BASE_TS = 1_700_000_000_000
-KINDS = ("executor", "worker", "appmaster", "master", "nats")
+KINDS = ("executor", "worker", "appmaster", "master", "nats", "powercut")
 ROLLBACK = {"executor", "worker", "appmaster"}  # kills after which the app rolls back (a new epoch)
 TARGET_S = 3.0
 
@@ -423,6 +426,21 @@ class Chaos:
         self.feeder.resume()
         return at, (f"nats-server SIG{self.opts.nats_signal.upper()}, down after {(down - at) / 1000:.2f} s, "
                     f"listening again after {(up - at) / 1000:.2f} s")
+
+    async def powercut(self) -> tuple[float, str]:
+        """Every process at once, the nats-server too; then all started again on the same
+        store. Measured from the restart."""
+        await self.feeder.pause()
+        loop = asyncio.get_running_loop()
+        killed = len(self._track()) + len(self.cluster.masters) + len(self.cluster.workers) + 1
+        self.server.process.send_signal(signal.SIGKILL)
+        await loop.run_in_executor(None, self.cluster.power_cut)
+        await loop.run_in_executor(None, self.server.process.wait)
+        at = wall_ms()
+        await loop.run_in_executor(None, self.server.start)
+        self.cluster.restart()
+        self.feeder.resume()
+        return at, f"{killed} processes SIGKILLed at once; measured from the restart"
 
 
 # --------------------------------------------------------------------------- verification
