@@ -90,7 +90,7 @@ async def test_losing_the_kv_stream_leader_server_keeps_the_app(tmp_path):
 
                 async def flowing():
                     ticks = read_ticks(output)
-                    return ticks if ticks and max(ticks) > before + 200 else None
+                    return ticks if ticks and max(ticks) > before + 300 else None
 
                 ticks = await wait_until(client, subjects.appmaster_heartbeat("*"), flowing, timeout=60)
                 log.info("kv_output_resumed", seconds=round(time.monotonic() - killed_at, 3), server=victim.name)
