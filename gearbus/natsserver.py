@@ -118,6 +118,9 @@ class NatsCluster:
     """Several nats-servers routed into one JetStream cluster, on loopback."""
 
     def __init__(self, size: int = 3, base_dir: str | None = None):
+        """``base_dir``: where the servers keep their JetStream data and logs; a given one is
+        the caller's and outlives the cluster (the logs of a failed test stay readable)."""
+        self._own_dir = base_dir is None
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="gearbus-cluster-")
         cluster_ports = [free_port() for _ in range(size)]
         self.servers = []
@@ -144,7 +147,8 @@ class NatsCluster:
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
-        shutil.rmtree(self.base_dir, ignore_errors=True)
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def __enter__(self) -> NatsCluster:
         return self.start()

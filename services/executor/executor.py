@@ -53,6 +53,7 @@ EXIT_APPMASTER_GONE = 3
 EXIT_FENCED = 4
 EXIT_WORKER_GONE = 5
 ACKS_KEPT = 4  # checkpoints whose acks an executor can repeat
+REPORT_REPEAT_S = 1.0  # a task's end (finished or failed) is reported again this often until its attempt is replaced
 
 
 class Executor(Service):
@@ -241,13 +242,28 @@ class Executor(Service):
                                TaskEnded(self.executor_id, runner.task_id, runner.epoch))
 
     async def on_task_done(self, runner: TaskRunner, error: AppError | None, recoverable: bool) -> None:
+        """Report a task's end, and again every REPORT_REPEAT_S while its attempt runs here.
+        The report is a core NATS message: one sent while the AppMaster reconnects after
+        losing its server (or before its interest reached the sender's server) is lost, and
+        an AppMaster that never hears of a failed task waits on it for good (checkpoints
+        time out, nothing restarts it). Repeats are harmless: the AppMaster acts once per
+        attempt, and a recovery's launch of the next attempt ends them."""
         if error is None:
-            await self.bus.publish(subjects.appmaster_task_finished(self.app_id),
-                                   TaskFinished(self.executor_id, runner.counters(), runner.epoch))
+            subject = subjects.appmaster_task_finished(self.app_id)
+            report = TaskFinished(self.executor_id, runner.counters(), runner.epoch)
         else:
             await self._flush_counters()
-            await self.bus.publish(subjects.appmaster_task_failed(self.app_id),
-                                   TaskFailed(self.executor_id, runner.task_id, error, runner.epoch, recoverable))
+            subject = subjects.appmaster_task_failed(self.app_id)
+            report = TaskFailed(self.executor_id, runner.task_id, error, runner.epoch, recoverable)
+        await self.bus.publish(subject, report)
+        self.spawn(self._repeat_report(runner, subject, report), f"report-{runner.name}")
+
+    async def _repeat_report(self, runner: TaskRunner, subject: str, report: TaskFinished | TaskFailed) -> None:
+        while True:
+            await asyncio.sleep(REPORT_REPEAT_S)
+            if runner not in self.runners:
+                return
+            await self.bus.publish(subject, report)
 
     async def _flush_counters(self) -> None:
         """A heartbeat now, answered before the failure is reported: an app that fails before

@@ -195,7 +195,7 @@ class Master(Service):
     async def _take_office(self) -> None:
         """Load the cluster state from KV, serve the request subjects, announce."""
         started = time.monotonic()
-        self.store = await StateStore.open(self.bus.js, self.lease, self.bus.replicas)
+        self.store = await StateStore.open(self.bus.nc, self.lease, self.bus.replicas)
         self.apps, known = await self.store.load()
         self.scheduler = Scheduler()
         self.live = {}

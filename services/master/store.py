@@ -4,6 +4,7 @@ next application id. Master HA builds on this: a new leader reloads everything h
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import msgpack
@@ -12,6 +13,8 @@ import nats.js.errors
 from services.master.lease import LeaseLost
 from shared import subjects
 from shared.messages import AppError, AppState, AppSummary, Struct
+
+API_TIMEOUT_S = 5.0  # a JetStream API request (nats-py's default)
 
 #: Allowed application state transitions; anything else is a bug or a late report.
 TRANSITIONS = {
@@ -74,18 +77,20 @@ class StateStore:
     while the lease is valid, and as a compare-and-set on the revision this leader last
     saw, so a deposed leader can never overwrite its successor's state."""
 
-    def __init__(self, kv, lease):
+    def __init__(self, nc, kv, lease):
+        self.nc = nc
         self.kv = kv
         self.lease = lease
         self._revisions: dict[str, int] = {}
 
     @classmethod
-    async def open(cls, js, lease, replicas: int = 1) -> StateStore:
+    async def open(cls, nc, lease, replicas: int = 1) -> StateStore:
+        js = nc.jetstream()
         try:
             kv = await js.key_value(subjects.STATE_BUCKET)
         except nats.js.errors.BucketNotFoundError:
             kv = await js.create_key_value(bucket=subjects.STATE_BUCKET, history=1, replicas=replicas)
-        return cls(kv, lease)
+        return cls(nc, kv, lease)
 
     def _fence(self) -> None:
         if not self.lease.valid():
@@ -128,11 +133,7 @@ class StateStore:
     async def load(self) -> tuple[dict[int, ApplicationRecord], dict[str, WorkerRecord]]:
         """Everything a new leader needs: the applications and the workers known."""
         apps, workers = {}, {}
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return apps, workers
-        for key in keys:
+        for key in await self._keys():
             if not key.startswith(("apps.", "workers.")):
                 continue
             try:
@@ -148,3 +149,23 @@ class StateStore:
                 worker = WorkerRecord._from_fields(data, key)
                 workers[worker.worker_id] = worker
         return apps, workers
+
+    async def _keys(self) -> list[str]:
+        """Every key in the bucket, as its stream lists its subjects (the stream leader
+        answers; paged as the server pages them). Not ``KeyValue.keys()``: that lists through
+        a new consumer, and one made just after the stream (or the JetStream meta leader)
+        changed leader can report nothing pending, an empty listing a new leader would take
+        for a cluster without apps and workers."""
+        stream, prefix = f"KV_{subjects.STATE_BUCKET}", f"$KV.{subjects.STATE_BUCKET}."
+        found: list[str] = []
+        while True:
+            reply = await self.nc.request(f"$JS.API.STREAM.INFO.{stream}",
+                                          json.dumps({"subjects_filter": ">", "offset": len(found)}).encode(),
+                                          timeout=API_TIMEOUT_S)
+            info = json.loads(reply.data)
+            if "error" in info:
+                nats.js.errors.APIError.from_error(info["error"])
+            page = list(info["state"].get("subjects") or {})
+            found.extend(page)
+            if not page or len(found) >= info.get("total", 0):
+                return [subject[len(prefix):] for subject in found]

@@ -13,8 +13,9 @@ import structlog
 
 from gearbus.artifact import pack
 from gearbus.client import Client
+from services.executor.frames import encode_frame
 from shared import subjects
-from shared.messages import AppState, ExecutorStopped, decode
+from shared.messages import AppState, ExecutorStopped, TaskFailed, decode
 from tests.support.cluster import wait_exited, wait_for_workers, wait_state, wait_until
 from tests.support.paths import TICKER
 from tests.support.ticker import read_ticks
@@ -167,3 +168,40 @@ async def test_a_killed_appmaster_is_relaunched_and_adopts_the_running_executors
     await client.kill(app_id)
     final = await client.wait(app_id, timeout=10)
     assert final.state == AppState.TERMINATED
+
+
+async def test_a_task_failure_is_reported_until_a_recovery_replaces_the_attempt(cluster, client, tmp_path):
+    """A task's failure report is one core NATS message: one sent while the AppMaster
+    reconnects (its server died) is lost, and nobody would restart the task. So the executor
+    repeats it until the next attempt is launched, and the AppMaster recovers once however
+    many copies it gets. The AppMaster is stopped (SIGSTOP) so it hears nothing until resumed."""
+    output = tmp_path / "ticks.jsonl"
+    app_id = await start_ticker(client, output)
+    status = await client.status(app_id)
+    epoch, restarts = status.checkpoints.epoch, status.restarts
+    [(appmaster, _, _)] = [p for p in cluster.processes() if p[2] == "appmaster"]
+    reports: list[TaskFailed] = []
+
+    async def on_report(msg):
+        reports.append(decode(msg.data, (TaskFailed,)))
+
+    sub = await client.bus.nc.subscribe(subjects.appmaster_task_failed(app_id), cb=on_report)
+    os.kill(appmaster, signal.SIGSTOP)
+    try:
+        ahead = encode_frame(0, 0, epoch, 10**6, 0, False, 0, [])  # the frames before it "were lost"
+        await client.bus.nc.publish(subjects.task_inbox(app_id, 1, 1), ahead)
+        deadline = time.monotonic() + 6  # well within the master's patience with a silent AppMaster
+        while len(reports) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    finally:
+        os.kill(appmaster, signal.SIGCONT)
+        await sub.unsubscribe()
+    assert len(reports) >= 3, f"the failure was reported {len(reports)} time(s) in 6 s"
+    assert {(r.task.processor, r.task.index, r.epoch, r.recoverable) for r in reports} == {(1, 1, epoch, True)}
+    before = max(read_ticks(output))
+    seen = await flowing_beyond(client, output, before + 200)
+    status = await client.status(app_id)
+    assert status.state == AppState.ACTIVE
+    assert status.restarts == restarts + 1, "one failure, one recovery, however often it was reported"
+    assert_at_most_once(seen)
+    await client.kill(app_id)
