@@ -14,7 +14,9 @@ from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
 from gearbus.runtime.snapshots import TaskSnapshot
 from services.checkpoint_store import CheckpointStore
+from services.executor import lifecycle
 from services.executor.heartbeat import Heartbeat
+from services.executor.lifecycle import EXIT_FENCED, EXIT_WORKER_GONE, ExecutorTasks, LaunchRefused
 from services.executor.outputs import DataPlaneConfig
 from services.executor.task_runner import TaskRunner
 from services.launch import (WORKER_ENV, WORKER_GONE_SIGNAL, fetch_application, launch_from_env,
@@ -37,9 +39,11 @@ from shared.messages import (
     ReRegister,
     StartAllTasks,
     TaskCheckpointed,
+    TaskCounters,
     TaskEnded,
     TaskFailed,
     TaskFinished,
+    TaskId,
     TaskRegistered,
     TriggerCheckpoint,
 )
@@ -49,10 +53,6 @@ from shared.service import Service, run_service
 log = structlog.get_logger()
 
 DEFAULT_APPMASTER_TIMEOUT_S = 30.0  # app config "appmaster_timeout_s": then an orphaned executor stops
-EXIT_APPMASTER_GONE = 3
-EXIT_FENCED = 4
-EXIT_WORKER_GONE = 5
-ACKS_KEPT = 4  # checkpoints whose acks an executor can repeat
 REPORT_REPEAT_S = 1.0  # a task's end (finished or failed) is reported again this often until its attempt is replaced
 
 
@@ -71,13 +71,20 @@ class Executor(Service):
         self.worker_pid = worker_pid
         self.app: Application | None = None
         self.config: DataPlaneConfig | None = None
-        self.epoch = -1  # the attempt whose tasks run here (-1: none launched yet)
-        self.runners: list[TaskRunner] = []
-        self._running: dict[TaskRunner, asyncio.Task] = {}
+        self.tasks = ExecutorTasks()  # the tasks' lives: this shell carries out what it decides
+        self.runners: dict[TaskId, TaskRunner] = {}  # the current epoch's
+        self._running: dict[TaskId, asyncio.Task] = {}
         self.store: CheckpointStore | None = None
         self.heartbeat_interval = 1.0
         self.heartbeat: Heartbeat | None = None
-        self._acks: dict[int, list[TaskCheckpointed]] = {}  # the last checkpoints' acks, to repeat if asked
+        self._instructions = {
+            lifecycle.RetireTasks: self._retire, lifecycle.OpenTasks: self._open, lifecycle.StartTasks: self._start,
+            lifecycle.InjectBarrier: self._inject, lifecycle.StoreSnapshot: self._store_snapshot,
+            lifecycle.AckCheckpoint: self._ack, lifecycle.DeclineCheckpoint: self._decline,
+            lifecycle.Commit: self._commit_in_background, lifecycle.StopTask: self._stop_task,
+            lifecycle.ReportEnded: self._report_ended, lifecycle.ReportFinished: self._report_finished,
+            lifecycle.ReportFailed: self._report_failed, lifecycle.Exit: self._exit,
+        }
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -97,11 +104,11 @@ class Executor(Service):
 
     async def register(self) -> None:
         """Register with the AppMaster; with a relaunched one, say which tasks run here."""
+        hosted = self.tasks.hosted()
         registered = await self.bus.request(
             subjects.appmaster_executor_register(self.app_id),
             RegisterExecutor(self.app_id, self.executor_id, self.worker_id, os.getpid(),
-                             tasks=[r.task_id for r in self.runners],
-                             finished=[r.task_id for r in self.runners if r.finished]),
+                             tasks=hosted, finished=[task for task in hosted if self.tasks.finished(task)]),
             expect=ExecutorRegistered,
         )
         self.heartbeat_interval = registered.heartbeat_interval_s
@@ -113,13 +120,13 @@ class Executor(Service):
     async def shutdown(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
-        await self._stop_runners()
+        await self._carry_out(self.tasks.stop())
 
     # --- handlers --------------------------------------------------------------
 
     async def on_launch_tasks(self, msg: LaunchTasks) -> TaskRegistered:
-        """Run ``msg.tasks`` in attempt ``msg.epoch``, restored from its checkpoint. The tasks
-        of an older attempt stop first; the same launch again changes nothing."""
+        """Run ``msg.tasks`` in attempt ``msg.epoch``, restored from its checkpoint (the
+        machine decides what retires and what opens)."""
         digest = self.app.graph.digest()
         if msg.dag_digest != digest:
             raise RequestError(
@@ -127,143 +134,182 @@ class Executor(Service):
                 f"executor {self.executor_id} built a different DAG ({digest}) than the AppMaster "
                 f"({msg.dag_digest}): application() must build the same graph from the same arguments",
             )
+        processors = self.app.graph.processors
         for task_id in msg.tasks:
-            if not 0 <= task_id.processor < len(self.app.graph.processors):
+            if not 0 <= task_id.processor < len(processors):
                 raise RequestError(ErrorCode.BAD_REQUEST, f"no processor {task_id.processor} in this application")
-        if msg.epoch < self.epoch:
-            raise RequestError(ErrorCode.CONFLICT, f"executor {self.executor_id} already runs attempt {self.epoch}; "
-                                                   f"launch of attempt {msg.epoch} refused")
-        if msg.epoch == self.epoch:
-            return TaskRegistered(self.executor_id, [r.task_id for r in self.runners])
-        await self._stop_runners()
-        self.epoch = msg.epoch
-        self._acks.clear()
-        runners = []
-        for task_id in msg.tasks:
-            envelope = None
-            if msg.restore_checkpoint:
-                data = await self.store.get_snapshot(msg.restore_checkpoint, msg.restore_epoch,
-                                                     (task_id.processor, task_id.index))
-                envelope = TaskSnapshot.decode(data)
-            runner = TaskRunner(
-                self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
-                self.on_snapshot, self.on_task_ended, msg.start_ms, msg.epoch, envelope, self.servers,
-            )
-            await runner.subscribe()
-            runners.append(runner)
-        self.runners = runners
-        hosted = {(r.task_id.processor, r.task_id.index): r for r in runners}
-        for runner in runners:
-            runner.link_local(hosted)
-        await self.bus.nc.flush()
-        log.info("tasks_launched", epoch=msg.epoch, tasks=len(runners), restore_checkpoint=msg.restore_checkpoint)
-        return TaskRegistered(self.executor_id, list(msg.tasks))
-
-    async def _stop_runners(self) -> None:
-        """Stop the tasks of the current attempt and close their subscriptions."""
-        for runner in self.runners:
-            await runner.close()
-            await runner.stop()
-        running = [task for task in self._running.values() if not task.done()]
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.wait(running, timeout=5)
-        self._running.clear()
-        self.runners = []
+        sources = [t for t in msg.tasks if issubclass(processors[t.processor].task_class, DataSourceTask)]
+        try:
+            instructions = self.tasks.launch(msg, sources)
+        except LaunchRefused as exc:
+            raise RequestError(ErrorCode.CONFLICT, f"executor {self.executor_id} {exc}") from None
+        await self._carry_out(instructions)
+        return TaskRegistered(self.executor_id, self.tasks.hosted())
 
     async def on_start_all_tasks(self, msg: StartAllTasks) -> None:
-        for runner in self.runners:
-            if runner not in self._running:
-                self._running[runner] = self.spawn(runner.run(), f"task-{runner.name}")
+        await self._carry_out(self.tasks.start_all())
 
     async def on_trigger(self, msg: TriggerCheckpoint) -> None:
-        """Sources inject the barrier (again is harmless); a trigger repeated because acks
-        went missing (a NATS server restarted) gets this executor's acks again."""
-        if msg.epoch != self.epoch:
-            return
-        for ack in self._acks.get(msg.checkpoint_id, ()):
-            await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id), ack)
-        for runner in self.runners:
-            if isinstance(runner.task, DataSourceTask):
-                runner.inject(msg.checkpoint_id)
+        """Sources inject the barrier; a trigger repeated because acks went missing (a NATS
+        server restarted) gets this executor's acks again."""
+        await self._carry_out(self.tasks.trigger(msg.epoch, msg.checkpoint_id))
 
     async def on_complete(self, msg: CheckpointComplete) -> None:
-        if msg.epoch != self.epoch:
-            return
-        for runner in self.runners:
-            self.spawn(self._commit(runner, msg.checkpoint_id, msg.final), f"commit-{runner.name}")
+        await self._carry_out(self.tasks.checkpoint_complete(msg.epoch, msg.checkpoint_id, msg.final))
 
-    async def _commit(self, runner: TaskRunner, checkpoint_id: int, final: bool) -> None:
-        try:
-            await runner.checkpoint_complete(checkpoint_id, final)
-        except Exception as exc:
-            error = failure_report(exc, runner.context)
-            log.error("commit_failed", task=runner.name, checkpoint_id=checkpoint_id, error=error.message, exc_info=exc)
+    async def on_snapshot(self, runner: TaskRunner, snapshot: Snapshot) -> None:
+        await self._carry_out(self.tasks.snapshot_taken(runner.task_id, runner.epoch, snapshot))
+
+    async def on_task_ended(self, runner: TaskRunner) -> None:
+        await self._carry_out(self.tasks.task_ended(runner.task_id, runner.epoch))
+
+    async def on_task_done(self, runner: TaskRunner, error: AppError | None, recoverable: bool) -> None:
+        await self._carry_out(self.tasks.task_done(runner.task_id, runner.epoch, error, recoverable))
+
+    # --- instructions: carrying out what the task machine decided ----------------
+
+    async def _carry_out(self, instructions: list[lifecycle.Instruction]) -> None:
+        for instruction in instructions:
+            await self._instructions[type(instruction)](instruction)
+
+    async def _retire(self, retire: lifecycle.RetireTasks) -> None:
+        """Stop the tasks' loops and close their subscriptions."""
+        retiring = [self.runners[task] for task in retire.tasks if task in self.runners]
+        self.runners = {task: r for task, r in self.runners.items() if task not in retire.tasks}
+        for runner in retiring:
+            await runner.close()
             await runner.stop()
-            await self.on_task_done(runner, error, True)
+        loops = [self._running.pop(task) for task in retire.tasks if task in self._running]
+        running = [loop for loop in loops if not loop.done()]
+        for loop in running:
+            loop.cancel()
+        if running:
+            await asyncio.wait(running, timeout=5)
 
-    def on_snapshot(self, runner: TaskRunner, snapshot: Snapshot) -> None:
-        """Serialise now (the task goes on changing its state), store and acknowledge in
-        the background."""
+    async def _open(self, open_tasks: lifecycle.OpenTasks) -> None:
+        """Create the launch's runners (restored from its checkpoint) and open their inboxes."""
+        launch = open_tasks.launch
+        try:
+            for task_id in launch.tasks:
+                envelope = None
+                if launch.restore_checkpoint:
+                    data = await self.store.get_snapshot(launch.restore_checkpoint, launch.restore_epoch,
+                                                         (task_id.processor, task_id.index))
+                    envelope = TaskSnapshot.decode(data)
+                runner = TaskRunner(
+                    self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
+                    self.on_snapshot, self.on_task_ended, launch.start_ms, launch.epoch, envelope, self.servers,
+                )
+                self.runners = {**self.runners, task_id: runner}  # replaced, never resized: the heartbeat reads it
+                await runner.subscribe()
+        except Exception:
+            await self._carry_out(self.tasks.launch_failed(launch.epoch))
+            raise
+        hosted = {(r.task_id.processor, r.task_id.index): r for r in self.runners.values()}
+        for runner in self.runners.values():
+            runner.link_local(hosted)
+        await self.bus.nc.flush()
+        self.tasks.opened(launch.epoch)
+        log.info("tasks_launched", epoch=launch.epoch, tasks=len(self.runners),
+                 restore_checkpoint=launch.restore_checkpoint)
+
+    async def _start(self, start: lifecycle.StartTasks) -> None:
+        for task in start.tasks:
+            runner = self.runners[task]
+            self._running[task] = self.spawn(runner.run(), f"task-{runner.name}")
+
+    async def _inject(self, inject: lifecycle.InjectBarrier) -> None:
+        for task in inject.tasks:
+            self.runners[task].inject(inject.checkpoint_id)
+
+    async def _store_snapshot(self, store: lifecycle.StoreSnapshot) -> None:
+        """Serialise now (the task goes on changing its state), store in the background."""
+        runner, snapshot = self.runners[store.task], store.snapshot
         try:
             data = snapshot.state.encode()
         except Exception as exc:
-            self.spawn(self._decline(runner, snapshot.checkpoint_id, f"the state of {runner.name} cannot be "
-                                                                     f"serialised: {type(exc).__name__}: {exc}"),
-                       f"decline-{runner.name}")
+            await self._carry_out(self.tasks.snapshot_declined(
+                store.task, store.epoch, snapshot.checkpoint_id,
+                f"the state of {runner.name} cannot be serialised: {type(exc).__name__}: {exc}"))
             return
-        self.spawn(self._store_snapshot(runner, snapshot, data), f"snapshot-{runner.name}")
+        self.spawn(self._put_snapshot(runner, store, data), f"snapshot-{runner.name}")
 
-    async def _store_snapshot(self, runner: TaskRunner, snapshot: Snapshot, data: bytes) -> None:
-        task = (runner.task_id.processor, runner.task_id.index)
+    async def _put_snapshot(self, runner: TaskRunner, store: lifecycle.StoreSnapshot, data: bytes) -> None:
+        checkpoint_id = store.snapshot.checkpoint_id
         try:
-            await self.store.put_snapshot(snapshot.checkpoint_id, runner.epoch, task, data)
+            await self.store.put_snapshot(checkpoint_id, store.epoch, (store.task.processor, store.task.index), data)
         except Exception as exc:
-            await self._decline(runner, snapshot.checkpoint_id, f"storing the snapshot of {runner.name} failed: "
-                                                                f"{type(exc).__name__}: {exc}")
+            await self._carry_out(self.tasks.snapshot_declined(
+                store.task, store.epoch, checkpoint_id,
+                f"storing the snapshot of {runner.name} failed: {type(exc).__name__}: {exc}"))
             return
-        ack = TaskCheckpointed(self.executor_id, runner.task_id, snapshot.checkpoint_id, runner.epoch, len(data),
-                               snapshot.ended)
-        if runner.epoch == self.epoch:
-            self._acks.setdefault(snapshot.checkpoint_id, []).append(ack)
-            for old in sorted(self._acks)[:-ACKS_KEPT]:
-                del self._acks[old]
-        await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id), ack)
+        await self._carry_out(self.tasks.snapshot_stored(store.task, store.epoch, checkpoint_id, len(data),
+                                                         store.snapshot.ended))
 
-    async def _decline(self, runner: TaskRunner, checkpoint_id: int, reason: str) -> None:
-        log.warning("checkpoint_declined", task=runner.name, checkpoint_id=checkpoint_id, reason=reason)
+    async def _ack(self, ack: lifecycle.AckCheckpoint) -> None:
         await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
-                               CheckpointDeclined(self.executor_id, runner.task_id, checkpoint_id, runner.epoch,
-                                                  reason))
+                               TaskCheckpointed(self.executor_id, ack.task, ack.checkpoint_id, ack.epoch,
+                                                ack.size_bytes, ack.ended))
 
-    async def on_task_ended(self, runner: TaskRunner) -> None:
+    async def _decline(self, decline: lifecycle.DeclineCheckpoint) -> None:
+        log.warning("checkpoint_declined", task=self.runners[decline.task].name, checkpoint_id=decline.checkpoint_id,
+                    reason=decline.reason)
+        await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
+                               CheckpointDeclined(self.executor_id, decline.task, decline.checkpoint_id, decline.epoch,
+                                                  decline.reason))
+
+    async def _commit_in_background(self, commit: lifecycle.Commit) -> None:
+        runner = self.runners[commit.task]
+        self.spawn(self._commit(runner, commit), f"commit-{runner.name}")
+
+    async def _commit(self, runner: TaskRunner, commit: lifecycle.Commit) -> None:
+        try:
+            await runner.commit(commit.checkpoint_id)
+        except Exception as exc:
+            error = failure_report(exc, runner.context)
+            log.error("commit_failed", task=runner.name, checkpoint_id=commit.checkpoint_id, error=error.message,
+                      exc_info=exc)
+            await self._carry_out(self.tasks.commit_failed(commit.task, runner.epoch, error))
+            return
+        await self._carry_out(self.tasks.committed(commit.task, runner.epoch, commit.checkpoint_id, commit.final))
+
+    async def _stop_task(self, stop: lifecycle.StopTask) -> None:
+        await self.runners[stop.task].stop()
+
+    async def _report_ended(self, report: lifecycle.ReportEnded) -> None:
         await self.bus.publish(subjects.appmaster_task_ended(self.app_id),
-                               TaskEnded(self.executor_id, runner.task_id, runner.epoch))
+                               TaskEnded(self.executor_id, report.task, report.epoch))
 
-    async def on_task_done(self, runner: TaskRunner, error: AppError | None, recoverable: bool) -> None:
+    async def _report_finished(self, report: lifecycle.ReportFinished) -> None:
+        await self._report(report.task, subjects.appmaster_task_finished(self.app_id),
+                           TaskFinished(self.executor_id, self._counters(self.runners[report.task]), report.epoch))
+
+    async def _report_failed(self, report: lifecycle.ReportFailed) -> None:
+        await self._flush_counters()
+        await self._report(report.task, subjects.appmaster_task_failed(self.app_id),
+                           TaskFailed(self.executor_id, report.task, report.error, report.epoch, report.recoverable))
+
+    async def _report(self, task: TaskId, subject: str, report: TaskFinished | TaskFailed) -> None:
         """Report a task's end, and again every REPORT_REPEAT_S while its attempt runs here.
         The report is a core NATS message: one sent while the AppMaster reconnects after
         losing its server (or before its interest reached the sender's server) is lost, and
         an AppMaster that never hears of a failed task waits on it for good (checkpoints
         time out, nothing restarts it). Repeats are harmless: the AppMaster acts once per
         attempt, and a recovery's launch of the next attempt ends them."""
-        if error is None:
-            subject = subjects.appmaster_task_finished(self.app_id)
-            report = TaskFinished(self.executor_id, runner.counters(), runner.epoch)
-        else:
-            await self._flush_counters()
-            subject = subjects.appmaster_task_failed(self.app_id)
-            report = TaskFailed(self.executor_id, runner.task_id, error, runner.epoch, recoverable)
         await self.bus.publish(subject, report)
-        self.spawn(self._repeat_report(runner, subject, report), f"report-{runner.name}")
+        self.spawn(self._repeat_report(task, self.runners.get(task), subject, report),
+                   f"report-{task.processor}.{task.index}")
 
-    async def _repeat_report(self, runner: TaskRunner, subject: str, report: TaskFinished | TaskFailed) -> None:
+    async def _repeat_report(self, task: TaskId, runner: TaskRunner | None, subject: str,
+                             report: TaskFinished | TaskFailed) -> None:
         while True:
             await asyncio.sleep(REPORT_REPEAT_S)
-            if runner not in self.runners:
+            if runner is None or self.runners.get(task) is not runner:
                 return
             await self.bus.publish(subject, report)
+
+    async def _exit(self, exit_: lifecycle.Exit) -> None:
+        self.stop(exit_code=exit_.code)
 
     async def _flush_counters(self) -> None:
         """A heartbeat now, answered before the failure is reported: an app that fails before
@@ -275,7 +321,10 @@ class Executor(Service):
             log.warning("final_counters_not_sent", error=exc.message)
 
     def _heartbeat_message(self) -> ExecutorHeartbeat:
-        return ExecutorHeartbeat(self.app_id, self.executor_id, [r.counters() for r in self.runners])
+        return ExecutorHeartbeat(self.app_id, self.executor_id, [self._counters(r) for r in self.runners.values()])
+
+    def _counters(self, runner: TaskRunner) -> TaskCounters:
+        return runner.counters(finished=self.tasks.finished(runner.task_id))
 
     def _start_heartbeat(self) -> None:
         """Heartbeats go from a thread of their own (see services/executor/heartbeat.py)."""
@@ -299,11 +348,7 @@ class Executor(Service):
             await asyncio.sleep(0.25)
 
     def _on_fenced(self, reason: str) -> None:
-        async def stop() -> None:
-            await self._stop_runners()
-            self.stop(exit_code=EXIT_FENCED)
-
-        self.spawn(stop(), "fenced")
+        self.spawn(self._carry_out(self.tasks.fenced(reason)), "fenced")
 
     def _orphaned(self) -> tuple[str, ExecutorStopped, int]:
         """What the heartbeat thread publishes when the worker died (see heartbeat.py)."""
@@ -314,7 +359,7 @@ class Executor(Service):
 
     def _on_appmaster_gone(self, silent_s: float, error: str) -> None:
         log.error("appmaster_gone", silent_s=round(silent_s, 1), error=error)
-        self.stop(exit_code=EXIT_APPMASTER_GONE)
+        self.spawn(self._carry_out(self.tasks.appmaster_gone(error)), "appmaster-gone")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,10 @@
 """Runs one task inside an executor: its inbox and credit subjects, the task core (which
-keeps the input rules), the user's code, its outputs, and its checkpoints' I/O.
+keeps the input rules), the user's code, its outputs, and its commits.
 
 A task lives until its application's final checkpoint completes (or it is replaced by
-a recovery): after its end-of-stream it still passes barriers on and commits.
+a recovery): after its end-of-stream it still passes barriers on and commits. What its
+events mean (reports, finishing, failing) the executor's task machine decides
+(services/executor/lifecycle.py); the runner tells it what happened.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class TaskRunner:
         executor_id: int,
         config: DataPlaneConfig,
         on_done: Callable[[TaskRunner, AppError | None, bool], Awaitable[None]],
-        on_snapshot: Callable[[TaskRunner, Snapshot], None],
+        on_snapshot: Callable[[TaskRunner, Snapshot], Awaitable[None]],
         on_ended: Callable[[TaskRunner], Awaitable[None]],
         start_ms: int = 0,
         epoch: int = 0,
@@ -90,17 +92,16 @@ class TaskRunner:
         self.reader = FrameReader()
         self.source = SourceLoop(self.core, config.batch_records) if isinstance(self.task, DataSourceTask) else None
         self.wake = asyncio.Event()
-        self.committed = 0
         self._commit_lock = asyncio.Lock()
         self.dropped = 0
         self.bytes_in = 0
         self.batches = Histogram()  # time to process each batch (a frame, or a source's read)
         self.timed = config.task_metrics
-        self.finished = False
         self.stopped = False
         self._subs = []
 
-    def counters(self) -> TaskCounters:
+    def counters(self, finished: bool) -> TaskCounters:
+        """``finished``: its final checkpoint committed."""
         source = getattr(self.task, "source", None)
         return TaskCounters(
             task=self.task_id,
@@ -109,7 +110,7 @@ class TaskRunner:
             frames_in=self.core.frames_in,
             frames_out=self.outputs.sender.frames_out,
             watermark=self.core.watermark,
-            finished=self.finished,
+            finished=finished,
             messages_dropped=self.dropped,
             late_records=getattr(self.task, "late_records", 0),
             stale_frames=self.core.stale_frames,
@@ -160,7 +161,8 @@ class TaskRunner:
         self._subs.append(await self.nc.subscribe(subjects.task_credit(self.app_id, processor, index), cb=on_credit, **limit))
 
     async def run(self) -> None:
-        """Run the task until the final checkpoint commits it, or it fails, or it is stopped."""
+        """Run the task until it is stopped (its final checkpoint committed, or it is
+        retired) or fails; then tell ``on_done``."""
         structlog.contextvars.bind_contextvars(task_id=self.name, epoch=self.epoch)
         error, recoverable, started = None, False, False
         try:
@@ -186,11 +188,10 @@ class TaskRunner:
                     self.task.on_stop()
                 except Exception as exc:
                     log.warning("task_on_stop_failed", task=self.name, error=repr(exc))
-        if not self.stopped:
-            await self.on_done(self, error, recoverable)
+        await self.on_done(self, error, recoverable)
 
     async def stop(self) -> None:
-        """Leave the loop (a recovery replaces this task, or the app ended)."""
+        """Leave the loop (finished, failed, replaced by a recovery, or the executor stops)."""
         self.stopped = True
         self.inbox.put_nowait(STOP)
         self.wake.set()
@@ -208,17 +209,11 @@ class TaskRunner:
         if self.core.ended:  # an ended source waits on its inbox, a reading one on ``wake``
             self.inbox.put_nowait(checkpoint_id)
 
-    async def checkpoint_complete(self, checkpoint_id: int, final: bool) -> None:
+    async def commit(self, checkpoint_id: int) -> None:
         """Commit what was sealed up to ``checkpoint_id`` (off the loop, one commit at a
-        time); after the final checkpoint the task is finished."""
+        time, in the order asked)."""
         async with self._commit_lock:
-            if checkpoint_id <= self.committed or checkpoint_id > self.core.last_checkpoint:
-                return
             await asyncio.to_thread(self.task.checkpoint_complete, checkpoint_id)
-            self.committed = checkpoint_id
-        if final and self.core.ended:
-            self.finished = True
-            self.inbox.put_nowait(STOP)
 
     # --- sources ---------------------------------------------------------------------
 
@@ -317,7 +312,7 @@ class TaskRunner:
             if kind is End:
                 await self.on_ended(self)
             elif kind is Snapshot:
-                self.on_snapshot(self, action)
+                await self.on_snapshot(self, action)
 
     async def _grant(self, sender: tuple[int, int], consumed: int) -> None:
         local = self.local_senders.get(sender)

@@ -1,0 +1,392 @@
+"""The tasks an executor hosts, and their lives: a state machine without I/O.
+
+The executor's async shell feeds it events (the AppMaster launches the tasks of an epoch,
+starts them, triggers and completes checkpoints; a task snapshots, its snapshot is stored
+or declined, it ends, a commit succeeds or fails, its loop returns with or without an
+error; the executor is stopped, fenced, or its AppMaster went silent) and carries out the
+instructions it returns (open, start and retire task runners, inject barriers, store
+snapshots, acknowledge or decline checkpoints, commit, report, exit). It never awaits,
+reads a clock or touches NATS, so every ordering of events is tested without a network
+(as the AppMaster's and the master's machines are).
+
+An executor runs the tasks of one epoch (one attempt of the app) at a time: a launch of a
+newer epoch retires every task of the older one, whose later events change nothing and
+are never reported. Each task of the current epoch is in one phase; ``_ALLOWED`` enforces
+the moves::
+
+    phase      event                                    -> phase      instructions
+    (new)      launch tasks of a newer epoch            OPENING    RetireTasks(older), OpenTasks
+    OPENING    opened                                   LAUNCHED
+    LAUNCHED   start all                                RUNNING    StartTasks
+    RUNNING    end of stream passed (or restored ended) ENDED      ReportEnded
+    ENDED      the final checkpoint committed           FINISHING  StopTask (its loop returns)
+    FINISHING  loop returned                            FINISHED   ReportFinished
+    RUNNING,   loop returned with an error,             FAILED     ReportFailed [+ StopTask]
+    ENDED,       or a commit failed
+    FINISHING
+    any        launch failed, stop, fenced, AppMaster   STOPPED    RetireTasks [+ Exit]
+                 silent
+
+Checkpoints, whatever the phase (but STOPPED): a snapshot taken is stored
+(StoreSnapshot), then acknowledged (AckCheckpoint, kept for the last ``ACKS_KEPT``
+checkpoints to repeat when a trigger is repeated) or declined (DeclineCheckpoint). A
+completed checkpoint is committed (Commit) by every task that acknowledged it and has not
+committed it or a later one: never beyond the last checkpoint the task acknowledged.
+
+One end stays outside the machine: when the worker that launched the process dies, the
+heartbeat thread reports the executor stopped and exits at once, whatever the task loop
+is doing (see heartbeat.py); its exit code is kept here with the others.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gearbus.runtime.core import Snapshot
+from shared.messages import AppError, LaunchTasks, TaskId
+
+ACKS_KEPT = 4  # checkpoints whose acks an executor can repeat
+EXIT_APPMASTER_GONE = 3  # the process's exit codes, one per cause (docs/protocol.md)
+EXIT_FENCED = 4
+EXIT_WORKER_GONE = 5
+NO_EPOCH = -1  # no task launched yet
+
+
+class Phase(enum.Enum):
+    OPENING = "opening"      # its runner is being created (restored) and subscribed
+    LAUNCHED = "launched"    # subscribed to its inbox; not started
+    RUNNING = "running"
+    ENDED = "ended"          # past its end of stream: passes barriers on and commits until the final checkpoint
+    FINISHING = "finishing"  # the final checkpoint committed: its loop is asked to return
+    FINISHED = "finished"    # reported finished
+    FAILED = "failed"        # reported failed
+    STOPPED = "stopped"      # retired without a report (a launch failed, or the executor stops)
+
+
+_ALLOWED: dict[Phase, frozenset[Phase]] = {
+    Phase.OPENING: frozenset({Phase.LAUNCHED, Phase.STOPPED}),
+    Phase.LAUNCHED: frozenset({Phase.RUNNING, Phase.STOPPED}),
+    Phase.RUNNING: frozenset({Phase.ENDED, Phase.FAILED, Phase.STOPPED}),
+    Phase.ENDED: frozenset({Phase.FINISHING, Phase.FAILED, Phase.STOPPED}),
+    Phase.FINISHING: frozenset({Phase.FINISHED, Phase.FAILED, Phase.STOPPED}),
+    Phase.FINISHED: frozenset({Phase.STOPPED}),
+    Phase.FAILED: frozenset({Phase.STOPPED}),
+    Phase.STOPPED: frozenset(),
+}
+
+_LOOPING = (Phase.RUNNING, Phase.ENDED, Phase.FINISHING)  # a loop whose return is reported
+
+
+# -- instructions: what the shell carries out -------------------------------------------------
+
+@dataclass(frozen=True)
+class RetireTasks:
+    """Stop these tasks' loops and close their subscriptions, without reports."""
+    tasks: tuple[TaskId, ...]
+
+
+@dataclass(frozen=True)
+class OpenTasks:
+    """Create the runners ``launch`` asks for (restored from its checkpoint) and open their
+    inboxes; if that fails, call ``launch_failed``."""
+    launch: LaunchTasks
+
+
+@dataclass(frozen=True)
+class StartTasks:
+    tasks: tuple[TaskId, ...]
+
+
+@dataclass(frozen=True)
+class InjectBarrier:
+    """Sources inject the barrier of ``checkpoint_id`` (again is harmless)."""
+    tasks: tuple[TaskId, ...]
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class StoreSnapshot:
+    """Serialise the snapshot now (the task goes on changing its state) and store it; then
+    call ``snapshot_stored`` or ``snapshot_declined``."""
+    task: TaskId
+    epoch: int
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class AckCheckpoint:
+    task: TaskId
+    epoch: int
+    checkpoint_id: int
+    size_bytes: int
+    ended: bool
+
+
+@dataclass(frozen=True)
+class DeclineCheckpoint:
+    task: TaskId
+    epoch: int
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Commit what the task sealed up to ``checkpoint_id`` (one commit of a task at a time,
+    in order); then call ``committed`` or ``commit_failed``."""
+    task: TaskId
+    checkpoint_id: int
+    final: bool
+
+
+@dataclass(frozen=True)
+class StopTask:
+    """Ask the task's loop to return (it then calls ``task_done``)."""
+    task: TaskId
+
+
+@dataclass(frozen=True)
+class ReportEnded:
+    task: TaskId
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ReportFinished:
+    task: TaskId
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ReportFailed:
+    task: TaskId
+    epoch: int
+    error: AppError
+    recoverable: bool
+
+
+@dataclass(frozen=True)
+class Exit:
+    code: int
+    reason: str
+
+
+Instruction = (RetireTasks | OpenTasks | StartTasks | InjectBarrier | StoreSnapshot | AckCheckpoint
+               | DeclineCheckpoint | Commit | StopTask | ReportEnded | ReportFinished | ReportFailed | Exit)
+
+
+class LaunchRefused(Exception):
+    """A launch of an older epoch than the one this executor runs, or while it exits."""
+
+
+@dataclass
+class _Task:
+    phase: Phase = Phase.OPENING
+    source: bool = False
+    snapshotted: int = 0  # the last checkpoint it snapshotted
+    acked: int = 0  # the last checkpoint it acknowledged
+    commit_asked: int = 0  # the last checkpoint it was told to commit
+    committed: int = 0  # the last checkpoint it committed
+    final_committed: bool = False
+
+
+class ExecutorTasks:
+    """The tasks of the current epoch in one executor; see the module docstring. The
+    heartbeat thread calls ``finished``: events replace ``_tasks``, never resize it."""
+
+    def __init__(self) -> None:
+        self.epoch = NO_EPOCH
+        self.exit_code = 0  # the exit decided (0: none)
+        self._tasks: dict[TaskId, _Task] = {}
+        self._acks: dict[int, list[AckCheckpoint]] = {}  # by checkpoint id: to repeat
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def phase(self, task: TaskId) -> Phase | None:
+        state = self._tasks.get(task)
+        return state.phase if state else None
+
+    def hosted(self) -> list[TaskId]:
+        """The tasks opened here and not retired, in launch order."""
+        return [task for task, state in self._tasks.items() if state.phase not in (Phase.OPENING, Phase.STOPPED)]
+
+    def finished(self, task: TaskId) -> bool:
+        """The task's final checkpoint committed."""
+        state = self._tasks.get(task)
+        return bool(state and state.final_committed)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def launch(self, launch: LaunchTasks, sources: Iterable[TaskId]) -> list[Instruction]:
+        """Run the launch's tasks (``sources`` among them read a source) in its epoch: the
+        tasks of an older epoch retire; the same launch again changes nothing. Raises
+        LaunchRefused for an older epoch, or once the executor exits."""
+        if self.exit_code:
+            raise LaunchRefused(f"is exiting; launch of attempt {launch.epoch} refused")
+        if launch.epoch < self.epoch:
+            raise LaunchRefused(f"already runs attempt {self.epoch}; launch of attempt {launch.epoch} refused")
+        if launch.epoch == self.epoch:
+            return []
+        retire = self._retire()
+        sources = set(sources)
+        self.epoch = launch.epoch
+        self._tasks = {task: _Task(source=task in sources) for task in launch.tasks}
+        return retire + [OpenTasks(launch)]
+
+    def opened(self, epoch: int) -> None:
+        """The runners of ``epoch`` are open: they can start."""
+        if epoch != self.epoch:
+            return
+        for state in self._tasks.values():
+            if state.phase is Phase.OPENING:
+                self._enter(state, Phase.LAUNCHED)
+
+    def launch_failed(self, epoch: int) -> list[Instruction]:
+        """Opening the tasks of ``epoch`` failed: retire what was opened; none runs here."""
+        return self._retire() if epoch == self.epoch else []
+
+    def start_all(self) -> list[Instruction]:
+        starting = [task for task, state in self._tasks.items() if state.phase is Phase.LAUNCHED]
+        for task in starting:
+            self._enter(self._tasks[task], Phase.RUNNING)
+        return [StartTasks(tuple(starting))] if starting else []
+
+    def trigger(self, epoch: int, checkpoint_id: int) -> list[Instruction]:
+        """A checkpoint is triggered (again, if acks went missing: they are repeated)."""
+        if epoch != self.epoch:
+            return []
+        sources = tuple(task for task, state in self._tasks.items()
+                        if state.source and state.phase in (Phase.LAUNCHED, Phase.RUNNING, Phase.ENDED))
+        inject: list[Instruction] = [InjectBarrier(sources, checkpoint_id)] if sources else []
+        return inject + list(self._acks.get(checkpoint_id, ()))
+
+    def snapshot_taken(self, task: TaskId, epoch: int, snapshot: Snapshot) -> list[Instruction]:
+        state = self._live(task, epoch)
+        if state is None:
+            return []
+        state.snapshotted = max(state.snapshotted, snapshot.checkpoint_id)
+        return [StoreSnapshot(task, epoch, snapshot)]
+
+    def snapshot_stored(self, task: TaskId, epoch: int, checkpoint_id: int, size_bytes: int,
+                        ended: bool) -> list[Instruction]:
+        state = self._live(task, epoch)
+        if state is None:
+            return []
+        state.acked = max(state.acked, checkpoint_id)
+        ack = AckCheckpoint(task, epoch, checkpoint_id, size_bytes, ended)
+        self._acks.setdefault(checkpoint_id, []).append(ack)
+        for old in sorted(self._acks)[:-ACKS_KEPT]:
+            del self._acks[old]
+        return [ack]
+
+    def snapshot_declined(self, task: TaskId, epoch: int, checkpoint_id: int, reason: str) -> list[Instruction]:
+        if self._live(task, epoch) is None:
+            return []
+        return [DeclineCheckpoint(task, epoch, checkpoint_id, reason)]
+
+    def task_ended(self, task: TaskId, epoch: int) -> list[Instruction]:
+        state = self._live(task, epoch)
+        if state is None or state.phase is not Phase.RUNNING:
+            return []
+        self._enter(state, Phase.ENDED)
+        return [ReportEnded(task, epoch)]
+
+    def checkpoint_complete(self, epoch: int, checkpoint_id: int, final: bool) -> list[Instruction]:
+        """Every task that acknowledged the checkpoint commits it (once, in order)."""
+        if epoch != self.epoch:
+            return []
+        commits: list[Instruction] = []
+        for task, state in self._tasks.items():
+            if state.phase is not Phase.STOPPED and state.commit_asked < checkpoint_id <= state.acked:
+                state.commit_asked = checkpoint_id
+                commits.append(Commit(task, checkpoint_id, final))
+        return commits
+
+    def committed(self, task: TaskId, epoch: int, checkpoint_id: int, final: bool) -> list[Instruction]:
+        """A commit succeeded; after the final checkpoint an ended task is finished."""
+        state = self._live(task, epoch)
+        if state is None:
+            return []
+        state.committed = max(state.committed, checkpoint_id)
+        if not (final and state.phase is Phase.ENDED):
+            return []
+        state.final_committed = True
+        self._enter(state, Phase.FINISHING)
+        return [StopTask(task)]
+
+    def commit_failed(self, task: TaskId, epoch: int, error: AppError) -> list[Instruction]:
+        """A commit failed: the task stops and fails, recoverably (a rollback commits again)."""
+        state = self._live(task, epoch)
+        if state is None or state.phase not in _LOOPING:
+            return []
+        self._enter(state, Phase.FAILED)
+        return [StopTask(task), ReportFailed(task, epoch, error, True)]
+
+    def task_done(self, task: TaskId, epoch: int, error: AppError | None, recoverable: bool) -> list[Instruction]:
+        """The task's loop returned: finished if asked to after its final checkpoint, failed
+        if with an error; a retired or already failed task reports nothing."""
+        state = self._live(task, epoch)
+        if state is None or state.phase not in _LOOPING:
+            return []
+        if error is not None:
+            self._enter(state, Phase.FAILED)
+            return [ReportFailed(task, epoch, error, recoverable)]
+        self._enter(state, Phase.FINISHED)
+        return [ReportFinished(task, epoch)]
+
+    def stop(self) -> list[Instruction]:
+        """The executor closes: every task retires."""
+        return self._retire()
+
+    def fenced(self, reason: str) -> list[Instruction]:
+        """The AppMaster declared this executor lost and replaced it."""
+        return self._retire() + self._exit(EXIT_FENCED, reason)
+
+    def appmaster_gone(self, reason: str) -> list[Instruction]:
+        """The AppMaster has not answered heartbeats past the deadline: the app is gone."""
+        return self._retire() + self._exit(EXIT_APPMASTER_GONE, reason)
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise AssertionError if the machine's state is inconsistent (run by tests)."""
+        assert self.epoch >= NO_EPOCH
+        assert self.epoch > NO_EPOCH or not self._tasks, self._tasks
+        for task, state in self._tasks.items():
+            assert state.committed <= state.commit_asked <= state.acked <= state.snapshotted, (task, state)
+            assert state.final_committed == (state.phase in (Phase.FINISHING, Phase.FINISHED)) \
+                or state.phase in (Phase.FAILED, Phase.STOPPED), (task, state)
+        assert len(self._acks) <= ACKS_KEPT
+        for checkpoint_id, acks in self._acks.items():
+            for ack in acks:
+                assert ack.epoch == self.epoch and ack.checkpoint_id == checkpoint_id, ack
+                assert ack.checkpoint_id <= self._tasks[ack.task].acked, ack
+        assert self.exit_code == 0 or all(s.phase is Phase.STOPPED for s in self._tasks.values())
+
+    # -- transitions -----------------------------------------------------------------------
+
+    def _live(self, task: TaskId, epoch: int) -> _Task | None:
+        """The task, if it is of the current epoch and not retired."""
+        state = self._tasks.get(task) if epoch == self.epoch else None
+        return state if state is not None and state.phase is not Phase.STOPPED else None
+
+    @staticmethod
+    def _enter(state: _Task, phase: Phase) -> None:
+        if phase not in _ALLOWED[state.phase]:
+            raise AssertionError(f"task phase {state.phase} -> {phase} is not a transition")
+        state.phase = phase
+
+    def _retire(self) -> list[Instruction]:
+        self._acks.clear()
+        retiring = tuple(task for task, state in self._tasks.items() if state.phase is not Phase.STOPPED)
+        for task in retiring:
+            self._enter(self._tasks[task], Phase.STOPPED)
+        return [RetireTasks(retiring)] if retiring else []
+
+    def _exit(self, code: int, reason: str) -> list[Instruction]:
+        if self.exit_code:
+            return []
+        self.exit_code = code
+        return [Exit(code, reason)]
