@@ -1,6 +1,7 @@
 """The AppMaster role: one per application. The app's life is decided by its state
-machine (services/appmaster/state.py); this shell carries out what it decides: requests to
-the master, executors and workers, checkpoint and savepoint I/O, heartbeats and reports."""
+machine (gearbus/runtime/appmaster_state.py, which the TestRunner's engine drives too);
+this shell carries out what it decides: requests to the master, executors and workers,
+checkpoint and savepoint I/O, heartbeats and reports."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import traceback
 import structlog
 
 from gearbus.api.graph import Application
+from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, join_task_state, split_task_state
 from gearbus.runtime.snapshots import TaskSnapshot
-from services.appmaster import state as st
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore

@@ -1,12 +1,13 @@
 """An application's life in its AppMaster: a state machine without I/O.
 
-The AppMaster's async shell feeds it events (slots allocated, an executor registered,
-heartbeating, stopped or lost with its worker, tasks deployed, a task finished, ended or
-failed, checkpoint acknowledgements, a savepoint asked for and written, a tick with the
-time) and carries out the instructions it returns. It never reads a clock, sleeps or
-touches NATS; it drives the checkpoint coordinator and passes the coordinator's actions on
-to the shell, so checkpoints, recovery and the app's end are decided in one place and
-tested without a network (dask's ``WorkerState``).
+A shell feeds it events (slots allocated, an executor registered, heartbeating, stopped
+or lost with its worker, tasks deployed, a task finished, ended or failed, checkpoint
+acknowledgements, a savepoint asked for and written, a tick with the time) and carries out
+the instructions it returns: the AppMaster's async shell over NATS, and the TestRunner's
+in-process engine in memory. It never reads a clock, sleeps or touches NATS; it drives the
+checkpoint coordinator and passes the coordinator's actions on to the shell, so
+checkpoints, recovery and the app's end are decided in one place, for the cluster and the
+test runner alike, and tested without a network (dask's ``WorkerState``).
 
 The app moves through these phases (``_ALLOWED`` enforces the table)::
 
