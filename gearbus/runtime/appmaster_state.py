@@ -195,6 +195,19 @@ class Settings:
     blacklist_after: int = DEFAULT_BLACKLIST_AFTER
     heartbeat_interval_s: float = 1.0
 
+    @classmethod
+    def from_config(cls, config: dict, heartbeat_interval_s: float = 1.0) -> Settings:
+        """From the app's config ("executors", "task_placement", "max_restarts",
+        "blacklist_after"), so every shell reads it alike; ValueError or TypeError says
+        what is wrong."""
+        placement = config.get("task_placement", "by_index")
+        if placement not in ("by_index", "round_robin"):
+            raise ValueError(f"task_placement must be 'by_index' or 'round_robin', got {placement!r}")
+        return cls(executors=int(config.get("executors", cls.executors)), placement=placement,
+                   max_restarts=int(config.get("max_restarts", DEFAULT_MAX_RESTARTS)),
+                   blacklist_after=int(config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)),
+                   heartbeat_interval_s=heartbeat_interval_s)
+
 
 class AppMasterState:
     """One app's life as its AppMaster sees it; see the module docstring."""

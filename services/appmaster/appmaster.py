@@ -224,16 +224,8 @@ class AppMaster(Service):
 
     def _machine(self, tasks: list[TaskId], latest: cp.CheckpointMeta | None, epoch: int, restarts: int) -> None:
         """The app's state machine, from its config, in ``epoch``, continuing after ``latest``."""
-        config = self.config
-        placement = config.get("task_placement", "by_index")
-        if placement not in ("by_index", "round_robin"):
-            raise AppFailure(AppError("ConfigError", f"task_placement must be 'by_index' or 'round_robin', "
-                                                     f"got {placement!r}", "planning tasks"))
         try:
-            settings = st.Settings(executors=int(config.get("executors", st.Settings.executors)), placement=placement,
-                                   max_restarts=int(config.get("max_restarts", st.DEFAULT_MAX_RESTARTS)),
-                                   blacklist_after=int(config.get("blacklist_after", st.DEFAULT_BLACKLIST_AFTER)),
-                                   heartbeat_interval_s=self.heartbeat_interval)
+            settings = st.Settings.from_config(self.config, self.heartbeat_interval)
         except (TypeError, ValueError) as exc:
             raise AppFailure(AppError("ConfigError", str(exc), "planning tasks")) from None
         coordinator = self._new_coordinator(latest, epoch)
