@@ -160,6 +160,8 @@ class InProcessEngine:
     # --- the AppMaster's instructions, carried out in memory ----------------------------
 
     def _carry_out(self, instructions: list) -> None:
+        """Do what the AppMaster's state machine asked, in order, as its shell does over
+        NATS; nothing here waits, so each answer goes back to the machine at once."""
         for instruction in instructions:
             kind = type(instruction)
             if kind is st.Logged:
