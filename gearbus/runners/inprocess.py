@@ -3,10 +3,15 @@
 Every rule is the cluster's own: each task's :class:`~gearbus.runtime.core.TaskCore`
 (sequences, watermarks, end-of-stream, barrier alignment, snapshots), its
 :class:`~gearbus.runtime.sender.Sender` (partitioning, batching, credit), the
-:class:`~gearbus.runtime.source.SourceLoop` of source tasks, and checkpoints triggered
-and completed by the :class:`~gearbus.runtime.checkpoints.CheckpointCoordinator`. This
-engine supplies only what a cluster gets from NATS and the OS:
+:class:`~gearbus.runtime.source.SourceLoop` of source tasks, and the app's life decided
+by the AppMaster's own :class:`~gearbus.runtime.appmaster_state.AppMasterState` (slots,
+executors, deployments, rollbacks to the last checkpoint in a new epoch, the restart
+budget, the outcome), whose :class:`~gearbus.runtime.checkpoints.CheckpointCoordinator`
+triggers and completes checkpoints. This engine supplies only what a cluster gets from
+NATS and the OS:
 
+- in-memory workers and executors: a slot is a made-up worker id, an executor registers
+  as soon as it is launched and heartbeats on every tick, a deployment builds its tasks;
 - an in-memory transport: every frame is encoded and decoded by the wire codec; a
   frame within its channel's credit is in flight, the rest wait in order at their
   sender, which meanwhile reads no input (back-pressure, as in an executor);
@@ -15,22 +20,27 @@ engine supplies only what a cluster gets from NATS and the OS:
 - an order: a seeded random choice of which channel delivers next and which source
   reads first (each channel stays FIFO), so one seed always gives one interleaving.
 
-A run can stop at a chosen point as if the process had crashed, and another engine can
+A run can lose executors at chosen points and recover by itself, as the cluster does;
+or stop at a chosen point as if every process had crashed, and another engine can
 resume from the last completed checkpoint: a user's test of exactly-once recovery.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+import logging
 import math
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import Task, TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX
+from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
@@ -39,6 +49,8 @@ from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
 from gearbus.runtime.snapshots import TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from shared.messages import AppError
+
+log = logging.getLogger(__name__)  # as the connectors log: quiet unless the user sets logging up
 
 KEEP_CHECKPOINTS = 2
 
@@ -67,6 +79,7 @@ class _Node:
     sender: Sender
     source: SourceLoop | None
     waiting: collections.deque  # Outgoing frames beyond their channel's credit, in sending order
+    started: bool = False  # on_start ran: on_stop is due
 
     @property
     def name(self) -> str:
@@ -79,39 +92,37 @@ class InProcessEngine:
         """``batch_records``: records per source read and per frame (default: the app's
         ``batch_records``, as the executors read it, so watermarks advance at the same
         points as on the bus). ``checkpoint_every``: trigger a checkpoint every that many
-        rounds of source reads (0: only the final checkpoint after the end). ``seed``:
-        picks the interleaving."""
+        rounds of source reads (0: only the final checkpoint after the end). ``epoch``:
+        the first deployment's. ``seed``: picks the interleaving. The app's config sets
+        the executors, the task placement and the restart budget, as on the cluster."""
         self.app = app
-        self.epoch = epoch
+        self.first_epoch = epoch
         self.checkpoint_every = checkpoint_every
         self.random = random.Random(seed)
         config = DataPlaneConfig.from_config(app.config)
         self.config = config if batch_records is None else replace(config, batch_records=batch_records)
-        self.nodes: dict[TaskKey, _Node] = {}
-        graph = app.graph
-        for p in graph.processors:
-            senders = [(e.upstream.id, i) for e in graph.inputs_of(p) for i in range(e.upstream.parallelism)]
-            edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
-            for index in range(p.parallelism):
-                task = p.task_class(TaskContext(0, app.name, p, index, 0, epoch=epoch))
-                core = TaskCore(task, senders, self.config.credit_frames, epoch)
-                source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
-                self.nodes[(p.id, index)] = _Node((p.id, index), task, core,
-                                                  Sender(p.id, index, epoch, edges, self.config), source,
-                                                  collections.deque())
+        self.settings = st.Settings.from_config(app.config)
+        processors = app.graph.processors
+        self.tasks = [(p.id, i) for p in processors for i in range(p.parallelism)]
+        self.sources = [(p.id, i) for p in processors if p.is_source for i in range(p.parallelism)]
+        self.state: st.AppMasterState | None = None  # the app's life, from run() on
+        self.nodes: dict[TaskKey, _Node] = {}  # the deployed tasks
+        self.hosts: dict[TaskKey, int] = {}  # task -> the in-memory executor it runs on
         #: (sender, receiver) -> frames in flight, for every channel, in a fixed order
-        self.wire: dict[tuple[TaskKey, TaskKey], collections.deque[Outgoing]] = {
-            (node.key, receiver): collections.deque() for node in self.nodes.values()
-            for receiver in node.sender.channels}
+        self.wire: dict[tuple[TaskKey, TaskKey], collections.deque[Outgoing]] = {}
         self.inboxes: collections.Counter[TaskKey] = collections.Counter()  # frames in flight per receiver
         self.reader = FrameReader()
         self.clock = 0.0
-        self.coordinator = self._coordinator(next_id=1)
         #: checkpoint id -> task key -> encoded snapshot, for completed checkpoints
         self.completed: dict[int, dict[TaskKey, bytes]] = {}
+        self.stored_epoch: tuple[int, int] | None = None  # (epoch, restarts) as the AppMaster stores them
         self._taken: dict[int, dict[TaskKey, bytes]] = {}  # the checkpoint in flight's snapshots so far
-        self._finished = False
+        self._workers = itertools.count(1)
         self._delivered = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.state.epoch if self.state else self.first_epoch
 
     def latest_checkpoint(self) -> Checkpoint | None:
         """The last completed checkpoint (id, snapshots by task), or None."""
@@ -120,76 +131,161 @@ class InProcessEngine:
         checkpoint_id = max(self.completed)
         return checkpoint_id, self.completed[checkpoint_id]
 
-    def run(self, restore: Checkpoint | None = None, crash_after_frames: int | None = None) -> None:
-        """Run until the final checkpoint completed; a failure raises PipelineFailed.
+    def run(self, restore: Checkpoint | None = None, crash_after_frames: int | None = None,
+            kill_executor_after_frames: Iterable[int] = ()) -> None:
+        """Run until the app succeeded (its final checkpoint completed and every task
+        finished); a failure raises PipelineFailed.
 
         ``restore``: a checkpoint from :meth:`latest_checkpoint` of an earlier engine.
         ``crash_after_frames``: stop with SimulatedCrash after delivering that many frames.
+        ``kill_executor_after_frames``: after delivering each of these many frames, one
+        executor (picked by the seed) dies; the app rolls back to its last checkpoint in
+        a new epoch, as on the cluster, within its restart budget (``max_restarts``).
         """
-        started = []
+        meta = self._restored(*restore) if restore is not None else None
+        self.state = st.AppMasterState(self.tasks, self._coordinator(meta), self.settings, self.first_epoch)
         try:
-            for node in self.nodes.values():
-                self._guard(node, node.task.on_start)
-                started.append(node)
-            if restore is not None:
-                self._restore(*restore)
-            self._coordinate(self.coordinator.start(self.clock))
-            self._loop(crash_after_frames)
-            unfinished = [n.name for n in self.nodes.values() if not n.core.ended]
-            if unfinished:
-                raise RuntimeError(f"tasks never ended (a source that never ends?): {', '.join(unfinished)}")
-            if not self._finished:
-                raise RuntimeError(f"the final checkpoint did not complete (stuck at {self.coordinator.stats()})")
+            self._carry_out(self.state.start(self.clock, meta))
+            self._loop(crash_after_frames, sorted(kill_executor_after_frames))
+            if self.state.outcome is None:
+                unfinished = [n.name for n in self.nodes.values() if not n.core.ended]
+                if unfinished:
+                    raise RuntimeError(f"tasks never ended (a source that never ends?): {', '.join(unfinished)}")
+                raise RuntimeError(f"the final checkpoint did not complete (stuck at "
+                                   f"{self.state.coordinator.stats()})")
         finally:
-            for node in started:
-                try:
-                    node.task.on_stop()
-                except Exception:
-                    pass
+            for node in self.nodes.values():
+                self._stop(node)
 
-    # --- driving -----------------------------------------------------------------------
+    # --- the AppMaster's instructions, carried out in memory ----------------------------
 
-    def _restore(self, checkpoint_id: int, snapshots: dict[TaskKey, bytes]) -> None:
-        missing = sorted(set(self.nodes) - set(snapshots))
-        if missing:
-            raise RuntimeError(f"checkpoint {checkpoint_id} has no snapshot of tasks {missing}")
-        self.coordinator = self._coordinator(next_id=checkpoint_id + 1)
-        for key, node in self.nodes.items():
-            self._guard(node, node.core.restore, TaskSnapshot.decode(snapshots[key]))
+    def _carry_out(self, instructions: list) -> None:
+        """Do what the AppMaster's state machine asked, in order, as its shell does over
+        NATS; nothing here waits, so each answer goes back to the machine at once."""
+        for instruction in instructions:
+            kind = type(instruction)
+            if kind is st.Logged:
+                log.log(logging.getLevelName(instruction.level.upper()), " ".join(
+                    [instruction.event] + [f"{key}={value}" for key, value in instruction.data]))
+            elif kind is st.StoreEpoch:
+                self.stored_epoch = (instruction.epoch, instruction.restarts)
+            elif kind is st.RequestSlots:
+                workers = [self._worker() for _ in range(instruction.count)]
+                self._carry_out(self.state.slots_allocated(workers, self.clock))
+            elif kind is st.RequestSlot:  # a new worker: away from every one to avoid
+                self._carry_out(self.state.slot_allocated(instruction.executor_id, self._worker(), self.clock))
+            elif kind is st.LaunchExecutor:
+                self._carry_out(self.state.executor_registered(instruction.executor_id, instruction.worker_id,
+                                                               [], 0, self.clock))
+            elif kind is st.Deploy:
+                self._deploy(instruction)
+            elif kind is st.Fence:
+                for key in [k for k, executor_id in self.hosts.items() if executor_id == instruction.executor_id]:
+                    self._stop(self.nodes.pop(key))
+            elif kind is st.ReportState:
+                pass  # no master to tell
+            elif kind is st.End:
+                if instruction.error is not None:
+                    raise PipelineFailed(instruction.error)
+            else:
+                self._checkpoint_action(instruction)
+
+    def _worker(self) -> str:
+        return f"memory-worker-{next(self._workers)}"
+
+    def _deploy(self, deploy: st.Deploy) -> None:
+        """Replace every task with one of the deployment's epoch, restored from its
+        checkpoint (or fresh); tasks that had ended tell their receivers again."""
+        for node in self.nodes.values():
+            self._stop(node)
+        self.nodes = self._build(deploy.epoch)
+        self.hosts = {task: executor_id for executor_id, tasks in deploy.assignments for task in tasks}
+        self.wire = {(node.key, receiver): collections.deque() for node in self.nodes.values()
+                     for receiver in node.sender.channels}
+        self.inboxes.clear()
+        self.reader = FrameReader()
+        for node in self.nodes.values():
+            self._guard(node, node.task.on_start)
+            node.started = True
+        if deploy.restore is not None:
+            snapshots = self.completed[deploy.restore.checkpoint_id]
+            for key, node in self.nodes.items():
+                self._guard(node, node.core.restore, TaskSnapshot.decode(snapshots[key]))
+        self._carry_out(self.state.deployed(deploy.epoch, self.clock))
         for node in self.nodes.values():
             if node.core.ended:  # it ended before the checkpoint: its receivers hear the end again
                 self._send(node, node.sender.finish(WATERMARK_MAX))
-                self._coordinate(self.coordinator.task_ended(node.key, self.clock))
+                self._carry_out(self.state.task_ended(node.key, deploy.epoch, self.clock))
 
-    def _loop(self, crash_after_frames: int | None) -> None:
-        """Deliver frames while any can go; else a round of source reads; until the final
-        checkpoint completed or nothing can move."""
-        sources = [node for node in self.nodes.values() if node.source is not None and not node.core.ended]
-        while not self._finished:
+    def _build(self, epoch: int) -> dict[TaskKey, _Node]:
+        graph, nodes = self.app.graph, {}
+        for p in graph.processors:
+            senders = [(e.upstream.id, i) for e in graph.inputs_of(p) for i in range(e.upstream.parallelism)]
+            edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
+            for index in range(p.parallelism):
+                task = p.task_class(TaskContext(0, self.app.name, p, index, 0, epoch=epoch))
+                core = TaskCore(task, senders, self.config.credit_frames, epoch)
+                source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
+                nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges, self.config),
+                                             source, collections.deque())
+        return nodes
+
+    @staticmethod
+    def _stop(node: _Node) -> None:
+        """The task's process is gone: on_stop, whatever it raises (as an executor does)."""
+        if node.started:
+            node.started = False
+            try:
+                node.task.on_stop()
+            except Exception:
+                pass
+
+    def _kill_executor(self) -> None:
+        """One live executor, picked by the seed, exits: the AppMaster hears it stopped."""
+        executors = sorted(e.executor_id for e in self.state.live_executors())
+        executor = self.state.executors[executors[self.random.randrange(len(executors))]]
+        self._carry_out(self.state.executor_stopped(executor.executor_id, executor.worker_id, "was killed", False,
+                                                    self.clock))
+
+    # --- driving -----------------------------------------------------------------------
+
+    def _loop(self, crash_after_frames: int | None, kills: list[int]) -> None:
+        """Deliver frames while any can go; else a round of source reads; until the app's
+        outcome is decided or nothing can move."""
+        while self.state.outcome is None:
             ready = [channel for channel, frames in self.wire.items()
                      if frames and not self.nodes[channel[1]].waiting]
             if ready:
                 if crash_after_frames is not None and self._delivered >= crash_after_frames:
                     raise SimulatedCrash(f"stopped after {self._delivered} frames")
+                if kills and self._delivered >= kills[0]:
+                    kills.pop(0)
+                    self._kill_executor()
+                    continue
                 self._deliver(*ready[self.random.randrange(len(ready))])
                 continue
-            readable = [node for node in sources if not node.waiting]
+            readable = [node for node in self.nodes.values()
+                        if node.source is not None and not node.core.ended and not node.waiting]
             if not readable:
                 return
-            self.clock += 1
-            self._coordinate(self.coordinator.tick(self.clock))
+            self._tick()
             self.random.shuffle(readable)
             idle = True
             for node in readable:
                 actions, count = self._guard(node, node.source.step)
-                if count is None:
-                    sources.remove(node)
                 self._act(node, actions)
                 idle = idle and count == 0
                 if any(self.inboxes.values()):
                     break
             if idle:  # every source is waiting for data: sleep, do not spin
                 time.sleep(min(n.task.source.idle_wait_s() for n in readable))
+
+    def _tick(self) -> None:
+        """The clock moves on: every live executor heartbeats, then the AppMaster ticks."""
+        self.clock += 1
+        for executor in self.state.live_executors():
+            self.state.executor_heartbeat(executor.executor_id, self.clock)
+        self._carry_out(self.state.tick(self.clock))
 
     def _deliver(self, sender: TaskKey, receiver: TaskKey) -> None:
         node, outgoing = self.nodes[receiver], self.wire[(sender, receiver)].popleft()
@@ -211,7 +307,7 @@ class InProcessEngine:
                 continue
             self._send(node, self._guard(node, node.sender.act, action))
             if kind is End:
-                self._coordinate(self.coordinator.task_ended(node.key, self.clock))
+                self._carry_out(self.state.task_ended(node.key, self.epoch, self.clock))
             elif kind is Snapshot:
                 self._snapshotted(node, action)
 
@@ -229,46 +325,61 @@ class InProcessEngine:
 
     # --- checkpoints ---------------------------------------------------------------------
 
-    def _coordinator(self, next_id: int) -> cp.CheckpointCoordinator:
+    def _restored(self, checkpoint_id: int, snapshots: dict[TaskKey, bytes]) -> cp.CheckpointMeta:
+        """An earlier engine's checkpoint, as this engine's completed one to start from."""
+        missing = sorted(set(self.tasks) - set(snapshots))
+        if missing:
+            raise RuntimeError(f"checkpoint {checkpoint_id} has no snapshot of tasks {missing}")
+        self.completed[checkpoint_id] = snapshots
+        return cp.CheckpointMeta(checkpoint_id, self.first_epoch, self.clock, 0.0, sum(map(len, snapshots.values())),
+                                 tuple(sorted(snapshots)), False)
+
+    def _coordinator(self, restored_from: cp.CheckpointMeta | None) -> cp.CheckpointCoordinator:
         """The AppMaster's coordinator, on this engine's clock; nothing times out in memory."""
         return cp.CheckpointCoordinator(
-            self.nodes, [key for key, node in self.nodes.items() if node.source is not None],
-            interval_s=self.checkpoint_every, timeout_s=math.inf, keep=KEEP_CHECKPOINTS, max_consecutive_failures=0,
-            epoch=self.epoch, next_id=next_id)
+            self.tasks, self.sources, interval_s=self.checkpoint_every, timeout_s=math.inf, keep=KEEP_CHECKPOINTS,
+            max_consecutive_failures=0, epoch=self.first_epoch, restored_from=restored_from)
 
     def _snapshotted(self, node: _Node, snapshot: Snapshot) -> None:
         data = self._guard(node, snapshot.state.encode)
-        if snapshot.checkpoint_id == self.coordinator.in_flight:
+        if snapshot.checkpoint_id == self.state.coordinator.in_flight:
             self._taken.setdefault(snapshot.checkpoint_id, {})[node.key] = data
-        self._coordinate(self.coordinator.ack(snapshot.checkpoint_id, self.epoch, node.key, len(data),
-                                              snapshot.ended, self.clock))
+        self._carry_out(self.state.checkpoint_acked(snapshot.checkpoint_id, self.epoch, node.key, len(data),
+                                                    snapshot.ended, self.clock))
 
-    def _coordinate(self, actions: list[cp.Action]) -> None:
+    def _checkpoint_action(self, action: cp.Action) -> None:
         """Carry out what the checkpoint coordinator decided."""
-        for action in actions:
-            kind = type(action)
-            if kind is cp.TriggerCheckpoint:
-                for key in action.sources:
-                    node = self.nodes[key]
-                    node.source.inject(action.checkpoint_id)
-                    self._act(node, self._guard(node, node.source.pending_barriers))
-            elif kind is cp.StoreCheckpoint:
-                self.completed[action.meta.checkpoint_id] = self._taken.pop(action.meta.checkpoint_id)
-                self._coordinate(self.coordinator.stored(action.meta.checkpoint_id, self.clock))
-            elif kind is cp.NotifyComplete:
-                for node in self.nodes.values():
-                    self._guard(node, node.task.checkpoint_complete, action.checkpoint_id)
-                self._finished = self._finished or action.final
-            elif kind is cp.PruneCheckpoints:
-                for checkpoint_id in action.checkpoint_ids:
-                    self.completed.pop(checkpoint_id, None)
-            else:  # AbandonCheckpoint, FailApplication: no task declines or times out in-process
-                raise RuntimeError(f"checkpoint coordinator: {action}")
+        kind = type(action)
+        if kind is cp.TriggerCheckpoint:
+            for key in action.sources:
+                node = self.nodes[key]
+                node.source.inject(action.checkpoint_id)
+                self._act(node, self._guard(node, node.source.pending_barriers))
+        elif kind is cp.StoreCheckpoint:
+            self.completed[action.meta.checkpoint_id] = self._taken.pop(action.meta.checkpoint_id)
+            self._carry_out(self.state.checkpoint_stored(action.meta.checkpoint_id, self.clock))
+        elif kind is cp.NotifyComplete:
+            for node in list(self.nodes.values()):
+                self._guard(node, node.task.checkpoint_complete, action.checkpoint_id)
+                if action.final:  # committed: the task is done, as an executor reports it
+                    self._carry_out(self.state.task_finished(node.key, action.epoch))
+        elif kind is cp.PruneCheckpoints:
+            for checkpoint_id in action.checkpoint_ids:
+                self.completed.pop(checkpoint_id, None)
+        elif kind is cp.AbandonCheckpoint:  # a rollback dropped the checkpoint in flight
+            self._taken.pop(action.checkpoint_id, None)
+        elif kind is not cp.FailApplication:  # FailApplication: the machine ends the app itself
+            raise RuntimeError(f"not carried out in-process: {action}")
 
     def _guard(self, node: _Node, fn, *args):
+        """Run a task's step; an exception fails the task: the AppMaster ends the app (its
+        End raises PipelineFailed), and this run stops here whatever it decided."""
         try:
             return fn(*args)
         except PipelineFailed:
             raise
         except Exception as exc:
-            raise PipelineFailed(failure_report(exc, node.task.context)) from exc
+            error = failure_report(exc, node.task.context)
+            self._carry_out(self.state.task_failed(node.key, self.epoch, error, False, self.hosts[node.key],
+                                                   self.clock))
+            raise PipelineFailed(error) from exc

@@ -1,6 +1,7 @@
 """The AppMaster role: one per application. The app's life is decided by its state
-machine (services/appmaster/state.py); this shell carries out what it decides: requests to
-the master, executors and workers, checkpoint and savepoint I/O, heartbeats and reports."""
+machine (gearbus/runtime/appmaster_state.py, which the TestRunner's engine drives too);
+this shell carries out what it decides: requests to the master, executors and workers,
+checkpoint and savepoint I/O, heartbeats and reports."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import traceback
 import structlog
 
 from gearbus.api.graph import Application
+from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, join_task_state, split_task_state
 from gearbus.runtime.snapshots import TaskSnapshot
-from services.appmaster import state as st
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore
@@ -223,16 +224,8 @@ class AppMaster(Service):
 
     def _machine(self, tasks: list[TaskId], latest: cp.CheckpointMeta | None, epoch: int, restarts: int) -> None:
         """The app's state machine, from its config, in ``epoch``, continuing after ``latest``."""
-        config = self.config
-        placement = config.get("task_placement", "by_index")
-        if placement not in ("by_index", "round_robin"):
-            raise AppFailure(AppError("ConfigError", f"task_placement must be 'by_index' or 'round_robin', "
-                                                     f"got {placement!r}", "planning tasks"))
         try:
-            settings = st.Settings(executors=int(config.get("executors", st.Settings.executors)), placement=placement,
-                                   max_restarts=int(config.get("max_restarts", st.DEFAULT_MAX_RESTARTS)),
-                                   blacklist_after=int(config.get("blacklist_after", st.DEFAULT_BLACKLIST_AFTER)),
-                                   heartbeat_interval_s=self.heartbeat_interval)
+            settings = st.Settings.from_config(self.config, self.heartbeat_interval)
         except (TypeError, ValueError) as exc:
             raise AppFailure(AppError("ConfigError", str(exc), "planning tasks")) from None
         coordinator = self._new_coordinator(latest, epoch)

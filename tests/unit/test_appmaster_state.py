@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gearbus.runtime import checkpoints as cp
-from services.appmaster.state import (
+from gearbus.runtime.appmaster_state import (
     AnswerSavepoint,
     AppMasterState,
     AskExecutorsToRegister,

@@ -1,6 +1,8 @@
 """The in-process engine drives the cluster's runtime under seeded interleavings: every
-interleaving gives the same result, one seed always gives one interleaving, and a run
-crashed anywhere resumes from its last checkpoint with exactly the output of a clean run."""
+interleaving gives the same result, one seed always gives one interleaving, a run
+crashed anywhere resumes from its last checkpoint with exactly the output of a clean run,
+and a run that loses executors rolls back by itself, through the AppMaster's own state
+machine, within its restart budget."""
 
 import collections
 import json
@@ -9,7 +11,9 @@ import pytest
 
 from gearbus import Pipeline
 from gearbus.connectors.files import CollectSink
-from gearbus.runners.inprocess import SimulatedCrash
+from gearbus.runners.inprocess import PipelineFailed, SimulatedCrash
+from gearbus.runtime.appmaster_state import Phase
+from shared.messages import AppState
 
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu"]
 LINES = [" ".join(WORDS[(i * j) % len(WORDS)] for j in range(1, 1 + i % 5)) for i in range(120)]
@@ -65,14 +69,20 @@ def committed_counts(path) -> collections.Counter:
     return counts
 
 
+def jsonl_wordcount(path, config: dict | None = None, **source) -> Pipeline:
+    """The wordcount into a JSON-lines file: a two-phase sink, exactly-once across recoveries."""
+    p = Pipeline("wordcount", config={**CONFIG, **(config or {})}, parallelism=3)
+    (p.from_collection(LINES, name="read", parallelism=3, **source).flat_map(str.split, name="split")
+        .group_by(word, name="by_word").count(name="count").map(row, name="format").write_jsonl(str(path), name="write"))
+    return p
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("crash_after_frames", [3, 40, 120])
 def test_a_crashed_run_resumes_from_its_last_checkpoint_with_exact_output(inprocess, tmp_path, seed,
                                                                          crash_after_frames):
     out = tmp_path / "counts.jsonl"
-    p = Pipeline("wordcount", config=CONFIG, parallelism=3)
-    (p.from_collection(LINES, name="read", parallelism=3).flat_map(str.split, name="split")
-        .group_by(word, name="by_word").count(name="count").map(row, name="format").write_jsonl(str(out), name="write"))
+    p = jsonl_wordcount(out)
     first = inprocess(p, seed=seed, checkpoint_every=2)
     with pytest.raises(SimulatedCrash):
         first.run(crash_after_frames=crash_after_frames)
@@ -81,3 +91,43 @@ def test_a_crashed_run_resumes_from_its_last_checkpoint_with_exact_output(inproc
         assert checkpoint is not None, "the crash came after a completed checkpoint"
     inprocess(p, seed=seed + 100, checkpoint_every=2, epoch=1).run(restore=checkpoint)
     assert committed_counts(out) == COUNTS
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_killed_executor_rolls_the_app_back_to_its_last_checkpoint_with_exact_output(inprocess, tmp_path, seed):
+    out = tmp_path / "counts.jsonl"
+    engine = inprocess(jsonl_wordcount(out), seed=seed, checkpoint_every=2)
+    engine.run(kill_executor_after_frames=[25, 90])
+    assert committed_counts(out) == COUNTS
+    assert engine.state.phase is Phase.ENDING and engine.state.outcome.state == AppState.SUCCEEDED
+    assert (engine.epoch, engine.state.restarts, engine.stored_epoch) == (2, 2, (2, 2))  # two rollbacks
+    assert len(engine.state.live_executors()) == 2 and {task.core.epoch for task in engine.nodes.values()} == {2}
+    engine.state.validate()
+
+
+def test_one_seed_one_recovery(inprocess, tmp_path):
+    files = [tmp_path / "first.jsonl", tmp_path / "second.jsonl"]
+    for out in files:  # event times from the data: ingestion times would move watermarks differently
+        inprocess(jsonl_wordcount(out, timestamp_fn=len), seed=4, checkpoint_every=2).run(
+            kill_executor_after_frames=[25, 90])
+    assert files[0].read_text() == files[1].read_text()
+
+
+def test_a_kill_before_any_checkpoint_restarts_the_app_from_the_beginning(inprocess, tmp_path):
+    out = tmp_path / "counts.jsonl"
+    engine = inprocess(jsonl_wordcount(out), seed=3)  # only the final checkpoint
+    engine.run(kill_executor_after_frames=[30])
+    assert committed_counts(out) == COUNTS
+    assert engine.epoch == 1
+
+
+def test_a_run_that_keeps_losing_executors_fails_past_its_restart_budget(inprocess, tmp_path):
+    out = tmp_path / "counts.jsonl"
+    engine = inprocess(jsonl_wordcount(out, {"max_restarts": 1}), seed=1, checkpoint_every=2)
+    with pytest.raises(PipelineFailed) as failed:
+        engine.run(kill_executor_after_frames=[25, 60])
+    assert failed.value.error.error_type == "RestartBudgetExhausted"
+    assert "executor" in failed.value.error.message and "gave up after 1 restarts" in failed.value.error.message
+    assert engine.state.outcome.state == AppState.FAILED and engine.state.restarts == 2
+    assert all(not node.started for node in engine.nodes.values())
+    assert sum(committed_counts(out).values()) < sum(COUNTS.values())  # the final checkpoint never completed

@@ -1,12 +1,13 @@
 """An application's life in its AppMaster: a state machine without I/O.
 
-The AppMaster's async shell feeds it events (slots allocated, an executor registered,
-heartbeating, stopped or lost with its worker, tasks deployed, a task finished, ended or
-failed, checkpoint acknowledgements, a savepoint asked for and written, a tick with the
-time) and carries out the instructions it returns. It never reads a clock, sleeps or
-touches NATS; it drives the checkpoint coordinator and passes the coordinator's actions on
-to the shell, so checkpoints, recovery and the app's end are decided in one place and
-tested without a network (dask's ``WorkerState``).
+A shell feeds it events (slots allocated, an executor registered, heartbeating, stopped
+or lost with its worker, tasks deployed, a task finished, ended or failed, checkpoint
+acknowledgements, a savepoint asked for and written, a tick with the time) and carries out
+the instructions it returns: the AppMaster's async shell over NATS, and the TestRunner's
+in-process engine in memory. It never reads a clock, sleeps or touches NATS; it drives the
+checkpoint coordinator and passes the coordinator's actions on to the shell, so
+checkpoints, recovery and the app's end are decided in one place, for the cluster and the
+test runner alike, and tested without a network (dask's ``WorkerState``).
 
 The app moves through these phases (``_ALLOWED`` enforces the table)::
 
@@ -193,6 +194,19 @@ class Settings:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     blacklist_after: int = DEFAULT_BLACKLIST_AFTER
     heartbeat_interval_s: float = 1.0
+
+    @classmethod
+    def from_config(cls, config: dict, heartbeat_interval_s: float = 1.0) -> Settings:
+        """From the app's config ("executors", "task_placement", "max_restarts",
+        "blacklist_after"), so every shell reads it alike; ValueError or TypeError says
+        what is wrong."""
+        placement = config.get("task_placement", "by_index")
+        if placement not in ("by_index", "round_robin"):
+            raise ValueError(f"task_placement must be 'by_index' or 'round_robin', got {placement!r}")
+        return cls(executors=int(config.get("executors", cls.executors)), placement=placement,
+                   max_restarts=int(config.get("max_restarts", DEFAULT_MAX_RESTARTS)),
+                   blacklist_after=int(config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)),
+                   heartbeat_interval_s=heartbeat_interval_s)
 
 
 class AppMasterState:
