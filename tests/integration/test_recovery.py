@@ -13,7 +13,7 @@ import structlog
 
 from gearbus.artifact import pack
 from gearbus.client import Client
-from services.executor.frames import encode_frame
+from gearbus.runtime.frames import encode_frame
 from shared import subjects
 from shared.messages import AppState, ExecutorStopped, TaskFailed, decode
 from tests.support.cluster import wait_exited, wait_for_workers, wait_state, wait_until
