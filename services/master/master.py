@@ -80,6 +80,7 @@ STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
 MASTERS_LOOKUP_S = 2.0
 SETUP_DEADLINE_S = 60.0  # how long a master waits at start for JetStream (a new cluster elects leaders)
 SAVEPOINT_TIMEOUT_S = 120.0  # how long a savepoint may take (its checkpoint, then copying its state)
+APPMASTER_TIMEOUT_HEARTBEATS = 5  # an AppMaster silent this many heartbeat intervals is lost (as an executor is)
 RECONFIRM_HEARTBEATS = 5  # a new leader gives running apps' AppMasters this many heartbeats to register
 
 
@@ -122,7 +123,7 @@ class Master(Service):
                  appmaster_register_timeout: float = 60.0, resource_timeout: float = 60.0, lease_ttl_s: int = 1,
                  security: Security = Security(), app_credentials: AppCredentials = AppCredentials(),
                  appmaster_timeout: float | None = None):
-        """``appmaster_timeout``: an AppMaster silent this long is lost (default: the worker timeout)."""
+        """``appmaster_timeout``: an AppMaster silent this long is lost (default: 5 heartbeat intervals)."""
         super().__init__(servers, node_id, security)
         self.app_credentials = app_credentials
         self.lease_ttl_s = lease_ttl_s
@@ -142,7 +143,7 @@ class Master(Service):
         self._submitters: dict[int, asyncio.Future] = {}  # app id -> the waiting submission's answer
         self._launching: dict[int, asyncio.Task] = {}  # app id -> its AppMaster's launch under way
         self.lifecycles = lc.AppLifecycles(lc.Timeouts(
-            register_s=appmaster_register_timeout, heartbeat_s=appmaster_timeout or worker_timeout,
+            register_s=appmaster_register_timeout, heartbeat_s=appmaster_timeout or APPMASTER_TIMEOUT_HEARTBEATS * heartbeat_interval,
             reconfirm_s=RECONFIRM_HEARTBEATS * heartbeat_interval))
 
     # --- lifecycle: election ---------------------------------------------------
@@ -676,7 +677,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between node heartbeats")
     parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds of silence before a worker is lost")
     parser.add_argument("--appmaster-timeout", type=float, default=None,
-                        help="seconds of silence before an AppMaster is lost and relaunched (default: --worker-timeout)")
+                        help="seconds of silence before an AppMaster is lost and relaunched "
+                             "(default: 5 heartbeat intervals)")
     parser.add_argument("--lease-ttl", type=int, default=1,
                         help="seconds the leader lease lasts without renewal (whole seconds; default 1)")
     add_arguments(parser)
