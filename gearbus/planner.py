@@ -30,6 +30,8 @@ from gearbus.runtime.chain import (
     ValueOp,
     WindowAggregateOp,
 )
+from gearbus.runtime.joins import CoGroup, IntervalJoinOp, JoinInputOp, TableJoinOp, WindowJoinOp
+from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
 from gearbus.runtime.savepoints import stateful_steps
 from gearbus.runtime.windows import WindowOperator
 
@@ -99,6 +101,21 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
     def forward(upstream: _Segment, parallelism: int) -> Partitioner:
         return CoLocationPartitioner() if upstream.parallelism == parallelism else ShufflePartitioner()
 
+    def join_input(join: Step, side: int, input_step: Step, key_fn) -> _Segment:
+        """The processor that keys one input of ``join`` for the hash edge into it: the
+        input's own, unless others read that input too (a self-join, say); then a new one."""
+        upstream = segment_of[input_step]
+        key_op = JoinInputOp(join.name, side, key_fn)
+        if len(consumers[input_step]) == 1 and upstream.head.kind != "process":
+            upstream.ops.append(key_op)
+            return upstream
+        keying = new_segment(Step("join_input", f"{join.name}.{('left', 'right')[side]}", [input_step]),
+                             upstream.parallelism)
+        keying.steps.append(keying.head)
+        keying.inputs.append((upstream, forward(upstream, upstream.parallelism)))
+        keying.ops.append(key_op)
+        return keying
+
     for step in steps:
         _check_runner(step, runner)
         upstream = segment_of.get(step.inputs[0]) if step.inputs else None
@@ -134,6 +151,15 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
             _make_window_operator(step)  # invalid window settings fail now, naming the step
             segment.ops.append(WindowAggregateOp(step.name, functools.partial(_make_window_operator, step),
                                                  combinable, params["late_sink"]))
+        elif step.kind == "keyed":
+            segment = new_segment(step, step.parallelism or pipeline.parallelism)
+            segment.inputs.append((segment_of[step.inputs[0]], HashPartitioner()))
+            segment.ops.append(_keyed_operator(step))
+        elif step.kind == "join":
+            segment = new_segment(step, step.parallelism or pipeline.parallelism)
+            for side, (input_step, key_fn) in enumerate(zip(step.inputs, step.params["keys"])):
+                segment.inputs.append((join_input(step, side, input_step, key_fn), HashPartitioner()))
+            segment.ops.append(_join_operator(step))
         elif step.kind in ("merge", "process") or not chainable:
             parallelism = step.parallelism or (
                 max(segment_of[i].parallelism for i in step.inputs) if step.kind == "merge" else upstream.parallelism
@@ -188,6 +214,26 @@ def _operator(step: Step) -> Op | None:
     if kind == "sink":
         return SinkOp(step.name, step.params["data_sink"])
     return None  # sources, merges, custom processors and aggregates are placed by plan()
+
+
+def _keyed_operator(step: Step) -> Op:
+    if step.params["variant"] == "stateful_map":
+        return StatefulMapOp(step.name, step.fn, step.params["ttl_ms"])
+    return KeyedProcessOp(step.name, step.params["function"], step.params["ttl_ms"])
+
+
+def _join_operator(step: Step) -> Op:
+    p = step.params
+    if p["variant"] == "window":
+        make = functools.partial(WindowOperator, p["window"], CoGroup())
+        try:
+            make()
+        except (TypeError, ValueError) as exc:
+            raise GraphError(f"step {step.name!r}: {exc}") from None
+        return WindowJoinOp(step.name, make, p["how"])
+    if p["variant"] == "interval":
+        return IntervalJoinOp(step.name, p["lower_ms"], p["upper_ms"])
+    return TableJoinOp(step.name, p["as_of"], p["ttl_ms"], p["how"], p["table_value"])
 
 
 def _processor(segment: _Segment) -> Processor:

@@ -23,16 +23,18 @@ from typing import Any
 
 from gearbus.api.aggregators import Aggregator, Count, Fold, Reduce, Sum
 from gearbus.api.graph import GraphError
+from gearbus.api.keyed import check_keyed_function
+from gearbus.api.joins import JOIN_KINDS, TABLE_MODES, check_key_function
 from gearbus.api.task import DataSink, DataSource, Task
 from gearbus.api.watermarks import BoundedOutOfOrderness
-from gearbus.api.windows import Accumulation, GlobalWindows
+from gearbus.api.windows import Accumulation, GlobalWindows, WindowAssigner, checked_millis
 
 
 @dataclass(eq=False)
 class Step:
     """One node of the logical graph."""
 
-    kind: str  # source, map, flat_map, filter, group_by, aggregate, merge, process, sink
+    kind: str  # source, map, flat_map, filter, group_by, aggregate, keyed, join, merge, process, sink
     name: str
     inputs: list[Step]
     fn: Callable | None = None
@@ -154,6 +156,79 @@ class Stream:
         return self._then("process", name, None, parallelism, default=task_class.__name__, task_class=task_class,
                           config=config)
 
+    # --- joins -----------------------------------------------------------------------
+
+    def join(self, other: Stream, left_key: Callable[[Any], Any] | None = None,
+             right_key: Callable[[Any], Any] | None = None, window: WindowAssigner | None = None, how: str = "inner",
+             name: str | None = None, parallelism: int | None = None) -> Stream:
+        """A window join (see :mod:`gearbus.api.joins`): the ``Joined(left, right)`` pairs of
+        equal keys in the same ``window`` (TumblingWindows, SlidingWindows, SessionWindows),
+        emitted when the watermark closes it; ``how``: "inner", "left", "right", "outer"."""
+        what = f"join {name or ''}".strip()
+        if not isinstance(window, WindowAssigner):
+            raise GraphError(f"{what}: window must be TumblingWindows, SlidingWindows or SessionWindows, got {window!r}")
+        if how not in JOIN_KINDS:
+            raise GraphError(f"{what}: how must be one of {', '.join(map(repr, JOIN_KINDS))}, got {how!r}")
+        return self._join(other, "window", name, parallelism, left_key, right_key, window=window, how=how)
+
+    def interval_join(self, other: Stream, left_key: Callable[[Any], Any] | None = None,
+                      right_key: Callable[[Any], Any] | None = None, lower_ms: int | None = None,
+                      upper_ms: int | None = None, name: str | None = None, parallelism: int | None = None) -> Stream:
+        """An inner interval join: ``Joined(l, r)`` for equal keys where
+        ``l.ts + lower_ms <= r.ts <= l.ts + upper_ms`` (bounds inclusive, may be negative)."""
+        what = f"interval_join {name or ''}".strip()
+        try:
+            lower, upper = checked_millis("lower_ms", lower_ms), checked_millis("upper_ms", upper_ms)
+        except ValueError as exc:
+            raise GraphError(f"{what}: {exc}") from None
+        if lower > upper:
+            raise GraphError(f"{what}: lower_ms ({lower}) must not exceed upper_ms ({upper})")
+        return self._join(other, "interval", name, parallelism, left_key, right_key, lower_ms=lower, upper_ms=upper)
+
+    def join_table(self, table: Stream, key: Callable[[Any], Any] | None = None,
+                   table_key: Callable[[Any], Any] | None = None, as_of: str = "latest", ttl_ms: int | None = None,
+                   how: str = "inner", table_value: Callable[[Any], Any] | None = None, name: str | None = None,
+                   parallelism: int | None = None) -> Stream:
+        """Enrich each record with the value ``table`` (a changelog stream: upserts by
+        ``table_key``; a value of None deletes) holds for ``key(record)``: ``Joined(record,
+        value)``. ``as_of``: "latest" (the value when the record is processed) or
+        "event_time" (the value valid at the record's timestamp). ``table_value(change)``
+        gives the value of a change (default: the change itself); ``ttl_ms`` forgets values
+        not written for that long (event time); ``how="left"`` keeps records the table
+        does not know, with None."""
+        what = f"join_table {name or ''}".strip()
+        if as_of not in TABLE_MODES:
+            raise GraphError(f"{what}: as_of must be one of {', '.join(map(repr, TABLE_MODES))}, got {as_of!r}")
+        if how not in ("inner", "left"):
+            raise GraphError(f"{what}: how must be 'inner' or 'left', got {how!r}")
+        if table_value is not None and not callable(table_value):
+            raise GraphError(f"{what}: table_value must be a function of the change, got {table_value!r}")
+        try:
+            ttl = None if ttl_ms is None else checked_millis("ttl_ms", ttl_ms, 1)
+        except ValueError as exc:
+            raise GraphError(f"{what}: {exc}") from None
+        return self._join(table, "table", name, parallelism, key, table_key, as_of=as_of, ttl_ms=ttl, how=how,
+                          table_value=table_value)
+
+    def _join(self, other, variant: str, name, parallelism, left_key, right_key, **params) -> Stream:
+        what = f"{_JOIN_METHODS[variant]} {name or ''}".strip()
+        if not isinstance(other, Stream) or other.pipeline is not self.pipeline:
+            raise GraphError(f"{what}: can only join a Stream of the same pipeline (not a grouped or windowed "
+                             f"stream), got {other!r}")
+        step_name = name or what
+        keys = (check_key_function(step_name, "left_key" if variant != "table" else "key", left_key),
+                check_key_function(step_name, "right_key" if variant != "table" else "table_key", right_key))
+        if variant != "table" or params["as_of"] == "event_time":
+            for stream in (self, other):
+                source = _source_without_event_time(stream.step)
+                if source is not None:
+                    raise GraphError(
+                        f"{what}: joins in event time, but source {source.name!r} stamps records with the time "
+                        "they were read: give it timestamp_fn=... (an event time per record)")
+        step = self.pipeline._add("join", name, [self.step, other.step], None, parallelism, default=_JOIN_METHODS[variant],
+                                  variant=variant, keys=keys, **params)
+        return self.pipeline._stream_of(step)
+
     def sink(self, data_sink: DataSink, parallelism: int = 1, name: str | None = None) -> None:
         if not isinstance(data_sink, DataSink):
             raise GraphError(f"sink {name or ''}: {data_sink!r} is not a gearbus DataSink")
@@ -181,6 +256,29 @@ class Stream:
     def sum(self, *args, **kwargs):
         self._needs_key("sum()")
 
+    def process_keyed(self, *args, **kwargs):
+        self._needs_key("process_keyed(...) (keyed state and timers)")
+
+    def stateful_map(self, *args, **kwargs):
+        self._needs_key("stateful_map(...)")
+
+
+_JOIN_METHODS = {"window": "join", "interval": "interval_join", "table": "join_table"}
+
+
+def _source_without_event_time(step: Step) -> Step | None:
+    """A source upstream of ``step`` whose records carry ingestion time, if any."""
+    seen, todo = set(), [step]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.kind == "source" and current.fn is None and not current.params["data_source"].event_time:
+            return current
+        todo.extend(current.inputs)
+    return None
+
 
 class GroupedStream:
     """A keyed stream: aggregate it, per key, over windows (the global window by default)."""
@@ -205,6 +303,32 @@ class GroupedStream:
         same task (``record.key``), so the task may keep state per key."""
         return self._stream.process(
             task_class, self.step.parallelism if parallelism is None else parallelism, name, **config)
+
+    def process_keyed(self, function, name: str | None = None, ttl_ms: int | None = None,
+                      parallelism: int | None = None) -> Stream:
+        """Per-key state and timers (see :mod:`gearbus.api.keyed`): ``function`` is a
+        KeyedProcessFunction subclass or a plain ``fn(value, ctx)``. ``ttl_ms``: a key's
+        state not written for that long (event time) is forgotten."""
+        return self._keyed("process_keyed", name, parallelism, ttl_ms,
+                           function=check_keyed_function(name or self.step.name, function))
+
+    def stateful_map(self, fn: Callable[[Any, Any], tuple[Any, Any]], ttl_ms: int | None = None,
+                     name: str | None = None, parallelism: int | None = None) -> Stream:
+        """``fn(state, value) -> (state, out)`` per record, with the record's key's state
+        (None at first; returning None as the state forgets the key); emits ``out``."""
+        if not callable(fn):
+            raise GraphError(f"stateful_map {name or ''} after {self.step.name!r}: {fn!r} is not callable")
+        return self._keyed("stateful_map", name, parallelism, ttl_ms, fn=fn)
+
+    def _keyed(self, kind: str, name, parallelism, ttl_ms, **params) -> Stream:
+        what = f"{kind} {name or ''} after {self.step.name!r}"
+        try:
+            ttl = None if ttl_ms is None else checked_millis("ttl_ms", ttl_ms, 1)
+        except ValueError as exc:
+            raise GraphError(f"{what}: {exc}") from None
+        return self._stream._then("keyed", name, params.get("fn"),
+                                  self.step.parallelism if parallelism is None else parallelism, default=kind,
+                                  variant=kind, ttl_ms=ttl, **params)
 
     def _global(self) -> WindowedStream:
         return WindowedStream(self, GlobalWindows(), None, Accumulation.DISCARDING, 0, None)

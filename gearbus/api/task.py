@@ -132,6 +132,9 @@ class DataSource:
 
     #: True when snapshot/restore make the source re-read exactly (files, JetStream).
     replayable = False
+    #: True when the source stamps each record with an event time of its own (a stream's
+    #: timestamps, say) rather than the time it was read: joins in event time need it.
+    event_time = False
     #: True when opening it from the submitting machine tells whether it can be read at all
     #: (a NATS stream: yes; a file path, which is a path on the workers: no).
     checked_at_submit = False

@@ -181,6 +181,7 @@ class JetStreamSource(_Decoding, DataSource):
 
     replayable = True
     checked_at_submit = True
+    event_time = True
     _name = "jetstream source"
 
     def __init__(self, stream: str, subjects: str | list[str] | None = None, *, start="first", until=None,

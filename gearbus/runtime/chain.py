@@ -94,6 +94,11 @@ class Op:
     def close(self) -> None:
         """Called when the task stops."""
 
+    def state_size(self) -> tuple[int, int]:
+        """(live keyed entries, estimated bytes) the step holds, for the metrics; a key in
+        several windows counts once per window."""
+        return 0, 0
+
     def _fail(self, values, each, exc: BaseException):
         """Replay ``each`` value by value to find the one the user code fails on."""
         for value in values:
@@ -313,6 +318,10 @@ class WindowAggregateOp(Op):
         op = self.operator
         return op.late_dropped + op.late_side_output if op else 0
 
+    def state_size(self):
+        op = self.operator
+        return (op.state_size, op.state_bytes) if op else (0, 0)
+
 
 class SinkOp(Op):
     def __init__(self, step, data_sink):
@@ -401,7 +410,12 @@ class ChainTask(Task):
 
     @property
     def late_records(self) -> int:
-        return sum(op.late_records for op in getattr(self, "ops", []) if isinstance(op, WindowAggregateOp))
+        return sum(getattr(op, "late_records", 0) for op in getattr(self, "ops", []))
+
+    def state_size(self) -> tuple[int, int]:
+        """The task's stateful steps' (keyed entries, estimated bytes), summed."""
+        sizes = [op.state_size() for op in getattr(self, "ops", [])]
+        return sum(k for k, _ in sizes), sum(b for _, b in sizes)
 
 
 class ChainSourceTask(ChainTask, DataSourceTask):

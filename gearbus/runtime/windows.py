@@ -8,7 +8,6 @@ executors run the same code and emit the same panes.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from copy import deepcopy
 from heapq import heappop, heappush
 from math import inf
 from operator import itemgetter
@@ -30,14 +29,12 @@ from gearbus.api.windows import (
     WindowResult,
     checked_millis,
 )
-from gearbus.runtime.keygroups import key_group
+from gearbus.runtime.keygroups import detached, estimated_bytes, key_group
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
 _tuple = tuple.__new__
 _START = itemgetter(0)
 _END = itemgetter(1)
-#: Accumulator types a snapshot can share with the live pane instead of copying.
-_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None)})
 
 
 def _early_count(trigger: Trigger | None) -> int | None:
@@ -139,6 +136,12 @@ class WindowOperator:
     def state_size(self) -> int:
         """The number of live (key, window) states."""
         return sum(map(len, self._windows.values()))
+
+    @property
+    def state_bytes(self) -> int:
+        """The live states' size, estimated from a sample (see keygroups.estimated_bytes)."""
+        panes = ((window, key, pane.acc) for window, panes in self._windows.items() for key, pane in panes.items())
+        return estimated_bytes(panes, self.state_size)
 
     def process(self, key: Any, value: Any, timestamp: int, watermark: int) -> list[WindowResult]:
         """Add one record; ``watermark`` is the input watermark when it arrived.
@@ -250,10 +253,7 @@ class WindowOperator:
         groups: dict[int, list[tuple]] = {}
         for (start, end), panes in self._windows.items():
             for key, pane in panes.items():
-                acc = pane.acc
-                if type(acc) not in _IMMUTABLE:
-                    acc = deepcopy(acc)
-                groups.setdefault(key_group(key), []).append((start, end, key, acc, pane.count))
+                groups.setdefault(key_group(key), []).append((start, end, key, detached(pane.acc), pane.count))
         return {
             "watermark": self._watermark,
             "late_dropped": self.late_dropped,

@@ -1,0 +1,357 @@
+"""Join operators (semantics in :mod:`gearbus.api.joins`): pure computation over records
+and watermarks, run by every runner, with state grouped by key group in snapshots.
+
+Both inputs of a join reach its tasks through hash edges keyed by the join key (the
+planner co-partitions them with the join's parallelism): :class:`JoinInputOp`, at the
+end of each input's processor, keys every record and tags it with its side, so a join
+task sees ``((side, value), timestamp, key)`` records, side 0 left and 1 right.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from heapq import heappop, heappush
+from operator import itemgetter
+from typing import Any
+
+from gearbus.api.aggregators import Aggregator
+from gearbus.api.joins import Joined
+from gearbus.api.task import Record, new_record
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
+from gearbus.runtime.keygroups import estimated_bytes, key_group
+
+LEFT, RIGHT = 0, 1
+_value = itemgetter(0)
+#: ``_pair(Joined, (left, right))`` builds a Joined at C speed (see task.new_record).
+_pair = tuple.__new__
+#: Key types known to be hashable without hashing each key.
+_HASHABLE = frozenset({int, str, bytes, float, bool})
+
+
+class JoinInputOp(Op):
+    """One input's half of a join: keys each record and tags its side."""
+
+    def __init__(self, step: str, side: int, key_fn: Callable[[Any], Any]):
+        super().__init__(step)
+        self.side = side
+        self.key_fn = key_fn
+
+    def process(self, records):
+        fn, side = self.key_fn, self.side
+        try:
+            keys = [fn(r[0]) for r in records]
+        except Exception as exc:
+            self._fail(map(_value, records), fn, exc)
+        if not _HASHABLE.issuperset(map(type, keys)):
+            self._check_keys(records, keys)
+        return [new_record(Record, ((side, r[0]), r[1], k)) for r, k in zip(records, keys)]
+
+    def _check_keys(self, records, keys) -> None:
+        """Name the record whose key cannot be joined on: None, or not hashable."""
+        for record, key in zip(records, keys):
+            if key is None:
+                raise StepError(self.step, record[0], ValueError(
+                    "its join key is None: records without a key cannot be joined (filter them out first)"))
+            try:
+                hash(key)
+            except TypeError:
+                raise StepError(self.step, record[0], TypeError(
+                    f"its join key {key!r} is of unhashable type {type(key).__name__} "
+                    "(return a tuple instead of a list, say)")) from None
+
+
+class CoGroup(Aggregator):
+    """Both sides' values of a key in a window: ``[lefts, rights]``."""
+
+    def create(self) -> list:
+        return [[], []]
+
+    def add(self, acc: list, item) -> list:
+        acc[item[0]].append(item[1])
+        return acc
+
+    def merge(self, a: list, b: list) -> list:
+        a[0].extend(b[0])
+        a[1].extend(b[1])
+        return a
+
+
+def window_pairs(lefts: list, rights: list, how: str) -> list[Joined]:
+    """The joined pairs of one key's window: every left with every right, plus the
+    unmatched side(s) paired with None as ``how`` asks."""
+    if lefts and rights:
+        return [_pair(Joined, (left, right)) for left in lefts for right in rights]
+    if lefts and how in ("left", "outer"):
+        return [_pair(Joined, (left, None)) for left in lefts]
+    if rights and how in ("right", "outer"):
+        return [_pair(Joined, (None, right)) for right in rights]
+    return []
+
+
+class WindowJoinOp(WindowAggregateOp):
+    """A window join: a window operator co-grouping both sides per key and window, whose
+    panes become pairs stamped with the window's last instant when the window closes."""
+
+    def __init__(self, step: str, make_operator, how: str):
+        super().__init__(step, make_operator, False, None)
+        self.how = how
+
+    def _records(self, results) -> list[Record]:
+        how, out = self.how, []
+        for r in results:
+            lefts, rights = r.value
+            timestamp = min(r.window_end - 1, WATERMARK_MAX - 1)
+            out.extend(new_record(Record, (pair, timestamp, r.key)) for pair in window_pairs(lefts, rights, how))
+        return out
+
+
+class _Buffer:
+    """One side's records of one key, sorted by timestamp."""
+
+    __slots__ = ("times", "values")
+
+    def __init__(self, times: list[int] | None = None, values: list | None = None):
+        self.times = times or []
+        self.values = values or []
+
+    def insert(self, timestamp: int, value) -> None:
+        i = bisect_right(self.times, timestamp)
+        self.times.insert(i, timestamp)
+        self.values.insert(i, value)
+
+    def between(self, low: int, high: int):
+        """(timestamp, value) of the records with low <= timestamp <= high."""
+        times = self.times
+        lo, hi = bisect_left(times, low), bisect_right(times, high)
+        return zip(times[lo:hi], self.values[lo:hi])
+
+    def drop_until(self, timestamp: int) -> None:
+        """Forget the records with a timestamp <= ``timestamp``."""
+        i = bisect_right(self.times, timestamp)
+        del self.times[:i]
+        del self.values[:i]
+
+
+class IntervalJoinOp(Op):
+    """An interval join: left ``l`` and right ``r`` of one key pair up when
+    ``l.ts + lower <= r.ts <= l.ts + upper``, as soon as the second one arrives. A left
+    record is kept until the watermark reaches ``l.ts + upper`` and a right one until
+    ``r.ts - lower``: after that nothing that can still arrive matches it."""
+
+    def __init__(self, step: str, lower_ms: int, upper_ms: int):
+        super().__init__(step)
+        self.lower, self.upper = lower_ms, upper_ms
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sides: tuple[dict[Any, _Buffer], dict[Any, _Buffer]] = ({}, {})
+        self._expiry: list[tuple[int, int, int, Any]] = []  # (drop at, tie-breaker, side, key)
+        self._order = itertools.count()
+        self.watermark = WATERMARK_MIN
+        self.late_records = 0
+
+    def _kept_until(self, side: int, timestamp: int) -> int:
+        """The watermark at which a record of ``side`` at ``timestamp`` can match no more."""
+        return timestamp + self.upper if side == LEFT else timestamp - self.lower
+
+    def process(self, records):
+        out, watermark, lower, upper = [], self.watermark, self.lower, self.upper
+        for (side, value), timestamp, key in records:
+            if timestamp <= watermark:
+                self.late_records += 1
+                continue
+            other = self.sides[1 - side].get(key)
+            if other is not None:
+                if side == LEFT:
+                    for t, right in other.between(timestamp + lower, timestamp + upper):
+                        out.append(new_record(Record, (_pair(Joined, (value, right)), max(t, timestamp), key)))
+                else:
+                    for t, left in other.between(timestamp - upper, timestamp - lower):
+                        out.append(new_record(Record, (_pair(Joined, (left, value)), max(t, timestamp), key)))
+            until = self._kept_until(side, timestamp)
+            if until > watermark:
+                self._keep(side, key, timestamp, value, until)
+        return out
+
+    def _keep(self, side: int, key, timestamp: int, value, until: int) -> None:
+        own = self.sides[side]
+        buffer = own.get(key)
+        if buffer is None:
+            buffer = own[key] = _Buffer()
+        buffer.insert(timestamp, value)
+        heappush(self._expiry, (until, next(self._order), side, key))
+
+    def on_watermark(self, watermark):
+        self.watermark = watermark
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= watermark:
+            _, _, side, key = heappop(expiry)
+            buffer = self.sides[side].get(key)
+            if buffer is None:
+                continue
+            # Every record whose own limit the watermark reached goes, not just this one.
+            buffer.drop_until(watermark - self.upper if side == LEFT else watermark + self.lower)
+            if not buffer.times:
+                del self.sides[side][key]
+        return []
+
+    def snapshot(self):
+        groups: dict[int, list] = {}
+        for side, buffers in enumerate(self.sides):
+            for key, buffer in buffers.items():
+                groups.setdefault(key_group(key), []).append((side, key, list(buffer.times), list(buffer.values)))
+        return {"watermark": self.watermark, "late": self.late_records, "groups": groups}
+
+    def restore(self, state) -> None:
+        self._reset()
+        self.watermark, self.late_records = state["watermark"], state["late"]
+        for group in sorted(state["groups"]):
+            for side, key, times, values in state["groups"][group]:
+                self.sides[side][key] = _Buffer(list(times), list(values))
+                for timestamp in times:
+                    heappush(self._expiry, (self._kept_until(side, timestamp), next(self._order), side, key))
+
+    def state_size(self) -> tuple[int, int]:
+        records = sum(len(b.times) for buffers in self.sides for b in buffers.values())
+        values = (v for buffers in self.sides for b in buffers.values() for v in b.values)
+        return records, estimated_bytes(values, records)
+
+
+class TableJoinOp(Op):
+    """A stream–table join: side 0 is the stream, side 1 the table's changelog (upserts
+    by key; a value of None deletes). A table value not written for ``ttl_ms`` of event
+    time is forgotten once the watermark passes it.
+
+    ``as_of="latest"``: a record takes the value current when it is processed.
+    ``as_of="event_time"``: a record waits until the watermark reaches its timestamp and
+    takes the version valid then; a table key keeps its versions from the newest one
+    the watermark passed, the older ones can match nothing that may still arrive.
+    """
+
+    def __init__(self, step: str, as_of: str, ttl_ms: int | None, how: str,
+                 table_value: Callable[[Any], Any] | None):
+        super().__init__(step)
+        self.as_of, self.ttl_ms, self.how, self.table_value = as_of, ttl_ms, how, table_value
+        self._reset()
+
+    def _reset(self) -> None:
+        self.versions: dict[Any, _Buffer] = {}  # key -> its values by the time they were written
+        self.waiting: list[tuple[int, int, Any, Any]] = []  # event_time: (timestamp, tie-breaker, key, value)
+        self._prune_at: list[tuple[int, int, Any]] = []  # (watermark, tie-breaker, key): prune the key then
+        self._order = itertools.count()
+        self.watermark = WATERMARK_MIN
+        self.late_records = 0
+
+    def process(self, records):
+        out, latest = [], self.as_of == "latest"
+        for (side, value), timestamp, key in records:
+            if side == RIGHT:
+                self._upsert(key, timestamp, value)
+            elif latest:
+                self._emit(out, key, value, timestamp, self._current(key))
+            elif timestamp <= self.watermark:
+                self.late_records += 1
+            else:
+                heappush(self.waiting, (timestamp, next(self._order), key, value))
+        return out
+
+    def _upsert(self, key, timestamp: int, record) -> None:
+        fn = self.table_value
+        try:
+            value = record if fn is None else fn(record)
+        except Exception as exc:
+            raise StepError(self.step, record, exc) from exc
+        if self.as_of == "latest" and value is None:
+            self.versions.pop(key, None)
+            return
+        versions = self.versions.get(key)
+        if self.as_of == "latest" or versions is None:
+            versions = self.versions[key] = _Buffer()  # latest: only the current value
+        versions.insert(timestamp, value)
+        self._schedule(key, timestamp)
+        self._prune(key)
+
+    def _schedule(self, key, timestamp: int) -> None:
+        """Prune ``key`` when the watermark passes the version written at ``timestamp``
+        (it replaces older ones) and when that version's TTL runs out."""
+        if self.as_of == "event_time":
+            heappush(self._prune_at, (timestamp, next(self._order), key))
+        if self.ttl_ms is not None:
+            heappush(self._prune_at, (timestamp + self.ttl_ms - 1, next(self._order), key))
+
+    def _current(self, key):
+        versions = self.versions.get(key)
+        return versions.values[-1] if versions is not None else None
+
+    def _valid_at(self, key, timestamp: int):
+        """The version of ``key`` in force at ``timestamp`` (None: none, or deleted)."""
+        versions = self.versions.get(key)
+        if versions is None:
+            return None
+        i = bisect_right(versions.times, timestamp) - 1
+        if i < 0 or (self.ttl_ms is not None and timestamp >= versions.times[i] + self.ttl_ms):
+            return None
+        return versions.values[i]
+
+    def _emit(self, out: list, key, value, timestamp: int, found) -> None:
+        if found is not None or self.how == "left":
+            out.append(new_record(Record, (_pair(Joined, (value, found)), timestamp, key)))
+
+    def _prune(self, key) -> None:
+        """Drop versions no record that may still arrive can take: all but the newest the
+        watermark passed (and that one too when deleted or past its TTL)."""
+        versions = self.versions[key]
+        watermark, times = self.watermark, versions.times
+        passed = bisect_right(times, watermark)
+        if passed > 1:
+            del times[:passed - 1]
+            del versions.values[:passed - 1]
+        if times and times[0] <= watermark and (
+                versions.values[0] is None or (self.ttl_ms is not None and times[0] + self.ttl_ms <= watermark + 1)):
+            del times[0]
+            del versions.values[0]
+        if not times:
+            del self.versions[key]
+
+    def on_watermark(self, watermark):
+        self.watermark = watermark
+        out, waiting = [], self.waiting
+        touched = set()
+        while waiting and waiting[0][0] <= watermark:
+            timestamp, _, key, value = heappop(waiting)
+            self._emit(out, key, value, timestamp, self._valid_at(key, timestamp))
+            touched.add(key)
+        prune_at = self._prune_at
+        while prune_at and prune_at[0][0] <= watermark:
+            touched.add(heappop(prune_at)[2])
+        for key in touched:
+            if key in self.versions:
+                self._prune(key)
+        return out
+
+    def snapshot(self):
+        groups: dict[int, list] = {}
+        for key, versions in self.versions.items():
+            groups.setdefault(key_group(key), []).append((key, list(versions.times), list(versions.values)))
+        waiting = [(timestamp, key, value) for timestamp, _, key, value in sorted(self.waiting, key=itemgetter(0, 1))]
+        return {"watermark": self.watermark, "late": self.late_records, "groups": groups, "waiting": waiting}
+
+    def restore(self, state) -> None:
+        self._reset()
+        self.watermark, self.late_records = state["watermark"], state["late"]
+        for group in sorted(state["groups"]):
+            for key, times, values in state["groups"][group]:
+                self.versions[key] = _Buffer(list(times), list(values))
+                for timestamp in times:
+                    self._schedule(key, timestamp)
+        for timestamp, key, value in state["waiting"]:
+            heappush(self.waiting, (timestamp, next(self._order), key, value))
+
+    def state_size(self) -> tuple[int, int]:
+        entries = sum(len(v.times) for v in self.versions.values()) + len(self.waiting)
+        values = itertools.chain((v for b in self.versions.values() for v in b.values),
+                                 (w[3] for w in self.waiting))
+        return entries, estimated_bytes(values, entries)

@@ -1,0 +1,312 @@
+"""Keyed state and timers: the operators behind ``process_keyed`` and ``stateful_map``.
+
+Pure computation driven by records, watermarks and the clock (no I/O), so the TestRunner
+and the executors run the same code. State lives per key, bounded by an optional
+event-time TTL; timers are kept per key and in heaps by time. Snapshots group every
+key's state and timers by key group, as the window operator does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from heapq import heappop, heappush
+from typing import Any
+
+from gearbus.api.keyed import KeyedContext
+from gearbus.api.task import Record, new_record, now_ms
+from gearbus.api.watermarks import WATERMARK_MIN
+from gearbus.runtime.chain import Op, StepError
+from gearbus.runtime.keygroups import detached, estimated_bytes, key_group
+
+
+TIMER_BYTES = 16  # a timer's share of the state size metric
+
+
+class KeyedStates:
+    """Each key's state, and when it was last written (event time) for the TTL: a key
+    not written for ``ttl_ms`` is forgotten once the watermark reaches the last write +
+    ``ttl_ms``."""
+
+    def __init__(self, ttl_ms: int | None):
+        self.ttl_ms = ttl_ms
+        self.values: dict[Any, Any] = {}
+        self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
+        self._expiry: list[tuple[int, int, Any]] = []  # (expires at, tie-breaker, key); stale ones skipped
+        self._order = itertools.count()
+
+    def put(self, key, value, timestamp: int) -> None:
+        if value is None:
+            self.values.pop(key, None)
+            self.written.pop(key, None)
+            return
+        self.values[key] = value
+        if self.ttl_ms is not None:
+            self.written[key] = timestamp
+            heappush(self._expiry, (timestamp + self.ttl_ms, next(self._order), key))
+
+    def expire(self, watermark: int) -> None:
+        expiry, written, ttl = self._expiry, self.written, self.ttl_ms
+        while expiry and expiry[0][0] <= watermark:
+            expires, _, key = heappop(expiry)
+            last = written.get(key)
+            if last is not None and last + ttl == expires:  # not written again since
+                del written[key]
+                del self.values[key]
+
+    def entry(self, key) -> tuple:
+        """What a snapshot keeps of ``key``: its state and the time of its last write."""
+        return detached(self.values.get(key)), self.written.get(key)
+
+    def restore(self, key, value, written: int | None, watermark: int) -> None:
+        """Put back a snapshot's entry; one taken without a TTL counts as written at ``watermark``."""
+        if value is not None:
+            self.put(key, value, watermark if written is None else written)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(keys, estimated bytes)."""
+        return len(self.values), estimated_bytes(iter(self.values.items()), len(self.values))
+
+
+class Timers:
+    """One time domain's timers: a set of times per key, and a heap to fire them in
+    order (deleted timers stay in the heap and are skipped)."""
+
+    def __init__(self):
+        self.by_key: dict[Any, set[int]] = {}
+        self._heap: list[tuple[int, int, Any]] = []  # (time, tie-breaker, key): keys are never compared
+        self._order = itertools.count()
+
+    def register(self, key, timestamp: int) -> None:
+        times = self.by_key.setdefault(key, set())
+        if timestamp not in times:
+            times.add(timestamp)
+            heappush(self._heap, (timestamp, next(self._order), key))
+
+    def delete(self, key, timestamp: int) -> None:
+        times = self.by_key.get(key)
+        if times is not None:
+            times.discard(timestamp)
+            if not times:
+                del self.by_key[key]
+
+    def next_time(self) -> int | None:
+        heap = self._heap
+        while heap and heap[0][0] not in self.by_key.get(heap[0][2], ()):
+            heappop(heap)
+        return heap[0][0] if heap else None
+
+    def pop_due(self, until: int) -> tuple[Any, int] | None:
+        """The next (key, time) with time <= ``until``, removed; None when there is none."""
+        heap = self._heap
+        while heap and heap[0][0] <= until:
+            timestamp, _, key = heappop(heap)
+            times = self.by_key.get(key)
+            if times is not None and timestamp in times:
+                self.delete(key, timestamp)
+                return key, timestamp
+        return None
+
+    def entry(self, key) -> list[int]:
+        return sorted(self.by_key.get(key, ()))
+
+
+class KeyedOp(Op):
+    """A step with per-key state (and, in subclasses, timers), after a ``group_by``."""
+
+    def __init__(self, step: str, ttl_ms: int | None):
+        super().__init__(step)
+        self.ttl_ms = ttl_ms
+        self.states = KeyedStates(ttl_ms)
+        self.watermark = WATERMARK_MIN
+
+    def on_watermark(self, watermark: int) -> list[Record]:
+        self.watermark = watermark
+        if self.ttl_ms is not None:
+            self.states.expire(watermark)
+        return []
+
+    def _keys(self) -> set:
+        return set(self.states.values)
+
+    def _entry(self, key) -> tuple:
+        return self.states.entry(key)
+
+    def _restore_entry(self, key, entry: tuple) -> None:
+        self.states.restore(key, entry[0], entry[1], self.watermark)
+
+    def snapshot(self):
+        groups: dict[int, list] = {}
+        for key in self._keys():
+            groups.setdefault(key_group(key), []).append((key, *self._entry(key)))
+        return {"watermark": self.watermark, "groups": groups}
+
+    def restore(self, state) -> None:
+        self.states = KeyedStates(self.ttl_ms)
+        self.watermark = state["watermark"]
+        for group in sorted(state["groups"]):
+            for key, *entry in state["groups"][group]:
+                self._restore_entry(key, tuple(entry))
+
+    def state_size(self) -> tuple[int, int]:
+        return self.states.size
+
+
+class StatefulMapOp(KeyedOp):
+    """``stateful_map``: ``fn(state, value) -> (state, out)`` per record; ``out`` goes on
+    keyed by the record's key, a returned state of None forgets the key."""
+
+    def __init__(self, step: str, fn, ttl_ms: int | None):
+        super().__init__(step, ttl_ms)
+        self.fn = fn
+
+    def process(self, records):
+        fn, states = self.fn, self.states
+        values, put, out = states.values, states.put, []
+        for value, timestamp, key in records:
+            try:
+                returned = fn(values.get(key), value)
+            except Exception as exc:
+                raise StepError(self.step, value, exc) from exc
+            if type(returned) not in (tuple, list) or len(returned) != 2:
+                raise StepError(self.step, value, TypeError(
+                    f"a stateful_map function must return a pair (new state, output), got {returned!r}"))
+            put(key, returned[0], timestamp)
+            out.append(new_record(Record, (returned[1], timestamp, key)))
+        return out
+
+
+class _Context(KeyedContext):
+    """The context handed to the user's function; the operator sets its fields per call."""
+
+    def __init__(self, op: KeyedProcessOp):
+        self._op = op
+        self.out: list[Record] = []
+        self.emit_time = 0  # an emit's default time
+
+    @property
+    def state(self):
+        return self._op.states.values.get(self.key)
+
+    @state.setter
+    def state(self, value) -> None:
+        self._op.states.put(self.key, value, self.emit_time)
+
+    def emit(self, value, timestamp: int | None = None) -> None:
+        self.out.append(new_record(Record, (value, self.emit_time if timestamp is None else timestamp, self.key)))
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._op.timers(self._op.event_timers).register(self.key, _millis(timestamp))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._op.event_timers.delete(self.key, timestamp)
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._op.timers(self._op.processing_timers).register(self.key, _millis(timestamp))
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._op.processing_timers.delete(self.key, timestamp)
+
+    def processing_time(self) -> int:
+        return now_ms()
+
+
+def _millis(timestamp) -> int:
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise TypeError(f"a timer's time must be an int of epoch milliseconds, got {timestamp!r}")
+    return timestamp
+
+
+class KeyedProcessOp(KeyedOp):
+    """``process_keyed``: the user's function (or KeyedProcessFunction) per record, with
+    the key's state and timers; event-time timers fire as the watermark passes them,
+    processing-time ones when the task's clock does."""
+
+    def __init__(self, step: str, function, ttl_ms: int | None):
+        super().__init__(step, ttl_ms)
+        self.function = function
+        self.event_timers = Timers()
+        self.processing_timers = Timers()
+
+    def open(self, task) -> None:
+        function = self.function
+        if isinstance(function, type):
+            instance = function()
+            instance.open(task.context)
+            self._process, self._on_timer = instance.process, instance.on_timer
+        else:
+            self._process, self._on_timer = function, None
+        self.ctx = _Context(self)
+
+    def timers(self, timers: Timers) -> Timers:
+        """``timers``, when there is an ``on_timer`` to call."""
+        if self._on_timer is None:
+            raise TypeError("timers need an on_timer method: pass a KeyedProcessFunction subclass to process_keyed")
+        return timers
+
+    def process(self, records):
+        ctx, process = self.ctx, self._process
+        out = ctx.out = []
+        ctx.watermark = self.watermark
+        for value, timestamp, key in records:
+            ctx.key, ctx.timestamp, ctx.emit_time = key, timestamp, timestamp
+            try:
+                process(value, ctx)
+            except Exception as exc:
+                raise StepError(self.step, value, exc) from exc
+        return out
+
+    def on_watermark(self, watermark):
+        out = self._fire(self.event_timers, watermark, watermark, event_time=True)
+        super().on_watermark(watermark)
+        return out
+
+    def next_wakeup_ms(self) -> int | None:
+        return self.processing_timers.next_time()
+
+    def on_wakeup(self, now: int) -> list[Record]:
+        return self._fire(self.processing_timers, now, self.watermark, event_time=False)
+
+    def _fire(self, timers: Timers, until: int, watermark: int, event_time: bool) -> list[Record]:
+        """Call on_timer for every due timer in time order (timers set meanwhile for a due
+        time fire too); an event-time timer's output carries its time, a processing-time
+        one's the earliest time that is not late downstream."""
+        ctx = self.ctx
+        out = ctx.out = []
+        ctx.watermark = watermark
+        while (due := timers.pop_due(until)) is not None:
+            key, timestamp = due
+            ctx.key, ctx.timestamp = key, timestamp
+            ctx.emit_time = timestamp if event_time else self.watermark + 1
+            try:
+                self._on_timer(timestamp, ctx)
+            except Exception as exc:
+                raise StepError(self.step, f"<timer at {timestamp} of key {key!r}>", exc) from exc
+        return out
+
+    def _keys(self) -> set:
+        return set(self.states.values) | set(self.event_timers.by_key) | set(self.processing_timers.by_key)
+
+    def _entry(self, key) -> tuple:
+        return (*self.states.entry(key), self.event_timers.entry(key), self.processing_timers.entry(key))
+
+    def restore(self, state) -> None:
+        self.event_timers, self.processing_timers = Timers(), Timers()
+        super().restore(state)
+
+    def _restore_entry(self, key, entry: tuple) -> None:
+        super()._restore_entry(key, entry)
+        value, written, event_times, processing_times = entry
+        for timestamp in event_times:
+            self.event_timers.register(key, timestamp)
+        for timestamp in processing_times:
+            self.processing_timers.register(key, timestamp)
+
+    def state_size(self) -> tuple[int, int]:
+        """Keys with state or timers; the states' bytes plus about 16 per timer."""
+        keys, size = self.states.size
+        timers = [t.by_key for t in (self.event_timers, self.processing_timers)]
+        if not any(timers):
+            return keys, size
+        return len(self._keys()), size + TIMER_BYTES * sum(len(times) for by_key in timers for times in by_key.values())
+

@@ -1,0 +1,391 @@
+"""Joins on the test runner against brute-force references: window joins (every window
+kind and every ``how``), interval joins and temporal table joins, with records out of
+order within the sources' bound, under any parallelism and interleaving, through
+executor losses; their state empties once the watermark passes; bad joins fail when the
+pipeline is built, naming the step."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gearbus import CollectSink, GraphError, Pipeline, SessionWindows, SlidingWindows, TumblingWindows
+from gearbus.api.joins import Joined
+from gearbus.api.watermarks import WATERMARK_MAX
+from gearbus.planner import describe, plan
+from gearbus.runners import PipelineFailed, TestRunner
+from gearbus.runtime.joins import IntervalJoinOp, TableJoinOp
+from gearbus.runtime.windows import WindowOperator
+from tests.support.files import read_jsonl
+
+FAST = settings(max_examples=40, deadline=None)
+DELAY = 50  # the sources' max_out_of_orderness_ms
+
+
+def shuffled(events: list[dict], seed: int) -> list[dict]:
+    """``events`` in time order, then moved around by less than DELAY ms: never late."""
+    rng = random.Random(seed)
+    return sorted(events, key=lambda e: (e["t"] + rng.randrange(DELAY), rng.random()))
+
+
+def bounded_order(events: list[dict]) -> list[dict]:
+    """Check ``shuffled``'s promise: no event more than DELAY behind the newest before it."""
+    newest = None
+    for e in events:
+        assert newest is None or e["t"] > newest - DELAY
+        newest = e["t"] if newest is None else max(newest, e["t"])
+    return events
+
+
+def t(event: dict) -> int:
+    return event["t"]
+
+
+def k(event: dict):
+    return event["k"]
+
+
+def run(left: list[dict], right: list[dict], build, parallelism: int = 2, seed: int = 0) -> list:
+    pipeline = Pipeline("joins", parallelism=parallelism, config={"batch_records": 7})
+    a = pipeline.from_collection(left, timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="left")
+    b = pipeline.from_collection(right, timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="right")
+    out = CollectSink()
+    build(a, b).sink(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        TestRunner(seed=seed).run(pipeline)
+    return out.values
+
+
+def ids(pairs) -> Counter:
+    return Counter((p.left and p.left["id"], p.right and p.right["id"]) for p in pairs)
+
+
+events = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 600)), max_size=25)
+
+
+def numbered(drawn, side: str) -> list[dict]:
+    return [{"id": f"{side}{i}", "k": key, "t": ts} for i, (key, ts) in enumerate(drawn)]
+
+
+# --- references ----------------------------------------------------------------------
+
+
+def window_reference(left, right, assigner, how: str) -> Counter:
+    """Pairs per key and window; sessions merge over both sides' records of a key."""
+    groups: dict = {}
+    if isinstance(assigner, SessionWindows):
+        for key in {e["k"] for e in left + right}:
+            tagged = sorted([(e["t"], 0, e) for e in left if e["k"] == key] +
+                            [(e["t"], 1, e) for e in right if e["k"] == key], key=lambda x: x[0])
+            session, end = [], None
+            for ts, side, e in tagged:
+                if end is not None and ts > end:
+                    groups[(key, len(groups))] = session
+                    session = []
+                session.append((side, e))
+                end = ts + assigner.gap_ms if end is None or ts > end else max(end, ts + assigner.gap_ms)
+            if session:
+                groups[(key, len(groups))] = session
+    else:
+        for side, records in ((0, left), (1, right)):
+            for e in records:
+                for window in assigner.assign(e["t"]):
+                    groups.setdefault((e["k"], window), []).append((side, e))
+    pairs = Counter()
+    for members in groups.values():
+        lefts = [e["id"] for side, e in members if side == 0]
+        rights = [e["id"] for side, e in members if side == 1]
+        if lefts and rights:
+            pairs.update((a, b) for a in lefts for b in rights)
+        elif lefts and how in ("left", "outer"):
+            pairs.update((a, None) for a in lefts)
+        elif rights and how in ("right", "outer"):
+            pairs.update((None, b) for b in rights)
+    return pairs
+
+
+def interval_reference(left, right, lower: int, upper: int) -> Counter:
+    return Counter((a["id"], b["id"]) for a in left for b in right
+                   if a["k"] == b["k"] and a["t"] + lower <= b["t"] <= a["t"] + upper)
+
+
+def as_of_reference(stream, table, ttl_ms=None, how="inner") -> Counter:
+    """Each stream event with the table change of its key in force at its time (the
+    latest at or before it; a change of value None deletes; older than ttl_ms: gone)."""
+    pairs = Counter()
+    for a in stream:
+        changes = [b for b in table if b["k"] == a["k"] and b["t"] <= a["t"]]
+        found = None
+        if changes:
+            newest = max(changes, key=lambda b: (b["t"], table.index(b)))
+            if newest.get("v", 0) is not None and (ttl_ms is None or a["t"] < newest["t"] + ttl_ms):
+                found = newest["id"]
+        if found is not None or how == "left":
+            pairs[(a["id"], found)] += 1
+    return pairs
+
+
+# --- window joins ----------------------------------------------------------------------
+
+
+ASSIGNERS = [TumblingWindows(100), SlidingWindows(150, 50), SessionWindows(40)]
+
+
+@FAST
+@given(events, events, st.sampled_from(ASSIGNERS), st.sampled_from(["inner", "left", "right", "outer"]),
+       st.integers(1, 3), st.integers(0, 1000))
+def test_a_window_join_pairs_each_keys_records_of_a_window(left, right, assigner, how, parallelism, seed):
+    left, right = numbered(left, "l"), numbered(right, "r")
+    got = run(bounded_order(shuffled(left, seed)), bounded_order(shuffled(right, seed + 1)),
+              lambda a, b: a.join(b, left_key=k, right_key=k, window=assigner, how=how, name="wj"),
+              parallelism, seed)
+    assert ids(got) == window_reference(left, right, assigner, how)
+
+
+def test_a_window_join_result_is_stamped_with_the_windows_last_instant():
+    pipeline = Pipeline("stamps")
+    a = pipeline.from_collection([{"id": 1, "k": 1, "t": 120}], timestamp_fn=t)
+    b = pipeline.from_collection([{"id": 2, "k": 1, "t": 180}], timestamp_fn=t)
+    out = CollectSink()
+    (a.join(b, left_key=k, right_key=k, window=TumblingWindows(100), name="wj")
+      .group_by(lambda pair: 0)
+      .process_keyed(lambda pair, ctx: ctx.emit((pair, ctx.timestamp)), name="stamp")
+      .sink(out))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        TestRunner().run(pipeline)
+    assert out.values == [(Joined({"id": 1, "k": 1, "t": 120}, {"id": 2, "k": 1, "t": 180}), 199)]
+
+
+def test_a_window_joins_state_empties_as_the_watermark_passes_its_windows():
+    from gearbus.runtime.joins import CoGroup, WindowJoinOp
+
+    op = WindowJoinOp("wj", lambda: WindowOperator(TumblingWindows(100), CoGroup()), "inner")
+    op.open(None)
+    assert op.process([((0, "a"), 10, "k"), ((1, "b"), 20, "k"), ((0, "c"), 150, "k")]) == []
+    assert op.state_size()[0] == 2
+    out = op.on_watermark(99)
+    assert [r[0] for r in out] == [Joined("a", "b")] and out[0][1] == 99
+    assert op.state_size()[0] == 1
+    op.on_watermark(199)
+    assert op.state_size() == (0, 0)
+
+
+# --- interval joins --------------------------------------------------------------------
+
+
+@FAST
+@given(events, events, st.integers(-120, 60), st.integers(0, 150), st.integers(1, 3), st.integers(0, 1000))
+def test_an_interval_join_pairs_records_within_the_bounds(left, right, lower, width, parallelism, seed):
+    left, right = numbered(left, "l"), numbered(right, "r")
+    upper = lower + width
+    got = run(shuffled(left, seed), shuffled(right, seed + 1),
+              lambda a, b: a.interval_join(b, left_key=k, right_key=k, lower_ms=lower, upper_ms=upper, name="ij"),
+              parallelism, seed)
+    assert ids(got) == interval_reference(left, right, lower, upper)
+
+
+def test_an_interval_joins_state_empties_once_nothing_can_match():
+    op = IntervalJoinOp("ij", -10, 20)
+    out = op.process([((0, "l1"), 100, "k"), ((1, "r1"), 115, "k"), ((1, "r2"), 95, "j")])
+    assert [r[0] for r in out] == [Joined("l1", "r1")] and out[0][1] == 115
+    op.on_watermark(119)  # l1 may still meet a right record at 120
+    assert op.state_size()[0] == 2  # l1 and r1 (r2 of key j may meet a left at <= 105: gone at 105)
+    op.on_watermark(120)  # l1: done; r1 (115) may still meet a left record up to 125
+    assert op.state_size()[0] == 1
+    op.on_watermark(125)
+    assert op.state_size() == (0, 0)
+    assert op.process([((0, "late"), 125, "k")]) == [] and op.late_records == 1
+
+
+def test_an_interval_join_with_negative_bounds_keeps_nothing_it_cannot_use():
+    op = IntervalJoinOp("ij", -30, -10)  # the right record comes 10..30 ms before the left one
+    op.process([((1, "r"), 100, "k")])
+    out = op.process([((0, "l"), 120, "k")])
+    assert [r[0] for r in out] == [Joined("l", "r")]
+    op.on_watermark(111)  # l (120) needs a right record at <= 110: none can come; r meets lefts up to 130
+    assert op.state_size()[0] == 1
+    out = op.process([((0, "l2"), 112, "k")])  # meets r, and no right record that can still come
+    assert [r[0] for r in out] == [Joined("l2", "r")] and op.state_size()[0] == 1
+    op.on_watermark(130)
+    assert op.state_size() == (0, 0)
+
+
+# --- table joins -----------------------------------------------------------------------
+
+
+changes = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 600), st.booleans()), max_size=20)
+
+
+@FAST
+@given(events, changes, st.sampled_from([None, 80]), st.sampled_from(["inner", "left"]), st.integers(1, 3),
+       st.integers(0, 1000))
+def test_an_as_of_join_takes_the_version_valid_at_the_records_time(stream, table, ttl_ms, how, parallelism, seed):
+    stream = numbered(stream, "s")
+    table = [{"id": f"v{i}", "k": key, "t": ts, "v": None if deleted else i}
+             for i, (key, ts, deleted) in enumerate(table)]
+    # Changes of one key and time come in their list order (the reference's tie-break).
+    table = sorted(table, key=lambda c: c["t"])
+    got = run(shuffled(stream, seed), table,
+              lambda a, b: a.join_table(b, key=k, table_key=k, as_of="event_time", ttl_ms=ttl_ms, how=how,
+                                        table_value=lambda c: None if c["v"] is None else c, name="tj"),
+              parallelism, seed)
+    assert ids(got) == as_of_reference(stream, table, ttl_ms, how)
+
+
+def test_a_latest_table_join_takes_the_value_current_when_the_record_is_processed():
+    op = TableJoinOp("tj", "latest", None, "inner", None)
+    assert op.process([((0, "early"), 5, "k")]) == []  # the table does not know k yet
+    op.process([((1, "v1"), 50, "k")])
+    assert [r[0] for r in op.process([((0, "a"), 1, "k")])] == [Joined("a", "v1")]  # time plays no part
+    op.process([((1, "v2"), 10, "k")])
+    assert [r[0] for r in op.process([((0, "b"), 2, "k")])] == [Joined("b", "v2")]
+    op.process([((1, None), 60, "k")])  # a tombstone deletes
+    assert op.process([((0, "c"), 3, "k")]) == [] and op.state_size() == (0, 0)
+
+
+def test_a_table_keeps_per_key_only_the_versions_that_can_still_match():
+    op = TableJoinOp("tj", "event_time", 100, "inner", None)
+    op.process([((1, f"v{ts}"), ts, "k") for ts in (10, 20, 30, 40)])
+    op.on_watermark(35)  # v30 holds at 36; v10 and v20 can match nothing more
+    assert op.state_size()[0] == 2
+    op.on_watermark(129)  # v40 still holds for a record at 130..139
+    assert op.state_size()[0] == 1
+    op.on_watermark(139)  # past its TTL
+    assert op.state_size() == (0, 0)
+
+
+def test_an_as_of_join_holds_records_until_the_watermark_passes_them():
+    op = TableJoinOp("tj", "event_time", None, "inner", None)
+    assert op.process([((0, "a"), 100, "k"), ((1, "old"), 50, "k")]) == []
+    assert op.process([((1, "new"), 100, "k")]) == []  # at the record's own time: it holds
+    assert op.state_size()[0] == 3  # two versions and the waiting record
+    out = op.on_watermark(100)
+    assert [(r[0], r[1]) for r in out] == [(Joined("a", "new"), 100)]
+    assert op.process([((0, "late"), 90, "k")]) == [] and op.late_records == 1
+
+
+# --- shapes: self-joins, chains, co-partitioning ----------------------------------------
+
+
+def test_a_self_join_and_a_three_way_chain():
+    people = [{"id": f"p{i}", "k": i % 4, "t": i * 10} for i in range(40)]
+    got = run(people, [], lambda a, b: a.join(a, left_key=k, right_key=k, window=TumblingWindows(100), name="self"))
+    assert ids(got) == window_reference(people, people, TumblingWindows(100), "inner")
+
+    pipeline = Pipeline("chain", parallelism=2)
+    sources = [pipeline.from_collection([{"id": f"{s}{i}", "k": i % 3, "t": i * 10} for i in range(30)],
+                                        timestamp_fn=t, name=s) for s in "abc"]
+    first = sources[0].join(sources[1], left_key=k, right_key=k, window=TumblingWindows(100), name="ab")
+    second = first.join(sources[2], left_key=lambda p: p.left["k"], right_key=k, window=TumblingWindows(100),
+                        name="abc")
+    out = CollectSink()
+    second.sink(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        TestRunner(seed=5).run(pipeline)
+    triples = Counter((p.left.left["id"], p.left.right["id"], p.right["id"]) for p in out.values)
+    expected = Counter((f"a{i}", f"b{j}", f"c{m}") for i in range(30) for j in range(30) for m in range(30)
+                       if i % 3 == j % 3 == m % 3 and i // 10 == j // 10 == m // 10)
+    assert triples == expected
+
+
+def test_the_plan_co_partitions_both_inputs_by_key_with_the_joins_parallelism():
+    pipeline = Pipeline("plan", parallelism=3)
+    a = pipeline.from_collection([], timestamp_fn=t, name="a", parallelism=2).map(lambda e: e, name="prep")
+    b = pipeline.from_collection([], timestamp_fn=t, name="b")
+    a.join(b, left_key=k, right_key=k, window=TumblingWindows(10), name="wj").sink(CollectSink(), name="out", parallelism=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan_ = describe(plan(pipeline, "test"))
+    by_name = {p["name"]: p for p in plan_["processors"]}
+    join = by_name["wj+out"]
+    assert join["parallelism"] == 3 and join["operators"][0] == "WindowJoinOp"
+    inputs = {e["from"]: e["partitioner"] for e in plan_["edges"] if e["to"] == join["id"]}
+    assert inputs == {by_name["a+prep"]["id"]: "HashPartitioner", by_name["b"]["id"]: "HashPartitioner"}
+    assert by_name["a+prep"]["operators"][-1] == by_name["b"]["operators"][-1] == "JoinInputOp"
+
+
+# --- exactly-once through executor losses ------------------------------------------------
+
+
+RECOVERING = {
+    "interval": (lambda a, b: a.interval_join(b, left_key=k, right_key=k, lower_ms=-20, upper_ms=20, name="j"),
+                 lambda left, right: interval_reference(left, right, -20, 20)),
+    "window": (lambda a, b: a.join(b, left_key=k, right_key=k, window=SlidingWindows(60, 20), how="outer", name="j"),
+               lambda left, right: window_reference(left, right, SlidingWindows(60, 20), "outer")),
+    "as_of": (lambda a, b: a.join_table(b, key=k, table_key=k, as_of="event_time", ttl_ms=100, name="j"),
+              lambda left, right: as_of_reference(left, right, 100)),
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("kind", RECOVERING)
+def test_joins_are_exact_through_executor_losses(inprocess, tmp_path, seed, kind):
+    build, reference = RECOVERING[kind]
+    left = numbered([(i % 5, i * 7) for i in range(300)], "l")
+    right = numbered([(i % 5, i * 9) for i in range(200)], "r")
+    pipeline = Pipeline("recovery", parallelism=2)
+    a = pipeline.from_collection(shuffled(left, seed), timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="left")
+    b = pipeline.from_collection(shuffled(right, seed), timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="right")
+    (build(a, b)
+      .map(lambda pair: [pair.left and pair.left["id"], pair.right and pair.right["id"]], name="ids")
+      .write_jsonl(str(tmp_path / "pairs.jsonl"), name="out"))
+    engine = inprocess(pipeline, seed=seed, checkpoint_every=3, batch_records=5)
+    engine.run(kill_executor_after_frames=[40, 120])
+    assert engine.epoch == 2
+    assert Counter(map(tuple, read_jsonl(tmp_path / "pairs.jsonl"))) == reference(left, right)
+
+
+# --- bad joins ---------------------------------------------------------------------------
+
+
+def two_streams(timestamps: bool = True):
+    pipeline = Pipeline("bad")
+    fn = t if timestamps else None
+    return pipeline, pipeline.from_collection([], timestamp_fn=fn, name="a"), \
+        pipeline.from_collection([], timestamp_fn=fn, name="b")
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda a, b: a.join(b, right_key=k, window=TumblingWindows(10), name="j"), "left_key is required"),
+    (lambda a, b: a.join(b, left_key=k, right_key="k", window=TumblingWindows(10), name="j"), "right_key must be"),
+    (lambda a, b: a.join(b, left_key=k, right_key=k, name="j"), "window must be"),
+    (lambda a, b: a.join(b, left_key=k, right_key=k, window=TumblingWindows(10), how="full", name="j"), "how must"),
+    (lambda a, b: a.join(b.group_by(k), left_key=k, right_key=k, window=TumblingWindows(10), name="j"),
+     "can only join a Stream"),
+    (lambda a, b: a.interval_join(b, left_key=k, right_key=k, lower_ms=5, upper_ms=1, name="j"), "must not exceed"),
+    (lambda a, b: a.interval_join(b, left_key=k, right_key=k, lower_ms=0, name="j"), "upper_ms"),
+    (lambda a, b: a.join_table(b, key=k, table_key=k, as_of="now", name="j"), "as_of must"),
+    (lambda a, b: a.process_keyed(lambda v, ctx: None, name="p"), "needs a keyed stream"),
+])
+def test_a_bad_join_fails_when_the_pipeline_is_built(build, message):
+    _, a, b = two_streams()
+    with pytest.raises(GraphError, match=message):
+        build(a, b)
+
+
+def test_a_join_in_event_time_needs_event_time():
+    _, a, b = two_streams(timestamps=False)
+    with pytest.raises(GraphError, match="source 'a' stamps records with the time they were read"):
+        a.join(b, left_key=k, right_key=k, window=TumblingWindows(10), name="j")
+    a.join_table(b, key=k, table_key=k, name="latest")  # a latest-value lookup needs no event time
+
+
+@pytest.mark.parametrize("key, message", [
+    (lambda e: [e["k"]], "join key \\[1\\] is of unhashable type list"),
+    (lambda e: None, "join key is None"),
+])
+def test_a_record_whose_key_cannot_be_joined_fails_the_app_naming_step_and_record(key, message):
+    pipeline = Pipeline("bad_key")
+    a = pipeline.from_collection([{"k": 1, "t": 5}], timestamp_fn=t, name="a")
+    b = pipeline.from_collection([{"k": 1, "t": 5}], timestamp_fn=t, name="b")
+    a.join(b, left_key=key, right_key=k, window=TumblingWindows(10), name="wj").sink(CollectSink(), name="out")
+    with pytest.raises(PipelineFailed, match=f"{message}.*step 'wj' on record {{'k': 1, 't': 5}}"):
+        TestRunner().run(pipeline)
