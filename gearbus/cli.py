@@ -84,7 +84,9 @@ def format_status(app: AppSummary) -> str:
         done = " finished" if c.finished else ""
         late = f" late {c.late_records}" if c.late_records else ""
         dead = f" dead-letters {c.dead_letters}" if c.dead_letters else ""
-        lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{late}{dead}{done}")
+        state = f" state {c.state_keys} keys {c.state_bytes} bytes" if c.state_keys else ""
+        lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{late}{dead}"
+                     f"{state}{done}")
     return "\n".join(lines)
 
 

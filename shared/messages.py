@@ -275,6 +275,8 @@ class TaskCounters(Struct):
     backpressure_ms: float = 0.0  # time spent waiting for a receiver's credit
     busy_ms: float = 0.0  # time spent processing batches (the sum of the histogram below)
     batch_ms_buckets: list[int] = dataclasses.field(default_factory=list)  # batches per BATCH_MS_BOUNDS bucket
+    state_keys: int = 0  # keyed entries its stateful steps hold now (a key per window it is in)
+    state_bytes: int = 0  # their size, estimated from a sample
 
 
 class ProcessorInfo(Struct):
@@ -321,6 +323,8 @@ class ProcessorMetrics(Struct):
     messages_dropped: int = 0
     dead_letters: int = 0
     finished_tasks: int = 0
+    state_keys: int = 0  # keyed entries its tasks' stateful steps hold now
+    state_bytes: int = 0  # their estimated size
 
 
 class CheckpointStats(Struct):

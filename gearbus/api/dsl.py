@@ -326,7 +326,7 @@ class GroupedStream:
             ttl = None if ttl_ms is None else checked_millis("ttl_ms", ttl_ms, 1)
         except ValueError as exc:
             raise GraphError(f"{what}: {exc}") from None
-        return self._stream._then("keyed", name, params.get("fn"),
+        return self._stream._then("keyed", name, params.pop("fn", None),
                                   self.step.parallelism if parallelism is None else parallelism, default=kind,
                                   variant=kind, ttl_ms=ttl, **params)
 

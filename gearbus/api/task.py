@@ -103,6 +103,12 @@ class Task:
         """Resume from what :meth:`snapshot` returned; called after :meth:`on_start`,
         before the first record, when the application recovers from a checkpoint."""
 
+    def state_size(self) -> tuple[int, int]:
+        """(keyed entries, bytes) of the state the task holds now, for its metrics
+        (``gearbus_state_keys`` / ``gearbus_state_bytes``); called about once a second,
+        so estimate rather than measure a large state."""
+        return 0, 0
+
     def prepare_checkpoint(self, checkpoint_id: int) -> None:
         """Called at a checkpoint barrier just before :meth:`snapshot`: a task that writes
         out seals what it wrote since the previous barrier (a sink's pre-commit)."""

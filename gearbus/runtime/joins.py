@@ -128,11 +128,12 @@ class _Buffer:
         lo, hi = bisect_left(times, low), bisect_right(times, high)
         return zip(times[lo:hi], self.values[lo:hi])
 
-    def drop_until(self, timestamp: int) -> None:
-        """Forget the records with a timestamp <= ``timestamp``."""
+    def drop_until(self, timestamp: int) -> int:
+        """Forget the records with a timestamp <= ``timestamp``; return how many."""
         i = bisect_right(self.times, timestamp)
         del self.times[:i]
         del self.values[:i]
+        return i
 
 
 class IntervalJoinOp(Op):
@@ -152,6 +153,7 @@ class IntervalJoinOp(Op):
         self._order = itertools.count()
         self.watermark = WATERMARK_MIN
         self.late_records = 0
+        self.held = 0  # records in the buffers
 
     def _kept_until(self, side: int, timestamp: int) -> int:
         """The watermark at which a record of ``side`` at ``timestamp`` can match no more."""
@@ -182,6 +184,7 @@ class IntervalJoinOp(Op):
         if buffer is None:
             buffer = own[key] = _Buffer()
         buffer.insert(timestamp, value)
+        self.held += 1
         heappush(self._expiry, (until, next(self._order), side, key))
 
     def on_watermark(self, watermark):
@@ -193,7 +196,7 @@ class IntervalJoinOp(Op):
             if buffer is None:
                 continue
             # Every record whose own limit the watermark reached goes, not just this one.
-            buffer.drop_until(watermark - self.upper if side == LEFT else watermark + self.lower)
+            self.held -= buffer.drop_until(watermark - self.upper if side == LEFT else watermark + self.lower)
             if not buffer.times:
                 del self.sides[side][key]
         return []
@@ -211,13 +214,14 @@ class IntervalJoinOp(Op):
         for group in sorted(state["groups"]):
             for side, key, times, values in state["groups"][group]:
                 self.sides[side][key] = _Buffer(list(times), list(values))
+                self.held += len(times)
                 for timestamp in times:
                     heappush(self._expiry, (self._kept_until(side, timestamp), next(self._order), side, key))
 
     def state_size(self) -> tuple[int, int]:
-        records = sum(len(b.times) for buffers in self.sides for b in buffers.values())
+        """(records held, their estimated bytes)."""
         values = (v for buffers in self.sides for b in buffers.values() for v in b.values)
-        return records, estimated_bytes(values, records)
+        return self.held, estimated_bytes(values, self.held)
 
 
 class TableJoinOp(Op):
@@ -244,6 +248,7 @@ class TableJoinOp(Op):
         self._order = itertools.count()
         self.watermark = WATERMARK_MIN
         self.late_records = 0
+        self.held = 0  # versions in the table
 
     def process(self, records):
         out, latest = [], self.as_of == "latest"
@@ -264,13 +269,16 @@ class TableJoinOp(Op):
             value = record if fn is None else fn(record)
         except Exception as exc:
             raise StepError(self.step, record, exc) from exc
-        if self.as_of == "latest" and value is None:
-            self.versions.pop(key, None)
-            return
         versions = self.versions.get(key)
-        if self.as_of == "latest" or versions is None:
-            versions = self.versions[key] = _Buffer()  # latest: only the current value
+        if self.as_of == "latest" and versions is not None:  # latest: only the current value
+            self._forget(key, len(versions.times))
+            versions = None
+        if self.as_of == "latest" and value is None:
+            return
+        if versions is None:
+            versions = self.versions[key] = _Buffer()
         versions.insert(timestamp, value)
+        self.held += 1
         self._schedule(key, timestamp)
         self._prune(key)
 
@@ -306,14 +314,20 @@ class TableJoinOp(Op):
         versions = self.versions[key]
         watermark, times = self.watermark, versions.times
         passed = bisect_right(times, watermark)
-        if passed > 1:
-            del times[:passed - 1]
-            del versions.values[:passed - 1]
-        if times and times[0] <= watermark and (
-                versions.values[0] is None or (self.ttl_ms is not None and times[0] + self.ttl_ms <= watermark + 1)):
-            del times[0]
-            del versions.values[0]
-        if not times:
+        gone = max(passed - 1, 0)
+        if passed and (versions.values[passed - 1] is None
+                       or (self.ttl_ms is not None and times[passed - 1] + self.ttl_ms <= watermark + 1)):
+            gone = passed
+        if gone:
+            self._forget(key, gone)
+
+    def _forget(self, key, count: int) -> None:
+        """Drop the ``count`` oldest versions of ``key``."""
+        versions = self.versions[key]
+        del versions.times[:count]
+        del versions.values[:count]
+        self.held -= count
+        if not versions.times:
             del self.versions[key]
 
     def on_watermark(self, watermark):
@@ -345,13 +359,15 @@ class TableJoinOp(Op):
         for group in sorted(state["groups"]):
             for key, times, values in state["groups"][group]:
                 self.versions[key] = _Buffer(list(times), list(values))
+                self.held += len(times)
                 for timestamp in times:
                     self._schedule(key, timestamp)
         for timestamp, key, value in state["waiting"]:
             heappush(self.waiting, (timestamp, next(self._order), key, value))
 
     def state_size(self) -> tuple[int, int]:
-        entries = sum(len(v.times) for v in self.versions.values()) + len(self.waiting)
+        """(versions and waiting records, their estimated bytes)."""
+        entries = self.held + len(self.waiting)
         values = itertools.chain((v for b in self.versions.values() for v in b.values),
                                  (w[3] for w in self.waiting))
         return entries, estimated_bytes(values, entries)

@@ -74,6 +74,7 @@ class Timers:
 
     def __init__(self):
         self.by_key: dict[Any, set[int]] = {}
+        self.count = 0
         self._heap: list[tuple[int, int, Any]] = []  # (time, tie-breaker, key): keys are never compared
         self._order = itertools.count()
 
@@ -81,12 +82,14 @@ class Timers:
         times = self.by_key.setdefault(key, set())
         if timestamp not in times:
             times.add(timestamp)
+            self.count += 1
             heappush(self._heap, (timestamp, next(self._order), key))
 
     def delete(self, key, timestamp: int) -> None:
         times = self.by_key.get(key)
-        if times is not None:
-            times.discard(timestamp)
+        if times is not None and timestamp in times:
+            times.remove(timestamp)
+            self.count -= 1
             if not times:
                 del self.by_key[key]
 
@@ -303,10 +306,10 @@ class KeyedProcessOp(KeyedOp):
             self.processing_timers.register(key, timestamp)
 
     def state_size(self) -> tuple[int, int]:
-        """Keys with state or timers; the states' bytes plus about 16 per timer."""
+        """Keys with state (or timers: a lower bound, counted without a pass over the
+        keys); the states' bytes plus about TIMER_BYTES per timer."""
         keys, size = self.states.size
-        timers = [t.by_key for t in (self.event_timers, self.processing_timers)]
-        if not any(timers):
-            return keys, size
-        return len(self._keys()), size + TIMER_BYTES * sum(len(times) for by_key in timers for times in by_key.values())
+        event, processing = self.event_timers, self.processing_timers
+        keys = max(keys, len(event.by_key), len(processing.by_key))
+        return keys, size + TIMER_BYTES * (event.count + processing.count)
 

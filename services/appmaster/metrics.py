@@ -70,4 +70,6 @@ class ProcessorMetricsAggregator:
             messages_dropped=sum(c.messages_dropped for c in counters),
             dead_letters=sum(c.dead_letters for c in counters),
             finished_tasks=sum(c.finished for c in counters),
+            state_keys=sum(c.state_keys for c in counters),
+            state_bytes=sum(c.state_bytes for c in counters),
         )

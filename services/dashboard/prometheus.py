@@ -29,6 +29,8 @@ _PROCESSOR_GAUGES = (  # ProcessorMetrics field, metric name, help
     ("backpressure", "gearbus_processor_backpressure_ratio", "Largest share of time a task waited for credit"),
     ("busy", "gearbus_processor_busy_ratio", "Largest share of time a task spent processing"),
     ("inbox_depth", "gearbus_processor_inbox_depth", "Messages waiting in the tasks' inboxes"),
+    ("state_keys", "gearbus_state_keys", "Keyed entries its stateful steps hold (a key per window it is in)"),
+    ("state_bytes", "gearbus_state_bytes", "Estimated bytes of its stateful steps' state"),
 )
 _BUCKET_BOUNDS_S = [str(b / 1000) for b in BATCH_MS_BOUNDS] + ["+Inf"]
 

@@ -103,6 +103,7 @@ class TaskRunner:
     def counters(self, finished: bool) -> TaskCounters:
         """``finished``: its final checkpoint committed."""
         source = getattr(self.task, "source", None)
+        state_keys, state_bytes = self.task.state_size()
         return TaskCounters(
             task=self.task_id,
             records_in=self.core.records_in if self.source is None else self.source.records_read,
@@ -123,6 +124,8 @@ class TaskRunner:
             backpressure_ms=self.outputs.backpressure_s * 1000,
             busy_ms=self.batches.total_ms,
             batch_ms_buckets=list(self.batches.counts),
+            state_keys=state_keys,
+            state_bytes=state_bytes,
         )
 
     def link_local(self, runners: dict[tuple[int, int], TaskRunner]) -> None:

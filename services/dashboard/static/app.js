@@ -140,6 +140,7 @@ function showTables(a) {
     num(fmtRate(m.records_in_per_s)), num(fmtRate(m.records_out_per_s)), num(fmtMs(m.latency_p50_ms)),
     num(fmtMs(m.latency_p99_ms)), num(fmtMs(m.watermark_lag_ms)), num(fmtPercent(m.backpressure)),
     num(fmtPercent(m.busy)), num(m.inbox_depth), num(m.late_records), num(m.messages_dropped),
+    num(fmtCount(m.state_keys)), num(fmtBytes(m.state_bytes)),
   ], "no metrics yet");
   const tasks = a.tasks.slice().sort((x, y) => x.task.processor - y.task.processor || x.task.index - y.task.index);
   fillTable(document.querySelector("#tasks tbody"), tasks, (t) => [

@@ -1,0 +1,18 @@
+"""A test app that never ends: numbers counted per key (n % KEYS) with stateful_map, so
+its keyed state holds KEYS keys for as long as it runs.
+
+    keyed_counts.py KEYS OUTPUT.jsonl
+"""
+
+from gearbus import Pipeline
+from gearbus.connectors.generator import RateSource
+
+
+def application(args):
+    keys, output = int(args[0]), args[1]
+    p = Pipeline("keyed_counts", config={"executors": 1})
+    (p.source(RateSource(rate=500), name="numbers")
+      .group_by(lambda n: n % keys, name="by_key")
+      .stateful_map(lambda count, n: ((count or 0) + 1, n), name="count")
+      .write_jsonl(output, name="write"))
+    return p
