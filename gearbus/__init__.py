@@ -3,6 +3,8 @@
 from gearbus.api.aggregators import AggregateFunction, Aggregator, Count, Fold, Mean, Reduce, Sum
 from gearbus.api.dsl import GroupedStream, WindowedStream
 from gearbus.api.graph import Application, Graph, GraphError, Processor
+from gearbus.api.joins import Joined
+from gearbus.api.keyed import KeyedContext, KeyedProcessFunction
 from gearbus.api.partitioners import (
     BroadcastPartitioner,
     CoLocationPartitioner,
@@ -34,7 +36,10 @@ __all__ = [
     "Fold",
     "GlobalWindows",
     "GroupedStream",
+    "Joined",
     "JsonLinesSource",
+    "KeyedContext",
+    "KeyedProcessFunction",
     "Mean",
     "Pipeline",
     "Reduce",

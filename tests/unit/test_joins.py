@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from gearbus import CollectSink, GraphError, Pipeline, SessionWindows, SlidingWindows, TumblingWindows
 from gearbus.api.joins import Joined
-from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.planner import describe, plan
 from gearbus.runners import PipelineFailed, TestRunner
 from gearbus.runtime.joins import IntervalJoinOp, TableJoinOp
