@@ -147,18 +147,18 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
                     value_ops.insert(0, key_segment.ops.pop())
                 key_segment.ops.append(CombineOp(grouped.name, key_op.fn, step.name, params["aggregator"],
                                                  combine_keys, value_ops))
-            segment.inputs.append((key_segment, HashPartitioner()))
+            segment.inputs.append((key_segment, HashPartitioner(by_key=True)))
             _make_window_operator(step)  # invalid window settings fail now, naming the step
             segment.ops.append(WindowAggregateOp(step.name, functools.partial(_make_window_operator, step),
                                                  combinable, params["late_sink"]))
         elif step.kind == "keyed":
             segment = new_segment(step, step.parallelism or pipeline.parallelism)
-            segment.inputs.append((segment_of[step.inputs[0]], HashPartitioner()))
+            segment.inputs.append((segment_of[step.inputs[0]], HashPartitioner(by_key=True)))
             segment.ops.append(_keyed_operator(step))
         elif step.kind == "join":
             segment = new_segment(step, step.parallelism or pipeline.parallelism)
             for side, (input_step, key_fn) in enumerate(zip(step.inputs, step.params["keys"])):
-                segment.inputs.append((join_input(step, side, input_step, key_fn), HashPartitioner()))
+                segment.inputs.append((join_input(step, side, input_step, key_fn), HashPartitioner(by_key=True)))
             segment.ops.append(_join_operator(step))
         elif step.kind in ("merge", "process") or not chainable:
             parallelism = step.parallelism or (
@@ -166,7 +166,7 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
             )
             segment = new_segment(step, parallelism)
             for i in step.inputs:  # a keyed process gets its keys' records through a hash edge
-                segment.inputs.append((segment_of[i], HashPartitioner() if i.kind == "group_by"
+                segment.inputs.append((segment_of[i], HashPartitioner(by_key=True) if i.kind == "group_by"
                                        else forward(segment_of[i], parallelism)))
         else:
             segment = upstream

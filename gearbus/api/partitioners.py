@@ -53,10 +53,17 @@ class Partitioner:
 
 
 class HashPartitioner(Partitioner):
-    """Records with equal keys (the value when a record has no key) go to one task."""
+    """Records with equal keys (the value when a record has no key) go to one task.
+
+    ``by_key``: always the key, None included: the edges the planner makes after a
+    ``group_by`` or into a join, where None is a key like any other.
+    """
+
+    def __init__(self, by_key: bool = False):
+        self.by_key = by_key
 
     def partition(self, record: Record, num_partitions: int, current_index: int) -> int:
-        key = record.value if record.key is None else record.key
+        key = record.value if record.key is None and not self.by_key else record.key
         return stable_hash(key) % num_partitions
 
     def route(self, records, num_partitions, current_index):
@@ -65,6 +72,10 @@ class HashPartitioner(Partitioner):
         buckets: list[list[Record]] = [[] for _ in range(num_partitions)]
         appends = [b.append for b in buckets]
         h = stable_hash
+        if self.by_key:
+            for record in records:
+                appends[h(record[2]) % num_partitions](record)
+            return buckets
         for record in records:
             key = record[2]
             appends[h(record[0] if key is None else key) % num_partitions](record)

@@ -579,3 +579,16 @@ def test_out_of_order_within_the_bound_is_not_late(inprocess):
     assert [(r.window_start, r.value, r.timing) for r in out] == [(0, 3, "on_time"), (10, 2, "on_time"),
                                                                   (20, 1, "on_time")]
     assert late_counts(engine)["n+out[0]"] == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_none_is_a_key_like_any_other(seed):
+    """Records keyed None meet in one task, as any key's do (not spread by their values)."""
+    p = Pipeline("none_key", parallelism=2)
+    out = CollectSink()
+    (p.from_collection(list(range(100)), name="numbers", parallelism=2)
+      .group_by(lambda x: None if x % 2 else "even", name="parity")
+      .fold(0, lambda count, x: count + 1, name="count")
+      .sink(out, name="out"))
+    TestRunner(seed=seed).run(p)
+    assert sorted((str(r.key), r.value) for r in out.values) == [("None", 50), ("even", 50)]
