@@ -147,13 +147,6 @@ class GeneratorConfig:
         """Events per epoch: one cycle of the proportions."""
         return self.person_proportion + self.auction_proportion + self.bid_proportion
 
-    def kind_of(self, n: int) -> str:
-        """The kind of event number ``n``."""
-        offset = n % self.epoch_events
-        if offset < self.person_proportion:
-            return PERSON
-        return AUCTION if offset < self.person_proportion + self.auction_proportion else BID
-
     def slot_time(self, n):
         """Event n's slot in event time (epoch ms); an int, or an int64 array for an array."""
         return self.base_time_ms + n * 1000 // self.rate

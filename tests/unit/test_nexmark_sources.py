@@ -18,6 +18,7 @@ from gearbus.connectors import files
 from gearbus.nexmark import AUCTION, BID, EVENT, PERSON, EventsFileSource, Generator, GeneratorConfig, \
     GeneratorSource, write_events
 from gearbus.connectors.files import CollectSink
+from gearbus.nexmark.schema import kind_of
 from gearbus.runners import PipelineFailed, TestRunner
 
 CONFIG = GeneratorConfig(seed=3, rate=500)
@@ -72,8 +73,7 @@ def test_generator_tasks_read_each_event_once_and_resume_exactly(kind):
         records = every_cut(lambda: GeneratorSource(kind, CONFIG, events=3000), parallelism)
         values = [r.value for r in records]
         assert sorted(map(json.dumps, values)) == sorted(map(json.dumps, expected))
-        inner = [v if kind != EVENT else v[v and ("bid" if v["bid"] else "auction" if v["auction"] else "person")]
-                 for v in values]
+        inner = [v[kind_of(v)] if kind == EVENT else v for v in values]
         assert [r.timestamp for r in records] == [v["dateTime"] for v in inner]
 
 
