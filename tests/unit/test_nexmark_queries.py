@@ -70,3 +70,13 @@ def test_rate_alone_makes_an_endless_generator(tmp_path):
     pipeline = load_pipeline(query("q0"), ["--rate", "1000", "--output", str(tmp_path / "out.jsonl")])
     source = next(s for s in pipeline.steps if s.kind == "source").params["data_source"]
     assert source.events is None and source.config.rate == 1000
+
+
+@pytest.mark.parametrize("name, seed", [("q5", 1), ("q11", 2)])
+def test_killed_executors_roll_back_and_the_generator_replays_exactly(name, seed, inprocess, tmp_path):
+    output, events = tmp_path / "out.jsonl", tmp_path / "events.jsonl"
+    pipeline = load_pipeline(query(name), EVENTS + ["--output", str(output), "--dump-events", str(events)])
+    engine = inprocess(pipeline, seed=seed, checkpoint_every=2, batch_records=100)
+    engine.run(kill_executor_after_frames=[40, 150])
+    assert engine.state.restarts == 2
+    check(name, output, events)
