@@ -46,6 +46,8 @@ from gearbus.api.windows import (
 from gearbus.connectors.files import CollectionSource, JsonLinesSink, JsonLinesSource, TextFileSource
 from gearbus.connectors.jetstream import JetStreamError, JetStreamTransactionalSink, dedup_id, on_connection
 from gearbus.connectors.jetstream_source import JetStreamSource, decoder, partition_watermark, republish
+from gearbus.nexmark.schema import problem as nexmark_problem, schema_error
+from gearbus.nexmark.sources import EventsFileSource, GeneratorSource
 from gearbus.runtime.windows import WindowOperator, window_limits
 from shared.messages import AppError, AppState
 
@@ -166,17 +168,24 @@ class SparkPlan:
         if isinstance(data_source, JetStreamSource):
             self._jetstream(step, data_source)
             return
-        if isinstance(data_source, JsonLinesSource):
+        if isinstance(data_source, EventsFileSource):
+            rdd = self._json_lines(step, data_source.path, data_source)
+        elif isinstance(data_source, JsonLinesSource):
             rdd = self._json_lines(step, data_source.path)
         elif isinstance(data_source, TextFileSource):
             rdd = self.sc.textFile(data_source.path, self.sc.defaultParallelism)
         elif isinstance(data_source, CollectionSource):
             rdd = self.sc.parallelize(data_source.items, self.sc.defaultParallelism)
+        elif isinstance(data_source, GeneratorSource):
+            rdd = self._generated(step, data_source)
         else:
             raise GraphError(f"step {step.name!r}: the spark runner cannot read a {type(data_source).__name__}; "
-                             "it reads TextFileSource, JsonLinesSource, CollectionSource and JetStreamSource")
-        if step.fn is not None:
-            stamp = _guard(step.name, step.fn)
+                             "it reads TextFileSource, JsonLinesSource, CollectionSource, JetStreamSource and the "
+                             "Nexmark sources")
+        # The step's event time, else the source's own (as the bus stamps them), else ingestion time.
+        timestamp_fn = step.fn if step.fn is not None else data_source.timestamp_fn
+        if timestamp_fn is not None:
+            stamp = _guard(step.name, timestamp_fn)
             records = rdd.map(lambda v: (v, int(stamp(v)), None))
         else:
             ts = self.ingestion_ms
@@ -184,16 +193,36 @@ class SparkPlan:
         self.rdds[step] = records
         self.watermarks[step] = step.params["watermarks"].max_delay_ms
 
-    def _json_lines(self, step: Step, path: str):
+    def _json_lines(self, step: Step, path: str, events: EventsFileSource | None = None):
+        """The file's values in file order; with ``events``, each line checked as a Nexmark event
+        and only what ``events.select`` keeps."""
         def parse(indexed):
             line, index = indexed
             try:
-                return json.loads(line)
+                value = json.loads(line)
             except ValueError as exc:
                 raise StepFailure(step.name, line, ValueError(f"{path}:{index + 1}: not valid JSON ({exc})")) from None
+            if events is not None:
+                what = nexmark_problem(value)
+                if what is not None:
+                    raise StepFailure(step.name, line, schema_error(path, index + 1, what, line)) from None
+            return value
 
         lines = self.sc.textFile(path, self.sc.defaultParallelism).zipWithIndex()
-        return lines.filter(lambda pair: pair[0].strip()).map(parse)
+        values = lines.filter(lambda pair: pair[0].strip()).map(parse)
+        if events is None:
+            return values
+        return values.map(events.select).filter(lambda value: value is not None)
+
+    def _generated(self, step: Step, source: GeneratorSource):
+        """A bounded generator: slices of consecutive event numbers, generated in Spark's
+        workers, in event-number order (as one task of the bus would read them)."""
+        try:
+            slices = source.spark_slices()
+        except ValueError as exc:
+            raise GraphError(f"step {step.name!r}: the spark runner reads bounded input: {exc}") from None
+        starts = self.sc.parallelize(slices, max(1, min(len(slices), self.sc.defaultParallelism)))
+        return starts.flatMap(source.slice_values)
 
     def _jetstream(self, step: Step, source: JetStreamSource) -> None:
         """The stream range the bus source would read, through the ``jetstream`` data source,
