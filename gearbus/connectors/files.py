@@ -40,6 +40,10 @@ class TextFileSource(DataSource):
         self.path = os.fspath(path)
         self.timestamp_fn = timestamp_fn
 
+    @property
+    def event_time(self) -> bool:
+        return self.timestamp_fn is not None
+
     def open(self, context: TaskContext) -> None:
         self._size = size = os.path.getsize(self.path)
         n, i = context.parallelism, context.index
@@ -216,6 +220,10 @@ class CollectionSource(DataSource):
     def __init__(self, items: Iterable[Any], timestamp_fn: Callable[[Any], int] | None = None):
         self.items = list(items)
         self.timestamp_fn = timestamp_fn
+
+    @property
+    def event_time(self) -> bool:
+        return self.timestamp_fn is not None
 
     def open(self, context: TaskContext) -> None:
         self._task = {"index": context.index, "parallelism": context.parallelism, "items": len(self.items)}

@@ -18,6 +18,7 @@ from gearbus.nexmark.jetstream import publish_events
 from gearbus.nexmark.query import Query, WindowRow, column, query
 from gearbus.nexmark.schema import COLUMNS, problem
 from gearbus.nexmark.sources import EventsFileSource, GeneratorSource
+from gearbus.nexmark.winning_bids import WinningBid, winning_bids
 from gearbus.nexmark.writer import write_events
 
 __all__ = [
@@ -35,9 +36,11 @@ __all__ = [
     "GeneratorSource",
     "Query",
     "WindowRow",
+    "WinningBid",
     "column",
     "problem",
     "publish_events",
     "query",
+    "winning_bids",
     "write_events",
 ]

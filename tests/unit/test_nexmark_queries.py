@@ -31,14 +31,14 @@ def check(name: str, output, events) -> None:
     assert_same_rows(rows, expected)
 
 
-@pytest.mark.parametrize("name", ["q0", "q1", "q2", "q5", "q11", "q12"])
+@pytest.mark.parametrize("name", ["q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q9", "q11", "q12"])
 def test_each_query_gives_the_oracles_rows(name, tmp_path):
     output, events = tmp_path / "out.jsonl", tmp_path / "events.jsonl"
     TestRunner().run(query(name), EVENTS + ["--output", str(output), "--dump-events", str(events)])
     check(name, output, events)
 
 
-@pytest.mark.parametrize("name", ["q5", "q11"])
+@pytest.mark.parametrize("name", ["q3", "q4", "q5", "q7", "q8", "q9", "q11"])
 def test_windowed_queries_over_more_tasks_and_another_interleaving_and_from_a_file(name, tmp_path):
     events = write_events(tmp_path / "events.jsonl", 3000, GeneratorConfig(seed=9, rate=50))
     generated, read = tmp_path / "generated.jsonl", tmp_path / "read.jsonl"
@@ -72,7 +72,7 @@ def test_rate_alone_makes_an_endless_generator(tmp_path):
     assert source.events is None and source.config.rate == 1000
 
 
-@pytest.mark.parametrize("name, seed", [("q5", 1), ("q11", 2)])
+@pytest.mark.parametrize("name, seed", [("q3", 3), ("q4", 4), ("q5", 1), ("q7", 5), ("q8", 6), ("q9", 7), ("q11", 2)])
 def test_killed_executors_roll_back_and_the_generator_replays_exactly(name, seed, inprocess, tmp_path):
     output, events = tmp_path / "out.jsonl", tmp_path / "events.jsonl"
     pipeline = load_pipeline(query(name), EVENTS + ["--output", str(output), "--dump-events", str(events)])
