@@ -50,6 +50,8 @@ def parser(name: str) -> argparse.ArgumentParser:
                                                           "cluster's)")
     source.add_argument("--follow", action="store_true",
                         help="--jetstream: keep reading what arrives (default: what the stream holds at the start)")
+    source.add_argument("--until", type=int, metavar="SEQ",
+                        help="--jetstream: read up to the message with stream sequence SEQ, waiting for it to arrive")
     parser.add_argument("--output", required=True, metavar="OUT.jsonl", help="write the results as JSON Lines")
     parser.add_argument("--dump-events", metavar="PATH",
                         help="with --events: also write the generated events to PATH as an events file")
@@ -68,11 +70,14 @@ def parse(name: str, args: list[str]) -> argparse.Namespace:
                 "for an endless generator")
     if not generated and any(v is not None for v in (opts.rate, opts.seed, opts.base_time)):
         p.error("--rate, --seed and --base-time configure the generator; they go with --events (or --rate alone)")
-    if opts.jetstream is None and (opts.servers is not None or opts.follow):
-        p.error("--servers and --follow go with --jetstream")
+    if opts.jetstream is None and (opts.servers is not None or opts.follow or opts.until is not None):
+        p.error("--servers, --follow and --until go with --jetstream")
+    if opts.follow and opts.until is not None:
+        p.error("--follow reads forever, --until up to a sequence: give one of them")
     if opts.dump_events is not None and opts.events is None:
         p.error("--dump-events writes the generated events: it needs --events N")
-    for option, value in (("--events", opts.events), ("--rate", opts.rate), ("--parallelism", opts.parallelism)):
+    for option, value in (("--events", opts.events), ("--rate", opts.rate), ("--parallelism", opts.parallelism),
+                          ("--until", opts.until)):
         if value is not None and value < 1:
             p.error(f"{option} must be at least 1, got {value}")
     if opts.input is not None and not os.path.isfile(opts.input):
@@ -128,7 +133,7 @@ class Query:
         opts, p = self.opts, self.pipeline
         delay = 0 if ingestion_time else WATERMARK_DELAY_MS
         if opts.jetstream is not None:
-            events = p.read_jetstream(opts.jetstream, subjects(opts.jetstream, kind), until=None if opts.follow else "now",
+            events = p.read_jetstream(opts.jetstream, subjects(opts.jetstream, kind), until=None if opts.follow else opts.until or "now",
                                       timestamp_fn=None if ingestion_time else event_date_time,
                                       max_out_of_orderness_ms=delay, servers=opts.servers, name=f"{name}_events")
             return events.map(itemgetter(kind), name=name)

@@ -16,8 +16,8 @@ from tests.support.paths import EXAMPLES
 NEXMARK = os.path.join(EXAMPLES, "nexmark")
 
 
-@pytest.mark.parametrize("name", ["q5", "q11"])
-async def test_windowed_queries_on_the_local_runner(name, tmp_path):
+@pytest.mark.parametrize("name", ["q3", "q5", "q7", "q9", "q11"])
+async def test_stateful_queries_on_the_local_runner(name, tmp_path):
     output, events = tmp_path / "out.jsonl", tmp_path / "events.jsonl"
     runner = LocalRunner(workers=2)
     try:
