@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -31,3 +38,54 @@ def count_problems(got: dict, expected: collections.Counter, what: str) -> list[
         problems.append(f"{len(wrong)} wrong counts, e.g. "
                         + ", ".join(f"{k}: got {got[k]} want {expected[k]}" for k in wrong[:5]))
     return problems
+
+
+class BenchError(Exception):
+    """The benchmark cannot go on: a run failed or its output is wrong."""
+
+
+def gearbus_command() -> list[str]:
+    script = os.path.join(os.path.dirname(sys.executable), "gearbus")
+    if os.path.isfile(script) and os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-m", "gearbus.cli"]
+
+
+def run_app(app: str, app_args: list[str], timeout: float, scratch: str, runner_args: tuple[str, ...] = ()) -> dict:
+    """``gearbus run --json APP ARGS`` once (the embedded cluster unless ``runner_args``
+    say otherwise); the JSON summary (its phases: start-up = submit to ACTIVE, running =
+    ACTIVE to SUCCEEDED) plus ``wall_s`` (start to exit) and ``stderr``.
+
+    The run's TMPDIR is ``scratch``, so what gearbus puts in temp directories (process logs,
+    the JetStream store, unpacked artifacts) goes with the benchmark's own. Any failure
+    raises BenchError."""
+    os.makedirs(scratch, exist_ok=True)
+    cmd = gearbus_command() + ["run", "--json", *runner_args, app, *app_args]
+    env = dict(os.environ, TMPDIR=scratch)
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise BenchError(f"gearbus run did not finish within {timeout:g} s\n"
+                         f"stderr:\n{_text(exc.stderr)}") from None
+    wall = time.perf_counter() - started
+    summary = None
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                summary = json.loads(line)
+            except ValueError:
+                continue
+    if proc.returncode != 0 or summary is None or summary.get("state") != "SUCCEEDED":
+        raise BenchError(f"gearbus run failed (exit {proc.returncode})\n"
+                         f"command: {' '.join(cmd)}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    summary["wall_s"] = wall
+    summary["stderr"] = proc.stderr.strip()
+    return summary
+
+
+def _text(data) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data

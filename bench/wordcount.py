@@ -36,14 +36,13 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from common import count_problems  # noqa: E402  (bench/, beside this file)
+from common import BenchError, count_problems, run_app  # noqa: E402  (bench/, beside this file)
 APP = os.path.join(REPO, "examples", "wordcount.py")
 
 # From the issue, for context.
@@ -54,10 +53,6 @@ TARGET_WALL = 3.0  # s, whole `gearbus run`
 # The second configuration: split tasks send their counts after every input batch.
 SHUFFLE_ARGS = ("--combine-keys", "1")
 SHUFFLE = "combine per batch (--combine-keys 1)"
-
-
-class BenchError(Exception):
-    pass
 
 
 # --------------------------------------------------------------------------- data
@@ -95,54 +90,13 @@ def baseline(path: str) -> tuple[collections.Counter, float]:
 # --------------------------------------------------------------------------- gearbus
 
 
-def gearbus_command() -> list[str]:
-    script = os.path.join(os.path.dirname(sys.executable), "gearbus")
-    if os.path.isfile(script) and os.access(script, os.X_OK):
-        return [script]
-    return [sys.executable, "-m", "gearbus.cli"]
-
-
 def run_gearbus(inp: str, out: str, parallelism: int, timeout: float, scratch: str,
                 app_args: tuple[str, ...] = ()) -> dict:
-    """Run wordcount once; return the JSON summary plus ``wall_s`` (start to exit).
-
-    ``app_args`` are passed on to the application after the standard ones. The run's
-    TMPDIR is ``scratch`` (inside the benchmark's temp directory), so whatever gearbus puts
-    in temp directories (process logs, the JetStream store, unpacked artifacts) is removed
-    with it. Any failure ends the benchmark."""
+    """Run wordcount once (see common.run_app); ``app_args`` follow the standard ones."""
     if os.path.exists(out):
         os.remove(out)
-    os.makedirs(scratch, exist_ok=True)
-    cmd = gearbus_command() + ["run", "--json", APP, "--input", inp, "--output", out,
-                               "--parallelism", str(parallelism), *app_args]
-    env = dict(os.environ, TMPDIR=scratch)
-    started = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as exc:
-        raise BenchError(f"gearbus run did not finish within {timeout:g} s\n"
-                         f"stderr:\n{_text(exc.stderr)}") from None
-    wall = time.perf_counter() - started
-    summary = None
-    for line in proc.stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                summary = json.loads(line)
-            except ValueError:
-                continue
-    if proc.returncode != 0 or summary is None or summary.get("state") != "SUCCEEDED":
-        raise BenchError(f"gearbus run failed (exit {proc.returncode})\n"
-                         f"command: {' '.join(cmd)}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    summary["wall_s"] = wall
-    summary["stderr"] = proc.stderr.strip()
-    return summary
-
-
-def _text(data) -> str:
-    if data is None:
-        return ""
-    return data.decode(errors="replace") if isinstance(data, bytes) else data
+    return run_app(APP, ["--input", inp, "--output", out, "--parallelism", str(parallelism), *app_args],
+                   timeout, scratch)
 
 
 def verify(out: str, expected: collections.Counter) -> None:

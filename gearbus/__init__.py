@@ -24,7 +24,14 @@ from gearbus.api.windows import (
     WindowResult,
 )
 from gearbus.connectors.dsl import Pipeline, Stream
-from gearbus.connectors.files import CollectionSource, CollectSink, JsonLinesSink, JsonLinesSource, TextFileSource
+from gearbus.connectors.files import (
+    CollectionSource,
+    CollectSink,
+    DiscardSink,
+    JsonLinesSink,
+    JsonLinesSource,
+    TextFileSource,
+)
 
 __all__ = [
     "Accumulation",
@@ -59,6 +66,7 @@ __all__ = [
     "CollectionSource",
     "DataSink",
     "DataSource",
+    "DiscardSink",
     "Graph",
     "GraphError",
     "HashPartitioner",

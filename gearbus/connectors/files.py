@@ -417,6 +417,19 @@ class JsonLinesSink(DataSink):
         return committed + sum(map(len, chunks))
 
 
+class DiscardSink(DataSink):
+    """Writes nothing (Flink's blackhole): the cost of a pipeline without its output's,
+    for benchmarks. Counts what it was given (``written``, per task)."""
+
+    transactional = True  # nothing becomes visible, so nothing can be seen twice
+
+    def open(self, context: TaskContext) -> None:
+        self.written = 0
+
+    def write(self, records: list[Record]) -> None:
+        self.written += len(records)
+
+
 class CollectSink(DataSink):
     """Collects values into a Python list, for tests (TestRunner only: the list lives
     in the process that runs the pipeline)."""

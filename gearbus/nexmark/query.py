@@ -23,6 +23,7 @@ import os
 from operator import itemgetter
 
 from gearbus.connectors.dsl import Pipeline, Stream
+from gearbus.connectors.files import DiscardSink
 from gearbus.nexmark.generator import AUCTION, BID, DEFAULT_BASE_TIME_MS, EVENT, PERSON, WATERMARK_DELAY_MS, \
     GeneratorConfig
 from gearbus.nexmark.jetstream import subjects
@@ -52,7 +53,10 @@ def parser(name: str) -> argparse.ArgumentParser:
                         help="--jetstream: keep reading what arrives (default: what the stream holds at the start)")
     source.add_argument("--until", type=int, metavar="SEQ",
                         help="--jetstream: read up to the message with stream sequence SEQ, waiting for it to arrive")
-    parser.add_argument("--output", required=True, metavar="OUT.jsonl", help="write the results as JSON Lines")
+    output = parser.add_mutually_exclusive_group(required=True)
+    output.add_argument("--output", metavar="OUT.jsonl", help="write the results as JSON Lines")
+    output.add_argument("--blackhole", action="store_true",
+                        help="write the results nowhere (Flink's blackhole sink): for benchmarks")
     parser.add_argument("--dump-events", metavar="PATH",
                         help="with --events: also write the generated events to PATH as an events file")
     parser.add_argument("--parallelism", type=int, default=DEFAULT_PARALLELISM,
@@ -120,8 +124,11 @@ class Query:
         return self._read(BID, ingestion_time)
 
     def output(self, stream: Stream) -> None:
-        """Write ``stream``'s values as JSON Lines to ``--output``."""
-        stream.write_jsonl(os.path.abspath(self.opts.output), name="output")
+        """Write ``stream``'s values as JSON Lines to ``--output`` (or nowhere: ``--blackhole``)."""
+        if self.opts.blackhole:
+            stream.sink(DiscardSink(), parallelism=self.parallelism, name="output")
+        else:
+            stream.write_jsonl(os.path.abspath(self.opts.output), name="output")
 
     def _read(self, kind: str, ingestion_time: bool) -> Stream:
         key = (kind, ingestion_time)

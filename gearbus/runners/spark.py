@@ -43,7 +43,7 @@ from gearbus.api.windows import (
     SessionWindows,
     WindowResult,
 )
-from gearbus.connectors.files import CollectionSource, JsonLinesSink, JsonLinesSource, TextFileSource
+from gearbus.connectors.files import CollectionSource, DiscardSink, JsonLinesSink, JsonLinesSource, TextFileSource
 from gearbus.connectors.jetstream import JetStreamError, JetStreamTransactionalSink, dedup_id, on_connection
 from gearbus.connectors.jetstream_source import JetStreamSource, decoder, partition_watermark, republish
 from gearbus.nexmark.schema import problem as nexmark_problem, schema_error
@@ -478,9 +478,11 @@ class SparkPlan:
             self.outputs.append(lambda: _write_jsonl(data_sink, rdd))
         elif isinstance(data_sink, JetStreamTransactionalSink):
             self._jetstream_sink(step, data_sink, rdd)
+        elif isinstance(data_sink, DiscardSink):
+            self.outputs.append(rdd.count)
         else:
             raise GraphError(f"step {step.name!r}: the spark runner cannot write a {type(data_sink).__name__}; "
-                             "it writes JsonLinesSink and JetStreamTransactionalSink")
+                             "it writes JsonLinesSink, JetStreamTransactionalSink and DiscardSink")
 
     def _jetstream_sink(self, step: Step, data_sink: JetStreamTransactionalSink, rdd) -> None:
         """Each value as JSON, through the ``jetstream`` data source's sink, under a

@@ -68,6 +68,12 @@ def test_bad_arguments_are_argparse_errors(args, message, tmp_path):
     assert "usage: q0" in str(rejected.value) and message in str(rejected.value)
 
 
+def test_blackhole_runs_a_query_without_an_output_and_excludes_one(tmp_path):
+    TestRunner().run(query("q5"), EVENTS + ["--blackhole"])
+    with pytest.raises(ArtifactError, match="not allowed with argument"):
+        load_pipeline(query("q5"), EVENTS + ["--blackhole", "--output", str(tmp_path / "out.jsonl")])
+
+
 def test_rate_alone_makes_an_endless_generator(tmp_path):
     pipeline = load_pipeline(query("q0"), ["--rate", "1000", "--output", str(tmp_path / "out.jsonl")])
     source = next(s for s in pipeline.steps if s.kind == "source").params["data_source"]
