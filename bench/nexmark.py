@@ -126,17 +126,18 @@ def state_run(opts, scratch: str) -> int:
             await runner.start(app(opts.query), ["--rate", str(opts.rate), "--blackhole",
                                                  "--parallelism", str(opts.parallelism)])
             started = time.monotonic()
-            while (elapsed := time.monotonic() - started) < opts.state_run:
+            while time.monotonic() - started < opts.state_run:
                 await asyncio.sleep(STATE_SAMPLE_S)
+                elapsed = time.monotonic() - started
                 status = await runner.status()
                 if status.error is not None:
                     raise BenchError(f"{opts.query} failed: {status.error.error_type}: {status.error.message}")
                 keys = sum(p.state_keys for p in status.processors)
                 size = sum(p.state_bytes for p in status.processors)
-                read = sum(p.records_in for p in status.processors if p.name.split("+")[0].endswith("s"))
+                handled = sum(p.records_in for p in status.processors)
                 samples.append((elapsed, keys, size))
                 print(f"{elapsed:7.0f} s  state {keys:>10,} keys {size / 1e6:>9.2f} MB  "
-                      f"(records in at the sources and stages: {read:,})", flush=True)
+                      f"(records taken in by all processors so far: {handled:,})", flush=True)
         finally:
             await runner.stop()
         return samples
