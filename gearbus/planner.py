@@ -264,12 +264,28 @@ def describe(app: Application) -> dict:
             "steps": p.config.get("steps", [p.name]),
             "operators": [name for op in ops for name in _operator_names(op)],
             "combine": any(isinstance(op, CombineOp) for op in ops),
+            **_join_description(graph, p),
         })
     edges = [
         {"from": e.upstream.id, "to": e.downstream.id, "partitioner": e.partitioner.describe()}
         for e in graph.edges
     ]
     return {"name": app.name, "processors": processors, "edges": edges, "config": _jsonable(app.config)}
+
+
+def _join_description(graph, processor: Processor) -> dict:
+    """For a processor that starts with a join: which processors key its two sides, and
+    that both reach its tasks hash-partitioned by the join key (co-partitioned)."""
+    ops = processor.config.get("ops", [])
+    if not ops or not isinstance(ops[0], (WindowJoinOp, IntervalJoinOp, TableJoinOp)):
+        return {}
+    sides = {}
+    for edge in graph.inputs_of(processor):
+        for op in edge.upstream.config.get("ops", []):
+            if isinstance(op, JoinInputOp) and op.step == ops[0].step:
+                sides[("left", "right")[op.side]] = edge.upstream.id
+    return {"join": {"step": ops[0].step, "operator": type(ops[0]).__name__, **sides,
+                     "co_partitioned": f"both sides hash-partitioned by the join key into {processor.parallelism} tasks"}}
 
 
 def _operator_names(op: Op) -> list[str]:

@@ -309,6 +309,9 @@ def test_the_plan_co_partitions_both_inputs_by_key_with_the_joins_parallelism():
     inputs = {e["from"]: e["partitioner"] for e in plan_["edges"] if e["to"] == join["id"]}
     assert inputs == {by_name["a+prep"]["id"]: "HashPartitioner", by_name["b"]["id"]: "HashPartitioner"}
     assert by_name["a+prep"]["operators"][-1] == by_name["b"]["operators"][-1] == "JoinInputOp"
+    assert join["join"] == {"step": "wj", "operator": "WindowJoinOp", "left": by_name["a+prep"]["id"],
+                            "right": by_name["b"]["id"],
+                            "co_partitioned": "both sides hash-partitioned by the join key into 3 tasks"}
 
 
 # --- exactly-once through executor losses ------------------------------------------------
