@@ -6,7 +6,6 @@ pipeline is built, naming the step."""
 
 from __future__ import annotations
 
-import random
 import warnings
 from collections import Counter
 
@@ -21,32 +20,20 @@ from gearbus.runners import PipelineFailed, TestRunner
 from gearbus.runtime.joins import IntervalJoinOp, TableJoinOp
 from gearbus.runtime.windows import WindowOperator
 from tests.support.files import read_jsonl
+from tests.support.joins import (
+    as_of_reference,
+    bounded_order,
+    ids,
+    interval_reference,
+    k,
+    numbered,
+    shuffled,
+    t,
+    window_reference,
+)
 
 FAST = settings(max_examples=40, deadline=None)
 DELAY = 50  # the sources' max_out_of_orderness_ms
-
-
-def shuffled(events: list[dict], seed: int) -> list[dict]:
-    """``events`` in time order, then moved around by less than DELAY ms: never late."""
-    rng = random.Random(seed)
-    return sorted(events, key=lambda e: (e["t"] + rng.randrange(DELAY), rng.random()))
-
-
-def bounded_order(events: list[dict]) -> list[dict]:
-    """Check ``shuffled``'s promise: no event more than DELAY behind the newest before it."""
-    newest = None
-    for e in events:
-        assert newest is None or e["t"] > newest - DELAY
-        newest = e["t"] if newest is None else max(newest, e["t"])
-    return events
-
-
-def t(event: dict) -> int:
-    return event["t"]
-
-
-def k(event: dict):
-    return event["k"]
 
 
 def run(left: list[dict], right: list[dict], build, parallelism: int = 2, seed: int = 0) -> list:
@@ -61,73 +48,7 @@ def run(left: list[dict], right: list[dict], build, parallelism: int = 2, seed: 
     return out.values
 
 
-def ids(pairs) -> Counter:
-    return Counter((p.left and p.left["id"], p.right and p.right["id"]) for p in pairs)
-
-
 events = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 600)), max_size=25)
-
-
-def numbered(drawn, side: str) -> list[dict]:
-    return [{"id": f"{side}{i}", "k": key, "t": ts} for i, (key, ts) in enumerate(drawn)]
-
-
-# --- references ----------------------------------------------------------------------
-
-
-def window_reference(left, right, assigner, how: str) -> Counter:
-    """Pairs per key and window; sessions merge over both sides' records of a key."""
-    groups: dict = {}
-    if isinstance(assigner, SessionWindows):
-        for key in {e["k"] for e in left + right}:
-            tagged = sorted([(e["t"], 0, e) for e in left if e["k"] == key] +
-                            [(e["t"], 1, e) for e in right if e["k"] == key], key=lambda x: x[0])
-            session, end = [], None
-            for ts, side, e in tagged:
-                if end is not None and ts > end:
-                    groups[(key, len(groups))] = session
-                    session = []
-                session.append((side, e))
-                end = ts + assigner.gap_ms if end is None or ts > end else max(end, ts + assigner.gap_ms)
-            if session:
-                groups[(key, len(groups))] = session
-    else:
-        for side, records in ((0, left), (1, right)):
-            for e in records:
-                for window in assigner.assign(e["t"]):
-                    groups.setdefault((e["k"], window), []).append((side, e))
-    pairs = Counter()
-    for members in groups.values():
-        lefts = [e["id"] for side, e in members if side == 0]
-        rights = [e["id"] for side, e in members if side == 1]
-        if lefts and rights:
-            pairs.update((a, b) for a in lefts for b in rights)
-        elif lefts and how in ("left", "outer"):
-            pairs.update((a, None) for a in lefts)
-        elif rights and how in ("right", "outer"):
-            pairs.update((None, b) for b in rights)
-    return pairs
-
-
-def interval_reference(left, right, lower: int, upper: int) -> Counter:
-    return Counter((a["id"], b["id"]) for a in left for b in right
-                   if a["k"] == b["k"] and a["t"] + lower <= b["t"] <= a["t"] + upper)
-
-
-def as_of_reference(stream, table, ttl_ms=None, how="inner") -> Counter:
-    """Each stream event with the table change of its key in force at its time (the
-    latest at or before it; a change of value None deletes; older than ttl_ms: gone)."""
-    pairs = Counter()
-    for a in stream:
-        changes = [b for b in table if b["k"] == a["k"] and b["t"] <= a["t"]]
-        found = None
-        if changes:
-            newest = max(changes, key=lambda b: (b["t"], table.index(b)))
-            if newest.get("v", 0) is not None and (ttl_ms is None or a["t"] < newest["t"] + ttl_ms):
-                found = newest["id"]
-        if found is not None or how == "left":
-            pairs[(a["id"], found)] += 1
-    return pairs
 
 
 # --- window joins ----------------------------------------------------------------------
@@ -141,7 +62,7 @@ ASSIGNERS = [TumblingWindows(100), SlidingWindows(150, 50), SessionWindows(40)]
        st.integers(1, 3), st.integers(0, 1000))
 def test_a_window_join_pairs_each_keys_records_of_a_window(left, right, assigner, how, parallelism, seed):
     left, right = numbered(left, "l"), numbered(right, "r")
-    got = run(bounded_order(shuffled(left, seed)), bounded_order(shuffled(right, seed + 1)),
+    got = run(bounded_order(shuffled(left, seed, DELAY), DELAY), bounded_order(shuffled(right, seed + 1, DELAY), DELAY),
               lambda a, b: a.join(b, left_key=k, right_key=k, window=assigner, how=how, name="wj"),
               parallelism, seed)
     assert ids(got) == window_reference(left, right, assigner, how)
@@ -184,7 +105,7 @@ def test_a_window_joins_state_empties_as_the_watermark_passes_its_windows():
 def test_an_interval_join_pairs_records_within_the_bounds(left, right, lower, width, parallelism, seed):
     left, right = numbered(left, "l"), numbered(right, "r")
     upper = lower + width
-    got = run(shuffled(left, seed), shuffled(right, seed + 1),
+    got = run(shuffled(left, seed, DELAY), shuffled(right, seed + 1, DELAY),
               lambda a, b: a.interval_join(b, left_key=k, right_key=k, lower_ms=lower, upper_ms=upper, name="ij"),
               parallelism, seed)
     assert ids(got) == interval_reference(left, right, lower, upper)
@@ -231,7 +152,7 @@ def test_an_as_of_join_takes_the_version_valid_at_the_records_time(stream, table
              for i, (key, ts, deleted) in enumerate(table)]
     # Changes of one key and time come in their list order (the reference's tie-break).
     table = sorted(table, key=lambda c: c["t"])
-    got = run(shuffled(stream, seed), table,
+    got = run(shuffled(stream, seed, DELAY), table,
               lambda a, b: a.join_table(b, key=k, table_key=k, as_of="event_time", ttl_ms=ttl_ms, how=how,
                                         table_value=lambda c: None if c["v"] is None else c, name="tj"),
               parallelism, seed)
@@ -334,8 +255,10 @@ def test_joins_are_exact_through_executor_losses(inprocess, tmp_path, seed, kind
     left = numbered([(i % 5, i * 7) for i in range(300)], "l")
     right = numbered([(i % 5, i * 9) for i in range(200)], "r")
     pipeline = Pipeline("recovery", parallelism=2)
-    a = pipeline.from_collection(shuffled(left, seed), timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="left")
-    b = pipeline.from_collection(shuffled(right, seed), timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="right")
+    a = pipeline.from_collection(shuffled(left, seed, DELAY), timestamp_fn=t, max_out_of_orderness_ms=DELAY,
+                                 name="left")
+    b = pipeline.from_collection(shuffled(right, seed, DELAY), timestamp_fn=t, max_out_of_orderness_ms=DELAY,
+                                 name="right")
     (build(a, b)
       .map(lambda pair: [pair.left and pair.left["id"], pair.right and pair.right["id"]], name="ids")
       .write_jsonl(str(tmp_path / "pairs.jsonl"), name="out"))

@@ -5,7 +5,6 @@ a user sees."""
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
 import pytest
@@ -18,16 +17,10 @@ from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runners import PipelineFailed, TestRunner
 from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
 from tests.support.files import read_jsonl
+from tests.support.joins import Buckets, buckets_reference, shuffled
 
 FAST = settings(max_examples=40, deadline=None)
 DELAY = 30
-BUCKET = 100
-
-
-def shuffled(events: list[dict], seed: int) -> list[dict]:
-    """Out of order by less than DELAY ms, so never late."""
-    rng = random.Random(seed)
-    return sorted(events, key=lambda e: (e["t"] + rng.randrange(DELAY), rng.random()))
 
 
 def keyed_pipeline(events, parallelism=2, name="keyed"):
@@ -35,28 +28,6 @@ def keyed_pipeline(events, parallelism=2, name="keyed"):
     stream = pipeline.from_collection(events, timestamp_fn=lambda e: e["t"], max_out_of_orderness_ms=DELAY,
                                       name="events")
     return pipeline, stream.group_by(lambda e: e["k"], name="by_key")
-
-
-class Buckets(KeyedProcessFunction):
-    """Counts a key's records per BUCKET ms of event time with one timer per bucket: a
-    tumbling window written by hand."""
-
-    def process(self, value, ctx):
-        end = value["t"] - value["t"] % BUCKET + BUCKET - 1
-        counts = ctx.state or {}
-        counts[end] = counts.get(end, 0) + 1
-        ctx.state = counts
-        ctx.register_event_time_timer(end)
-
-    def on_timer(self, timestamp, ctx):
-        counts = ctx.state
-        ctx.emit({"k": ctx.key, "n": counts.pop(timestamp), "at": timestamp})
-        ctx.state = counts or None
-
-
-def buckets_reference(events) -> Counter:
-    counts = Counter((e["k"], e["t"] - e["t"] % BUCKET + BUCKET - 1) for e in events)
-    return Counter((key, n, end) for (key, end), n in counts.items())
 
 
 events = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 1500)), max_size=40)
@@ -83,7 +54,7 @@ def test_stateful_map_threads_each_keys_state_through_its_records(drawn, paralle
 @given(events, st.integers(1, 3), st.integers(0, 1000))
 def test_event_time_timers_fire_once_the_watermark_passes_them(drawn, parallelism, seed):
     records = as_events(drawn)
-    pipeline, grouped = keyed_pipeline(shuffled(records, seed), parallelism)
+    pipeline, grouped = keyed_pipeline(shuffled(records, seed, DELAY), parallelism)
     out = CollectSink()
     grouped.process_keyed(Buckets, name="buckets").sink(out, name="out")
     TestRunner(seed=seed).run(pipeline)
@@ -93,7 +64,7 @@ def test_event_time_timers_fire_once_the_watermark_passes_them(drawn, parallelis
 @pytest.mark.parametrize("seed", [1, 2])
 def test_keyed_state_and_timers_are_exact_through_executor_losses(inprocess, tmp_path, seed):
     records = as_events([(i % 7, i * 13 + (i % 5) * 40) for i in range(400)])
-    pipeline, grouped = keyed_pipeline(shuffled(records, seed), 2, "recovery")
+    pipeline, grouped = keyed_pipeline(shuffled(records, seed, DELAY), 2, "recovery")
     grouped.process_keyed(Buckets, name="buckets").write_jsonl(str(tmp_path / "buckets.jsonl"), name="out")
     engine = inprocess(pipeline, seed=seed, checkpoint_every=3, batch_records=5)
     engine.run(kill_executor_after_frames=[50, 140])
