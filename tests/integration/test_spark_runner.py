@@ -4,8 +4,6 @@ checked against the same independent computations as on the bus runners."""
 from __future__ import annotations
 
 import collections
-import glob
-import json
 import os
 import shutil
 import subprocess
@@ -26,7 +24,7 @@ from tests.support.examples import (
     pageview_events,
     sensor_readings,
 )
-from tests.support.files import canonical, write_jsonl
+from tests.support.files import canonical, read_jsonl, write_jsonl
 from tests.support.paths import EXAMPLES, REPO
 
 pytestmark = pytest.mark.spark
@@ -35,14 +33,6 @@ pytestmark = pytest.mark.spark
 @pytest.fixture(scope="module")
 def spark():
     return spark_session("local[2]")
-
-
-def read_parts(path) -> list[dict]:
-    rows = []
-    for part in sorted(glob.glob(os.path.join(path, "part-*"))):
-        with open(part, encoding="utf-8") as f:
-            rows += [json.loads(line) for line in f if line.strip()]
-    return rows
 
 
 def run(spark, example: str, args: list[str]):
@@ -57,14 +47,14 @@ def test_wordcount(spark, tmp_path):
     source.write_text("\n".join(lines), encoding="utf-8")
     run(spark, "wordcount.py", ["--input", str(source), "--output", str(output)])
     expected = collections.Counter(w for line in lines for w in line.split())
-    assert canonical(read_parts(output)) == canonical([{"word": w, "count": n} for w, n in expected.items()])
+    assert canonical(read_jsonl(output)) == canonical([{"word": w, "count": n} for w, n in expected.items()])
 
 
 def test_pageviews_final_results_match_the_bus(spark, tmp_path):
     events = pageview_events(3000)
     source, output = write_jsonl(tmp_path / "events.jsonl", events), tmp_path / "out"
     run(spark, "pageviews.py", ["--input", source, "--output", str(output)])
-    rows = read_parts(output)
+    rows = read_jsonl(output)
     assert all(r["final"] for r in rows)  # no early panes on Spark: one final row per window
 
     def totals(rs):
@@ -86,11 +76,11 @@ def test_sensors_final_results_and_late_records_match_the_bus(spark, tmp_path):
     final = {}
     for row in rows:  # the bus's last pane per window is its final answer
         final[(row["sensor"], row["window_start"])] = row
-    got = read_parts(output)
+    got = read_jsonl(output)
     for row in got:
         row["avg"] = round(row["avg"], 6)
     assert canonical(got) == canonical(list(final.values()))
-    assert canonical(read_parts(late)) == canonical(dropped)
+    assert canonical(read_jsonl(late)) == canonical(dropped)
     assert all(r["window_end"] - r["window_start"] == MINUTE for r in got)
 
 
@@ -98,7 +88,7 @@ def test_sessions(spark, tmp_path):
     events = clicks()
     source, output = write_jsonl(tmp_path / "clicks.jsonl", events), tmp_path / "out"
     run(spark, "sessions.py", ["--input", source, "--output", str(output)])
-    assert canonical(read_parts(output)) == canonical(expected_sessions(events, 30_000))
+    assert canonical(read_jsonl(output)) == canonical(expected_sessions(events, 30_000))
 
 
 def test_a_raising_user_function_names_the_step_and_the_python_exception(spark, tmp_path):
@@ -168,7 +158,7 @@ def test_wordcount_on_a_standalone_spark_cluster(tmp_path):
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:] + (tmp_path / "spark.log").read_text()[-3000:]
         expected = collections.Counter(w for line in lines for w in line.split())
-        assert canonical(read_parts(output)) == canonical([{"word": w, "count": n} for w, n in expected.items()])
+        assert canonical(read_jsonl(output)) == canonical([{"word": w, "count": n} for w, n in expected.items()])
     finally:
         for process in (worker, master):
             process.terminate()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import io
 import json
+import os
 import zipfile
 
 
@@ -20,8 +22,13 @@ def write_jsonl(path, rows) -> str:
 
 
 def read_jsonl(path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a JSON Lines file, or of a directory's part files (as Spark writes them)."""
+    files = sorted(glob.glob(os.path.join(path, "part-*"))) if os.path.isdir(path) else [path]
+    rows = []
+    for name in files:
+        with open(name, encoding="utf-8") as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
 
 
 def canonical(rows: list[dict]) -> list[str]:
