@@ -48,30 +48,17 @@ from gearbus.connectors.jetstream import JetStreamError, JetStreamTransactionalS
 from gearbus.connectors.jetstream_source import JetStreamSource, decoder, partition_watermark, republish
 from gearbus.nexmark.schema import problem as nexmark_problem, schema_error
 from gearbus.nexmark.sources import EventsFileSource, GeneratorSource
+from gearbus.runners.spark_records import CARRIED, STEP_FAILURE, StepFailure
 from gearbus.runtime.windows import WindowOperator, window_limits
 from shared.messages import AppError, AppState
 
-STEP_FAILURE = "gearbus step failure"
 DEFAULT_BATCH_RECORDS = 4096
 MASTER_CONNECT_TIMEOUT_S = 5.0
 NATS_URL_ENV = "GEARBUS_NATS_URL"
-#: A step's watermark setting when its records carry the watermark in force at their
-#: arrival as a fourth item (computed at a JetStream source, per subject, as the bus does).
-CARRIED = "carried"
 
 
 class SparkUnavailable(RuntimeError):
     """Spark cannot start here; the message says what to do."""
-
-
-class StepFailure(Exception):
-    """Raised inside Spark's Python workers when user code fails; its text survives the
-    JVM round trip, so the driver can name the step and the record."""
-
-    def __init__(self, step: str, value, original: BaseException):
-        shown = repr(value)
-        shown = shown if len(shown) <= 200 else shown[:200] + "..."
-        super().__init__(f"{STEP_FAILURE} [{type(original).__name__}] {original} (step {step!r} on record {shown})")
 
 
 def _guard(step: str, fn):
