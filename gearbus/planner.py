@@ -154,12 +154,12 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
         elif step.kind == "keyed":
             segment = new_segment(step, step.parallelism or pipeline.parallelism)
             segment.inputs.append((segment_of[step.inputs[0]], HashPartitioner(by_key=True)))
-            segment.ops.append(_keyed_operator(step))
+            segment.ops.append(keyed_operator(step))
         elif step.kind == "join":
             segment = new_segment(step, step.parallelism or pipeline.parallelism)
             for side, (input_step, key_fn) in enumerate(zip(step.inputs, step.params["keys"])):
                 segment.inputs.append((join_input(step, side, input_step, key_fn), HashPartitioner(by_key=True)))
-            segment.ops.append(_join_operator(step))
+            segment.ops.append(join_operator(step))
         elif step.kind in ("merge", "process") or not chainable:
             parallelism = step.parallelism or (
                 max(segment_of[i].parallelism for i in step.inputs) if step.kind == "merge" else upstream.parallelism
@@ -216,13 +216,16 @@ def _operator(step: Step) -> Op | None:
     return None  # sources, merges, custom processors and aggregates are placed by plan()
 
 
-def _keyed_operator(step: Step) -> Op:
+def keyed_operator(step: Step) -> Op:
+    """The operator of a ``keyed`` step (the Spark runner drives it too)."""
     if step.params["variant"] == "stateful_map":
         return StatefulMapOp(step.name, step.fn, step.params["ttl_ms"])
     return KeyedProcessOp(step.name, step.params["function"], step.params["ttl_ms"])
 
 
-def _join_operator(step: Step) -> Op:
+def join_operator(step: Step) -> Op:
+    """The operator of a ``join`` step (the Spark runner drives it too); bad window settings
+    fail here, naming the step."""
     p = step.params
     if p["variant"] == "window":
         make = functools.partial(WindowOperator, p["window"], CoGroup())

@@ -7,6 +7,8 @@ assigners and aggregators as the bus runtime, and the same late-data rule: a rec
 judged against the watermark as the bus would have it when the record arrives (the
 source's watermark after each batch of ``batch_records`` records). A bounded Spark job
 emits final window results only: early triggers are ignored (said once at plan time).
+Joins and keyed state run the bus's own operators per key partition, fed as one of the
+bus's tasks would be (:mod:`gearbus.runners.spark_stateful`).
 
 JetStream replays too: ``read_jetstream`` with a bounded ``until`` reads its stream range
 through the ``jetstream`` data source, decoded, stamped and watermarked per subject as the
@@ -48,6 +50,7 @@ from gearbus.connectors.jetstream import JetStreamError, JetStreamTransactionalS
 from gearbus.connectors.jetstream_source import JetStreamSource, decoder, partition_watermark, republish
 from gearbus.nexmark.schema import problem as nexmark_problem, schema_error
 from gearbus.nexmark.sources import EventsFileSource, GeneratorSource
+from gearbus.runners import spark_stateful
 from gearbus.runners.spark_records import CARRIED, STEP_FAILURE, StepFailure
 from gearbus.runtime.windows import WindowOperator, window_limits
 from shared.messages import AppError, AppState
@@ -382,11 +385,16 @@ class SparkPlan:
         """Each record with the watermark in force when the bus would deliver it: the
         source's watermark after the previous batch of ``batch_records`` records (or the
         one the record carries from its source)."""
+        return self._watermarked(rdd, delay)[0]
+
+    def _watermarked(self, rdd, delay):
+        """:meth:`_arrival_watermarks`, and the watermarks the source reaches after each of
+        its batches (None where only the records carry them)."""
         indexed = rdd.zipWithIndex()
         if delay == CARRIED:
-            return indexed.map(lambda ri: (ri[0][:3], ri[0][3], ri[1]))
+            return indexed.map(lambda ri: (ri[0][:3], ri[0][3], ri[1])), None
         if delay is None:
-            return indexed.map(lambda ri: (ri[0][:3], WATERMARK_MIN, ri[1]))
+            return indexed.map(lambda ri: (ri[0][:3], WATERMARK_MIN, ri[1])), []
         batch = self.batch
         newest = dict(indexed.map(lambda ri: (ri[1] // batch, ri[0][1])).reduceByKey(max).collect())
         after, running = {}, WATERMARK_MIN
@@ -394,7 +402,7 @@ class SparkPlan:
             running = max(running, newest.get(b, WATERMARK_MIN))
             after[b] = running - delay - 1
         before = self.sc.broadcast({b: after.get(b - 1, WATERMARK_MIN) for b in after})
-        return indexed.map(lambda ri: (ri[0], before.value[ri[1] // batch], ri[1]))
+        return indexed.map(lambda ri: (ri[0], before.value[ri[1] // batch], ri[1])), list(after.values())
 
     def _windows(self, step: Step, arrivals):
         """Tumbling and sliding windows: late records beyond the allowed lateness are
@@ -565,6 +573,8 @@ TRANSLATIONS = {
     "group_by": SparkPlan.group_by,
     "merge": SparkPlan.merge,
     "aggregate": SparkPlan.aggregate,
+    "join": spark_stateful.join,
+    "keyed": spark_stateful.keyed,
     "sink": SparkPlan.sink,
 }
 

@@ -32,6 +32,7 @@ class StepError(Exception):
 
     def __init__(self, step: str, value, original: BaseException):
         self.step = step
+        self.value = value
         self.original = original
         detail = ""
         if value is not _NO_VALUE:
