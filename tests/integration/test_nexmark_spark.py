@@ -23,7 +23,7 @@ def run(name: str, args: list[str]):
     return SparkRunner(spark=shared_spark()).run(os.path.join(NEXMARK, f"{name}.py"), args)
 
 
-@pytest.mark.parametrize("name", ["q0", "q1", "q2", "q5", "q11", "q12"])
+@pytest.mark.parametrize("name", ["q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q9", "q11", "q12"])
 def test_each_query_gives_the_oracles_rows(name, tmp_path):
     output, events = tmp_path / "out", tmp_path / "events"
     result = run(name, ["--events", "4000", "--rate", "100", "--output", str(output), "--dump-events", str(events)])
