@@ -4,7 +4,7 @@ DataSource / DataSink interfaces behind source and sink processors (Gearpump's).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 
@@ -29,12 +29,19 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _nothing() -> None:
+    pass
+
+
 class TaskContext:
     """What a task knows about where it runs."""
 
     def __init__(self, app_id: int, app_name: str, processor, index: int, executor_id: int,
                  app_start_ms: int = 0, epoch: int = 0,
-                 nats_servers: list[str] | None = None):
+                 nats_servers: list[str] | None = None, clock: Callable[[], int] = now_ms,
+                 request_poll: Callable[[], None] = _nothing):
+        """``clock`` and ``request_poll`` come from the driver running the task (see
+        :meth:`now_ms` and :attr:`request_poll`)."""
         self.app_id = app_id
         #: The attempt of the whole application this task belongs to: 0 at the start, n after
         #: the n-th rollback to a checkpoint. Frames and writes carry it; older ones are dropped.
@@ -52,10 +59,19 @@ class TaskContext:
         self.parallelism: int = processor.parallelism
         self.config: dict = processor.config
         self.executor_id = executor_id
+        self._clock = clock
+        #: Tells the driver that results came in without input (an async call finished): it
+        #: calls :meth:`Task.poll` soon. Call it on the task's event loop.
+        self.request_poll = request_poll
 
     @property
     def task_name(self) -> str:
         return f"{self.processor_name}[{self.index}]"
+
+    def now_ms(self) -> int:
+        """Processing time in epoch ms: the wall clock on a cluster; in the TestRunner the
+        engine's own clock, so processing-time timers fire at the same points every run."""
+        return self._clock()
 
 
 class Task:
@@ -117,6 +133,43 @@ class Task:
         """Called once checkpoint ``checkpoint_id`` is complete everywhere: a task that
         writes out commits what it sealed up to it. Runs off the event loop (it may block)
         while the task goes on with later records."""
+
+    # --- processing time: wakeups without input ------------------------------------------
+
+    def next_wakeup_ms(self) -> int | None:
+        """The earliest processing time (epoch ms, see :meth:`TaskContext.now_ms`) at which
+        the task wants :meth:`on_wakeup` called, input or not; None: never. Asked again
+        after every event. Once every input has ended, wakeups are not waited for: the task
+        ends without them."""
+        return None
+
+    def on_wakeup(self, now_ms: int) -> None:
+        """Processing time reached :meth:`next_wakeup_ms` (``now_ms`` is at or past it):
+        fire what is due and emit its output."""
+
+    # --- results that come later (async calls) ---------------------------------------
+
+    def poll(self) -> None:
+        """Emit the results that came in since the last call (async calls that finished);
+        the driver calls it after :attr:`TaskContext.request_poll`. It may raise the error
+        of a call that failed, which fails the task."""
+
+    def pending(self) -> bool:
+        """Whether results are still to come: the task's end (and its final watermark)
+        waits for them."""
+        return False
+
+    def full(self) -> bool:
+        """Whether the task takes no input now (as many calls in flight as it allows): the
+        driver leaves frames unread and uncredited, and a source unread, until a poll made
+        room, so credit back-pressures the senders."""
+        return False
+
+    def output_watermark(self, watermark: int) -> int:
+        """The watermark that holds after everything the task emitted so far, when its
+        input's is ``watermark``. A task whose results come later holds it back until the
+        results before it are out; by default, the input's."""
+        return watermark
 
     def emit(self, value: Any, key: Any = None, timestamp: int | None = None) -> None:
         """Send a record downstream; its time defaults to that of the latest input record."""

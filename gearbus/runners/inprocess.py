@@ -16,7 +16,13 @@ NATS and the OS:
   frame within its channel's credit is in flight, the rest wait in order at their
   sender, which meanwhile reads no input (back-pressure, as in an executor);
 - a clock: one tick per round of source reads, so ``checkpoint_every`` rounds is the
-  coordinator's interval;
+  coordinator's interval; a tick is also a second of the tasks' processing time
+  (``TaskContext.now_ms``), after which their due wakeups fire, so processing-time timers
+  fire at the same points every run, without waiting;
+- an event loop: the engine runs on one, so async calls (``map_async``) run on it, as on
+  an executor's; they progress only while nothing else can move (the engine then waits
+  for the first to finish), so which results are in at each point depends on timing no
+  more than the calls' own durations make it;
 - an order: a seeded random choice of which channel delivers next and which source
   reads first (each channel stays FIFO), so one seed always gives one interleaving.
 
@@ -27,18 +33,20 @@ resume from the last completed checkpoint: a user's test of exactly-once recover
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
+import functools
 import itertools
 import logging
 import math
 import random
-import time
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, replace
 
 from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
-from gearbus.api.task import Task, TaskContext
+from gearbus.api.task import Task, TaskContext, now_ms
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
@@ -113,6 +121,9 @@ class InProcessEngine:
         self.inboxes: collections.Counter[TaskKey] = collections.Counter()  # frames in flight per receiver
         self.reader = FrameReader()
         self.clock = 0.0
+        self.origin_ms = now_ms()  # processing time at clock 0
+        self.polls: set[TaskKey] = set()  # tasks whose async calls brought results since the last poll
+        self.results: asyncio.Event | None = None  # set when one did
         #: checkpoint id -> task key -> encoded snapshot, for completed checkpoints
         self.completed: dict[int, dict[TaskKey, bytes]] = {}
         self.stored_epoch: tuple[int, int] | None = None  # (epoch, restarts) as the AppMaster stores them
@@ -131,6 +142,10 @@ class InProcessEngine:
         checkpoint_id = max(self.completed)
         return checkpoint_id, self.completed[checkpoint_id]
 
+    def now_ms(self) -> int:
+        """The tasks' processing time: the engine's clock, a second per tick."""
+        return self.origin_ms + int(self.clock * 1000)
+
     def run(self, restore: Checkpoint | None = None, crash_after_frames: int | None = None,
             kill_executor_after_frames: Iterable[int] = ()) -> None:
         """Run until the app succeeded (its final checkpoint completed and every task
@@ -142,11 +157,15 @@ class InProcessEngine:
         executor (picked by the seed) dies; the app rolls back to its last checkpoint in
         a new epoch, as on the cluster, within its restart budget (``max_restarts``).
         """
+        _on_a_loop(self._run(restore, crash_after_frames, sorted(kill_executor_after_frames)))
+
+    async def _run(self, restore: Checkpoint | None, crash_after_frames: int | None, kills: list[int]) -> None:
         meta = self._restored(*restore) if restore is not None else None
         self.state = st.AppMasterState(self.tasks, self._coordinator(meta), self.settings, self.first_epoch)
+        self.results = asyncio.Event()
         try:
             self._carry_out(self.state.start(self.clock, meta))
-            self._loop(crash_after_frames, sorted(kill_executor_after_frames))
+            await self._loop(crash_after_frames, kills)
             if self.state.outcome is None:
                 unfinished = [n.name for n in self.nodes.values() if not n.core.ended]
                 if unfinished:
@@ -223,7 +242,8 @@ class InProcessEngine:
             senders = [(e.upstream.id, i) for e in graph.inputs_of(p) for i in range(e.upstream.parallelism)]
             edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
             for index in range(p.parallelism):
-                task = p.task_class(TaskContext(0, self.app.name, p, index, 0, epoch=epoch))
+                task = p.task_class(TaskContext(0, self.app.name, p, index, 0, epoch=epoch, clock=self.now_ms,
+                                                request_poll=functools.partial(self._request_poll, (p.id, index))))
                 core = TaskCore(task, senders, self.config.credit_frames, epoch)
                 source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
                 nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges, self.config),
@@ -249,12 +269,13 @@ class InProcessEngine:
 
     # --- driving -----------------------------------------------------------------------
 
-    def _loop(self, crash_after_frames: int | None, kills: list[int]) -> None:
-        """Deliver frames while any can go; else a round of source reads; until the app's
-        outcome is decided or nothing can move."""
+    async def _loop(self, crash_after_frames: int | None, kills: list[int]) -> None:
+        """Deliver frames while any can go; else a round of source reads; else wait for the
+        first async call to finish; until the app's outcome is decided or nothing can move.
+        A full task takes no frames and reads nothing."""
         while self.state.outcome is None:
             ready = [channel for channel, frames in self.wire.items()
-                     if frames and not self.nodes[channel[1]].waiting]
+                     if frames and not self.nodes[channel[1]].waiting and self.nodes[channel[1]].core.accepting]
             if ready:
                 if crash_after_frames is not None and self._delivered >= crash_after_frames:
                     raise SimulatedCrash(f"stopped after {self._delivered} frames")
@@ -264,10 +285,15 @@ class InProcessEngine:
                     continue
                 self._deliver(*ready[self.random.randrange(len(ready))])
                 continue
-            readable = [node for node in self.nodes.values()
-                        if node.source is not None and not node.core.ended and not node.waiting]
+            readable = [node for node in self.nodes.values() if node.source is not None
+                        and not node.core.input_ended and not node.waiting and node.core.accepting]
             if not readable:
-                return
+                if not any(node.core.pending for node in self.nodes.values()):
+                    return
+                self.results.clear()
+                await self.results.wait()
+                self._poll()
+                continue
             self._tick()
             self.random.shuffle(readable)
             idle = True
@@ -277,15 +303,35 @@ class InProcessEngine:
                 idle = idle and count == 0
                 if any(self.inboxes.values()):
                     break
-            if idle:  # every source is waiting for data: sleep, do not spin
-                time.sleep(min(n.task.source.idle_wait_s() for n in readable))
+            if idle:  # every source is waiting for data: sleep (calls go on meanwhile), do not spin
+                await asyncio.sleep(min(n.task.source.idle_wait_s() for n in readable))
+                self._poll()
 
     def _tick(self) -> None:
-        """The clock moves on: every live executor heartbeats, then the AppMaster ticks."""
+        """The clock moves on: every live executor heartbeats, the AppMaster ticks, then
+        the tasks' due wakeups fire."""
         self.clock += 1
         for executor in self.state.live_executors():
             self.state.executor_heartbeat(executor.executor_id, self.clock)
         self._carry_out(self.state.tick(self.clock))
+        now = self.now_ms()
+        for node in list(self.nodes.values()):
+            due = node.core.next_wakeup_ms()
+            if due is not None and due <= now:
+                self._act(node, self._guard(node, node.core.wakeup, now))
+
+    def _request_poll(self, key: TaskKey) -> None:
+        """A task's async call finished (called on the loop, while the engine waits)."""
+        self.polls.add(key)
+        self.results.set()
+
+    def _poll(self) -> None:
+        """Take in the results of the tasks whose calls finished, in task order."""
+        polls, self.polls = sorted(self.polls), set()
+        for key in polls:
+            node = self.nodes.get(key)
+            if node is not None:
+                self._act(node, self._guard(node, node.core.poll))
 
     def _deliver(self, sender: TaskKey, receiver: TaskKey) -> None:
         node, outgoing = self.nodes[receiver], self.wire[(sender, receiver)].popleft()
@@ -383,3 +429,15 @@ class InProcessEngine:
             self._carry_out(self.state.task_failed(node.key, self.epoch, error, False, self.hosts[node.key],
                                                    self.clock))
             raise PipelineFailed(error) from exc
+
+
+def _on_a_loop(coro: Coroutine) -> None:
+    """Run ``coro`` on an event loop of its own; a caller already on one (an async test,
+    ``gearbus run --runner test``) gets it on a thread, as a loop cannot run in another."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coro)
+        return
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gearbus-test-runner") as pool:
+        pool.submit(asyncio.run, coro).result()

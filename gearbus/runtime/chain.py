@@ -65,7 +65,17 @@ class RestoreError(ValueError):
 
 
 class Op:
-    """One chained step: transforms batches; may fire on watermarks and at the end."""
+    """One chained step: transforms batches; may fire on watermarks, at processing-time
+    wakeups, and at the end.
+
+    An op whose results come later (``holds_output``, e.g. async calls) returns them from
+    :meth:`poll` rather than :meth:`process`, holds the watermarks behind them (the chain
+    passes a watermark on past it only while it is not :meth:`pending`), and keeps in
+    ``released`` the last watermark it let through.
+    """
+
+    holds_output = False
+    released = WATERMARK_MIN
 
     def __init__(self, step: str):
         self.step = step
@@ -78,6 +88,30 @@ class Op:
 
     def on_watermark(self, watermark: int) -> list[Record]:
         return []
+
+    def next_wakeup_ms(self) -> int | None:
+        """The earliest processing time (epoch ms) at which the op wants :meth:`on_wakeup`;
+        None: never."""
+        return None
+
+    def on_wakeup(self, now_ms: int) -> list[Record]:
+        """Processing time reached :meth:`next_wakeup_ms`: the records to emit, which go
+        through the ops after this one."""
+        return []
+
+    def poll(self) -> list[tuple[list[Record], int | None]]:
+        """A ``holds_output`` op: what can go out now, as runs of records each followed by
+        the watermark it releases (None: no watermark after that run)."""
+        return []
+
+    def pending(self) -> bool:
+        """A ``holds_output`` op: whether it holds records or watermarks still."""
+        return False
+
+    def full(self) -> bool:
+        """A ``holds_output`` op: whether it takes no more input now (the task stops
+        reading until a poll made room)."""
+        return False
 
     def snapshot(self):
         """The step's state at a checkpoint barrier; None for a stateless step."""
@@ -365,6 +399,9 @@ class ChainTask(Task):
 
     def on_start(self) -> None:
         self.ops: list[Op] = copy.deepcopy(self.context.config["ops"])  # fresh state per task
+        #: the ops that release output later, and those that ask for wakeups (by position)
+        self.holding = [i for i, op in enumerate(self.ops) if op.holds_output]
+        self.timed = [i for i, op in enumerate(self.ops) if type(op).next_wakeup_ms is not Op.next_wakeup_ms]
         for op in self.ops:
             op.open(self)
 
@@ -376,12 +413,45 @@ class ChainTask(Task):
         self.output.extend(records)
 
     def on_watermark(self, watermark):
-        carried: list[Record] = []
-        for op in self.ops:
+        self.output.extend(self._through(0, [], watermark))
+
+    def _through(self, start: int, carried: list[Record], watermark: int | None = None) -> list[Record]:
+        """``carried`` records, then ``watermark`` (if any), through the ops from ``start``
+        on; the watermark stops at an op still holding records before it, which releases
+        it later (:meth:`poll`), so the ops after it see records and watermarks in order."""
+        for op in self.ops[start:]:
             if carried:
                 carried = op.process(carried)
-            carried = carried + op.on_watermark(watermark)
-        self.output.extend(carried)
+            if watermark is not None:
+                carried = carried + op.on_watermark(watermark)
+                if op.holds_output and op.pending():
+                    watermark = None
+        return carried
+
+    def poll(self):
+        for i in self.holding:
+            for records, watermark in self.ops[i].poll():
+                self.output.extend(self._through(i + 1, records, watermark))
+
+    def pending(self):
+        return any(self.ops[i].pending() for i in self.holding)
+
+    def full(self):
+        return any(self.ops[i].full() for i in self.holding)
+
+    def output_watermark(self, watermark):
+        """What the last op holding output released: it passed every op before it."""
+        return self.ops[self.holding[-1]].released if self.holding else watermark
+
+    def next_wakeup_ms(self):
+        return min((due for i in self.timed if (due := self.ops[i].next_wakeup_ms()) is not None), default=None)
+
+    def on_wakeup(self, now_ms):
+        """The due ops in chain order, each one's output through the ops after it."""
+        for i in self.timed:
+            due = self.ops[i].next_wakeup_ms()
+            if due is not None and due <= now_ms:
+                self.output.extend(self._through(i + 1, self.ops[i].on_wakeup(now_ms)))
 
     def snapshot(self):
         """Each stateful step's state, by step name (so a changed pipeline can match it)."""

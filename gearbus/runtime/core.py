@@ -2,7 +2,8 @@
 (frames from NATS and from tasks in the same process) and the TestRunner's engine.
 
 Events in — a frame from a sender, a barrier injected at a source, the end of a
-source, a restore — and actions out: grant credit, flush output with a watermark,
+source, results that came in later (async calls), a processing-time wakeup, a
+restore — and actions out: grant credit, flush output with a watermark,
 take a snapshot (and pass the barrier on), end the stream. An action that sends carries
 the output produced up to the moment it was decided: one event may release frames held
 behind a barrier, and their output must follow the barrier, not precede it. The core calls the task's
@@ -23,6 +24,14 @@ The rules, in one place:
   processed in order.
 - A task that ended (every input delivered end-of-stream) keeps answering barriers, so
   the checkpoint after the end holds every task's final state (Flink's FLIP-147).
+- A task whose results come later (``Task.pending``) holds its output watermark back
+  (``Task.output_watermark``) until they are out: output is always followed by the
+  watermark that holds after it. Its end, and the final watermark, follow its last
+  result (:meth:`TaskCore.poll`). A full task (``Task.full``) takes no input: the driver
+  leaves its frames unread and uncredited. Barriers do not wait for results: the task's
+  snapshot holds what is still to come.
+- Processing-time wakeups (``Task.next_wakeup_ms``) fire until every input has ended;
+  those still pending then are not waited for.
 """
 
 from __future__ import annotations
@@ -112,7 +121,8 @@ class TaskCore:
         self.credit_frames = credit_frames
         self.inputs: dict[Sender, _Input] = {s: _Input() for s in senders}
         self.open_inputs = len(self.inputs)
-        self.watermark = WATERMARK_MIN
+        self.watermark = WATERMARK_MIN  # the input's; the output's may lag (see output_watermark)
+        self.input_ended = False  # every input ended: the end follows once nothing is pending
         self.ended = False
         self.aligning = NO_BARRIER  # the checkpoint whose barriers are arriving
         self.arrived = 0
@@ -165,7 +175,47 @@ class TaskCore:
     def flush(self) -> Flush:
         """The task's output so far, to go out followed by its current watermark (the
         driver's batch limit or linger decides when)."""
-        return Flush(self._take_output(), self.watermark)
+        return Flush(self._take_output(), self.output_watermark)
+
+    def poll(self) -> list:
+        """Results came in without input (the task asked through ``request_poll``): they go
+        out with the watermark they release; so does the end, once every input ended and
+        no result is still to come. Raises the error of a call that failed."""
+        if self.ended:
+            return []
+        self.task.poll()
+        if self.input_ended and not self.task.pending():
+            actions: list = []
+            self._finish(actions)
+            return actions
+        return [self.flush()]
+
+    def wakeup(self, now_ms: int) -> list:
+        """Processing time reached the task's wakeup: what it emits goes out."""
+        if self.input_ended:
+            return []
+        self.task.on_wakeup(now_ms)
+        return [self.flush()]
+
+    def next_wakeup_ms(self) -> int | None:
+        """When the task wants :meth:`wakeup` (epoch ms); None: never, and never once every
+        input ended (pending wakeups are not waited for)."""
+        return None if self.input_ended else self.task.next_wakeup_ms()
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the task takes input now; a full one waits for its results to make room."""
+        return not self.task.full()
+
+    @property
+    def pending(self) -> bool:
+        """Whether results are still to come (the driver waits for them)."""
+        return not self.ended and self.task.pending()
+
+    @property
+    def output_watermark(self) -> int:
+        """The watermark that holds after the task's output so far."""
+        return self.task.output_watermark(self.watermark)
 
     def repeat_grants(self) -> list:
         """The current count to every open input, for a driver whose inbox is idle: a grant
@@ -182,7 +232,7 @@ class TaskCore:
         """Resume from a snapshot (see :meth:`_snapshot`)."""
         if snapshot.state is not None:  # None: a savepoint held nothing for this task
             self.task.restore(snapshot.state)
-        self.ended = snapshot.ended
+        self.ended = self.input_ended = snapshot.ended
         self.watermark = snapshot.watermark
         self.last_checkpoint = snapshot.checkpoint_id
 
@@ -218,10 +268,18 @@ class TaskCore:
         self.watermark = watermark
         self.task.on_watermark(watermark)
         if watermark < WATERMARK_MAX:  # the final watermark goes out with end-of-stream
-            actions.append(Flush(self._take_output(), watermark))
+            actions.append(self.flush())
 
     def _end(self, actions: list) -> None:
+        """Every input ended; the end waits for results still to come (:meth:`poll`)."""
         self.watermark = WATERMARK_MAX
+        self.input_ended = True
+        if self.task.pending():
+            actions.append(self.flush())
+            return
+        self._finish(actions)
+
+    def _finish(self, actions: list) -> None:
         self.task.on_end()
         self.ended = True
         actions.append(End(self._take_output()))
@@ -255,4 +313,4 @@ class TaskCore:
         self.task.prepare_checkpoint(checkpoint_id)
         self.last_checkpoint = checkpoint_id
         state = TaskSnapshot(checkpoint_id, self.task.snapshot(), self.ended, self.watermark)
-        return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.watermark)
+        return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark)

@@ -3,7 +3,8 @@ loop both take one step at a time and carry out its actions.
 
 A step first injects the checkpoint barriers asked for since the last one (a barrier
 goes between two batches, never inside one), then reads a batch of at most
-``batch_records`` records. A source that has nothing now reads 0 and the driver waits
+``batch_records`` records, unless the task is full (its async calls make room first:
+see ``Task.full``). A source that has nothing now, or is full, reads 0 and the driver waits
 (at most ``idle_wait_s``, or until a barrier is asked for); one that has ended reads
 None, and its last output goes with the final watermark and end-of-stream; otherwise
 the source's watermark advances and the batch goes out.
@@ -44,8 +45,10 @@ class SourceLoop:
         return [action for checkpoint_id in barriers for action in self.core.inject_barrier(checkpoint_id)]
 
     def step(self) -> SourceStep:
-        """Pending barriers, then one batch."""
+        """Pending barriers, then one batch (none while the task is full)."""
         actions = self.pending_barriers()
+        if not self.core.accepting:
+            return SourceStep(actions, 0)
         count = self.task.read(self.batch_records)
         if count is None:
             actions += self.core.end_source()

@@ -2,7 +2,10 @@
 keeps the input rules), the user's code, its outputs, and its commits.
 
 A task lives until its application's final checkpoint completes (or it is replaced by
-a recovery): after its end-of-stream it still passes barriers on and commits. What its
+a recovery): after its end-of-stream it still passes barriers on and commits. Besides
+frames, the loop waits for the task's async calls (which ask for a poll) and for its
+processing-time wakeups (the wait on the inbox ends at the next one); while the task is
+full it leaves the inbox unread, so its senders run out of credit. What its
 events mean (reports, finishing, failing) the executor's task machine decides
 (services/executor/lifecycle.py); the runner tells it what happened.
 """
@@ -17,7 +20,7 @@ import structlog
 
 from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
-from gearbus.api.task import TaskContext
+from gearbus.api.task import TaskContext, now_ms
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
@@ -42,7 +45,12 @@ class _Stop:
     """Put in the inbox to end the task's loop."""
 
 
+class _Poll:
+    """Put in the inbox when the task's async calls brought results: the loop polls."""
+
+
 STOP = _Stop()
+POLL = _Poll()
 
 
 class TaskRunner:
@@ -76,7 +84,7 @@ class TaskRunner:
         self.executor_id = executor_id
         self.restore_envelope = restore
         self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id, start_ms,
-                                   epoch=epoch, nats_servers=servers)
+                                   epoch=epoch, nats_servers=servers, request_poll=self._request_poll)
         self.name = self.context.task_name
         self.task = self.processor.task_class(self.context)
         senders = [(edge.upstream.id, i) for edge in graph.inputs_of(self.processor)
@@ -91,7 +99,9 @@ class TaskRunner:
         self.local_senders: dict[tuple[int, int], TaskRunner] = {}
         self.reader = FrameReader()
         self.source = SourceLoop(self.core, config.batch_records) if isinstance(self.task, DataSourceTask) else None
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()  # a barrier asked for, a call's results, or the stop
+        self.polls_due = False  # the task's calls brought results since the last poll
+        self.poll_queued = False  # a POLL waits in the inbox
         self._commit_lock = asyncio.Lock()
         self.dropped = 0
         self.bytes_in = 0
@@ -209,7 +219,7 @@ class TaskRunner:
         """A source task: inject the barrier of ``checkpoint_id`` between two batches."""
         self.source.inject(checkpoint_id)
         self.wake.set()
-        if self.core.ended:  # an ended source waits on its inbox, a reading one on ``wake``
+        if self.core.input_ended:  # an ended source waits on its inbox, a reading one on ``wake``
             self.inbox.put_nowait(checkpoint_id)
 
     async def commit(self, checkpoint_id: int) -> None:
@@ -223,6 +233,7 @@ class TaskRunner:
     async def _run_source(self) -> None:
         source, timed = self.source, self.timed
         while not self.stopped:
+            await self._due()
             started = time.perf_counter() if timed else 0.0
             actions, count = source.step()
             if count and timed:
@@ -232,12 +243,8 @@ class TaskRunner:
                 return
             if count:
                 await asyncio.sleep(0)  # let the executor's other tasks run between batches
-            elif not source.barriers:
-                self.wake.clear()
-                try:
-                    await asyncio.wait_for(self.wake.wait(), self.task.source.idle_wait_s())
-                except asyncio.TimeoutError:
-                    pass
+            elif not source.barriers:  # nothing to read now, or the task is full
+                await self._wait_for_wake(self.task.source.idle_wait_s())
 
     # --- everything else -------------------------------------------------------------
 
@@ -249,6 +256,14 @@ class TaskRunner:
         if self.source is not None:  # barriers asked for while the source read its last batch
             await self._act(self.source.pending_barriers())
         while True:
+            await self._due()
+            if not self.core.accepting:  # full: frames stay in the inbox, uncredited
+                if self.stopped:
+                    return
+                if self.source is not None:  # an ended source still passes barriers on
+                    await self._act(self.source.pending_barriers())
+                await self._wait_for_wake(None)
+                continue
             if inbox.empty():
                 if task.output:
                     if linger:
@@ -266,6 +281,9 @@ class TaskRunner:
                 data = inbox.get_nowait()
             if data is STOP:
                 return
+            if data is POLL:
+                self.poll_queued = False
+                continue
             if type(data) is int:  # a barrier injected at an ended source
                 await self._act(self.source.pending_barriers())
                 continue
@@ -274,13 +292,58 @@ class TaskRunner:
                 await self._flush()
 
     async def _next_while_idle(self) -> bytes | Frame | int | object:
-        """The next inbox item; while none comes, the credit grants are repeated now and then,
-        so a grant lost with a NATS server cannot leave a sender waiting forever."""
+        """The next inbox item; while none comes, due wakeups fire and the credit grants are
+        repeated now and then, so a grant lost with a NATS server cannot leave a sender
+        waiting forever."""
+        loop = asyncio.get_running_loop()
+        grants_at = loop.time() + IDLE_GRANT_S
         while True:
             try:
-                return await asyncio.wait_for(self.inbox.get(), IDLE_GRANT_S)
+                return await asyncio.wait_for(self.inbox.get(), self._until_wakeup(grants_at - loop.time()))
             except asyncio.TimeoutError:
+                pass
+            await self._due()
+            if loop.time() >= grants_at:
+                grants_at = loop.time() + IDLE_GRANT_S
                 await self._act(self.core.repeat_grants())
+
+    # --- results of async calls, and processing-time wakeups ------------------------------
+
+    def _request_poll(self) -> None:
+        """The task's calls brought results: wake the loop, whichever wait it is in."""
+        self.polls_due = True
+        self.wake.set()
+        if not self.poll_queued:
+            self.poll_queued = True
+            self.inbox.put_nowait(POLL)
+
+    async def _due(self) -> None:
+        """Take in the results that came, and fire a wakeup that is due."""
+        if self.polls_due:
+            self.polls_due = False
+            await self._act(self.core.poll())
+        due = self.core.next_wakeup_ms()
+        if due is not None and due <= (now := now_ms()):
+            await self._act(self.core.wakeup(now))
+
+    def _until_wakeup(self, limit: float | None) -> float | None:
+        """Seconds to wait at most: ``limit`` (None: no limit), or less to the next wakeup."""
+        due = self.core.next_wakeup_ms()
+        if due is None:
+            return None if limit is None else max(limit, 0)
+        wait = max(due - now_ms(), 0) / 1000
+        return wait if limit is None else max(min(wait, limit), 0)
+
+    async def _wait_for_wake(self, limit: float | None) -> None:
+        """Wait for ``wake`` (results, a barrier, the stop), at most ``limit`` seconds or to
+        the next wakeup."""
+        self.wake.clear()
+        if self.polls_due or self.stopped:
+            return
+        try:
+            await asyncio.wait_for(self.wake.wait(), self._until_wakeup(limit))
+        except asyncio.TimeoutError:
+            pass
 
     async def _accept(self, data: bytes | Frame) -> None:
         if type(data) is Frame:
