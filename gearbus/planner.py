@@ -17,6 +17,7 @@ from gearbus.api.dsl import Pipeline, Step
 from gearbus.api.graph import Application, Graph, GraphError, Processor
 from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, Partitioner, ShufflePartitioner
 from gearbus.api.windows import GlobalWindows
+from gearbus.runtime.async_map import AsyncMapOp
 from gearbus.runtime.chain import (
     ChainSourceTask,
     ChainTask,
@@ -205,6 +206,9 @@ def _operator(step: Step) -> Op | None:
     kind = step.kind
     if kind == "map":
         return MapOp(step.name, step.fn)
+    if kind == "map_async":
+        p = step.params
+        return AsyncMapOp(step.name, step.fn, p["concurrency"], p["ordered"], p["timeout_ms"], p["on_timeout"])
     if kind == "flat_map":
         return FlatMapOp(step.name, step.fn)
     if kind == "filter":

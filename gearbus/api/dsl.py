@@ -16,8 +16,10 @@ Pipeline is ``gearbus.Pipeline``: the api never imports a connector.
 
 from __future__ import annotations
 
+import inspect
 import itertools
-from collections.abc import Callable, Iterable
+import numbers
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +36,7 @@ from gearbus.api.windows import Accumulation, GlobalWindows, WindowAssigner, che
 class Step:
     """One node of the logical graph."""
 
-    kind: str  # source, map, flat_map, filter, group_by, aggregate, keyed, join, merge, process, sink
+    kind: str  # source, map, map_async, flat_map, filter, group_by, aggregate, keyed, join, merge, process, sink
     name: str
     inputs: list[Step]
     fn: Callable | None = None
@@ -127,6 +129,40 @@ class Stream:
         """Transform each value. A ``parallelism`` other than the input's starts a new
         processor (records are spread round-robin); otherwise the step is chained."""
         return self._then("map", name, fn, parallelism)
+
+    def map_async(self, async_fn: Callable[[Any], Awaitable[Any]], concurrency: int = 100, ordered: bool = True,
+                  timeout_ms: float | None = None, on_timeout: Callable[[Any], Any] | None = None,
+                  name: str | None = None) -> Stream:
+        """Transform each value with ``await async_fn(value)`` (an ``async def``: a lookup,
+        a web service), with up to ``concurrency`` calls in flight per task on the task's
+        event loop; chained like :meth:`map`.
+
+        ``ordered``: results keep the input's order; otherwise they go out as calls
+        finish, but never past a watermark (nor a watermark past them), in either mode.
+        ``timeout_ms``: a call that takes longer fails the app, naming the step and the
+        record, unless ``on_timeout(value)`` gives the result then. With ``concurrency``
+        calls in flight the task takes no input (back-pressure). Records in flight are
+        part of every checkpoint and called again after a recovery, so each result goes
+        out exactly once (the calls themselves may repeat: make them idempotent)."""
+        shown = name or getattr(async_fn, "__name__", "map_async")
+        if not _is_async(async_fn):
+            raise GraphError(f"map_async step {shown!r}: {async_fn!r} is not an async function (async def)")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise GraphError(f"map_async step {shown!r}: concurrency must be an integer >= 1, got {concurrency!r}")
+        if not isinstance(ordered, bool):
+            raise GraphError(f"map_async step {shown!r}: ordered must be True or False, got {ordered!r}")
+        if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, numbers.Real)
+                                       or not 0 < timeout_ms < float("inf")):
+            raise GraphError(f"map_async step {shown!r}: timeout_ms must be a number > 0 (or None), "
+                             f"got {timeout_ms!r}")
+        if on_timeout is not None:
+            if timeout_ms is None:
+                raise GraphError(f"map_async step {shown!r}: on_timeout needs a timeout_ms")
+            if not callable(on_timeout) or _is_async(on_timeout):
+                raise GraphError(f"map_async step {shown!r}: on_timeout must be a plain (not async) function, "
+                                 f"got {on_timeout!r}")
+        return self._then("map_async", name, async_fn, None, concurrency=concurrency, ordered=ordered,
+                          timeout_ms=timeout_ms, on_timeout=on_timeout)
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
                  parallelism: int | None = None) -> Stream:
@@ -278,6 +314,11 @@ def _source_without_event_time(step: Step) -> Step | None:
             return current
         todo.extend(current.inputs)
     return None
+
+
+def _is_async(fn) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
 class GroupedStream:
