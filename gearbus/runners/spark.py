@@ -10,6 +10,11 @@ emits final window results only: early triggers are ignored (said once at plan t
 Joins and keyed state run the bus's own operators per key partition, fed as one of the
 bus's tasks would be (:mod:`gearbus.runners.spark_stateful`).
 
+``map_async`` runs each partition's calls on an event loop of its own, with the bus's
+rules (at most ``concurrency`` in flight, the same timeout and ``on_timeout``), and keeps
+the partition's order in both modes: unordered mode may reorder results only between two
+watermarks, and input order is one of the orders it allows.
+
 JetStream replays too: ``read_jetstream`` with a bounded ``until`` reads its stream range
 through the ``jetstream`` data source, decoded, stamped and watermarked per subject as the
 bus source does; ``write_jetstream`` publishes with ids that are the same on every run, so
@@ -18,6 +23,8 @@ a rerun stores nothing twice (within the stream's duplicate window).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import operator
 import os
@@ -52,6 +59,7 @@ from gearbus.nexmark.schema import problem as nexmark_problem, schema_error
 from gearbus.nexmark.sources import EventsFileSource, GeneratorSource
 from gearbus.runners import spark_stateful
 from gearbus.runners.spark_records import CARRIED, STEP_FAILURE, StepFailure
+from gearbus.runtime.async_map import call
 from gearbus.runtime.windows import WindowOperator, window_limits
 from shared.messages import AppError, AppState
 
@@ -323,6 +331,24 @@ class SparkPlan:
         fn = _guard(step.name, step.fn)
         self._then(step, lambda rdd: rdd.map(lambda r: (fn(r[0]),) + r[1:]))
 
+    def map_async(self, step: Step) -> None:
+        p, name = step.params, step.name
+        fn, concurrency, timeout_ms, on_timeout = step.fn, p["concurrency"], p["timeout_ms"], p["on_timeout"]
+
+        def partition(records):
+            """Up to ``concurrency`` calls at a time; each result in turn, in input order.
+            Leaving the runner cancels what is left (the partition failed or was cut short)."""
+            with asyncio.Runner() as runner:
+                loop, calls = runner.get_loop(), collections.deque()
+                for record in records:
+                    if len(calls) == concurrency:
+                        yield _awaited(loop, name, *calls.popleft())
+                    calls.append((record, loop.create_task(call(fn, record[0], timeout_ms, on_timeout))))
+                while calls:
+                    yield _awaited(loop, name, *calls.popleft())
+
+        self._then(step, lambda rdd: rdd.mapPartitions(partition))
+
     def flat_map(self, step: Step) -> None:
         fn = _guard(step.name, lambda v: list(step.fn(v)))
         self._then(step, lambda rdd: rdd.flatMap(lambda r: [(v,) + r[1:] for v in fn(r[0])]))
@@ -559,6 +585,15 @@ def _apply(step: str, fn, *args):
         raise StepFailure(step, args[-1], exc) from exc
 
 
+def _awaited(loop, step: str, record: tuple, task: asyncio.Task) -> tuple:
+    """``record`` with the result of its call (run on ``loop`` until it is in)."""
+    try:
+        value = loop.run_until_complete(task)
+    except Exception as exc:
+        raise StepFailure(step, record[0], exc) from exc
+    return (value,) + record[1:]
+
+
 def _fold_in_order(step: str, add, acc, indexed_values):
     for _, value in indexed_values:
         acc = _apply(step, add, acc, value)
@@ -568,6 +603,7 @@ def _fold_in_order(step: str, add, acc, indexed_values):
 TRANSLATIONS = {
     "source": SparkPlan.source,
     "map": SparkPlan.map,
+    "map_async": SparkPlan.map_async,
     "flat_map": SparkPlan.flat_map,
     "filter": SparkPlan.filter,
     "group_by": SparkPlan.group_by,

@@ -23,6 +23,7 @@ from tests.support.examples import (
 )
 from tests.support.files import canonical, read_jsonl, write_jsonl
 from tests.support.paths import EXAMPLES
+from tests.support.services import CustomerService, expected_enriched, orders
 
 RUNNERS = ["test", "local", "cluster"]
 
@@ -110,3 +111,17 @@ async def test_wordcount(runner, tmp_path, request):
                                                "--combine-keys", "50"], request)
     expected = collections.Counter(w for line in lines for w in line.split())
     assert canonical(read_jsonl(output)) == canonical([{"word": w, "count": n} for w, n in expected.items()])
+
+
+# --- enrich (map_async calling a service) -------------------------------------------
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+async def test_enrich(runner, tmp_path, request, nats_server):
+    items = orders(3000)
+    source, output = write_jsonl(tmp_path / "orders.jsonl", items), tmp_path / "enriched.jsonl"
+    with CustomerService(nats_server.url) as service:
+        await run_example(runner, "enrich.py", ["--input", source, "--output", str(output), "--nats", nats_server.url,
+                                                "--concurrency", "20"], request)
+    assert canonical(read_jsonl(output)) == canonical(expected_enriched(items))
+    assert service.requests >= len(items)

@@ -26,6 +26,7 @@ from tests.support.examples import (
 )
 from tests.support.files import canonical, read_jsonl, write_jsonl
 from tests.support.paths import EXAMPLES, REPO
+from tests.support.services import CustomerService, expected_enriched, orders
 
 pytestmark = pytest.mark.spark
 
@@ -89,6 +90,20 @@ def test_sessions(spark, tmp_path):
     source, output = write_jsonl(tmp_path / "clicks.jsonl", events), tmp_path / "out"
     run(spark, "sessions.py", ["--input", source, "--output", str(output)])
     assert canonical(read_jsonl(output)) == canonical(expected_sessions(events, 30_000))
+
+
+def test_enrich_calls_the_service_from_every_partition_keeping_their_order(spark, tmp_path, nats_server):
+    items = orders(2000)
+    source, output = write_jsonl(tmp_path / "orders.jsonl", items), tmp_path / "out"
+    args = ["--input", source, "--nats", nats_server.url, "--concurrency", "20"]
+    with CustomerService(nats_server.url) as service:
+        run(spark, "enrich.py", args + ["--output", str(output)])
+        assert service.requests == len(items)
+        failed = SparkRunner(spark=spark).run(os.path.join(EXAMPLES, "enrich.py"),
+                                              args + ["--output", str(tmp_path / "never"), "--service", "nobody"])
+    assert read_jsonl(output) == expected_enriched(items)  # each partition's part file in input order
+    assert failed.state == AppState.FAILED and failed.error.error_type == "NoRespondersError"
+    assert "(step 'customer' on record {'id': " in failed.error.message
 
 
 def test_a_raising_user_function_names_the_step_and_the_python_exception(spark, tmp_path):
