@@ -6,9 +6,12 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,3 +92,16 @@ def _text(data) -> str:
     if data is None:
         return ""
     return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+def in_temp_dir(prefix: str, keep: bool, work: Callable[[str], int]) -> int:
+    """``work(directory)`` in a fresh temporary directory, removed afterwards unless ``keep``
+    (its logs and data are then there to read)."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        return work(tmp)
+    finally:
+        if keep:
+            print(f"(kept {tmp})", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,209 @@
+"""map_async throughput: records/s of one task calling a NATS service that answers in
+10 ms, with 100 calls in flight, beside the same pipeline with one call in flight.
+
+    python bench/async_map.py [--records 20000] [--baseline-records 300] [--concurrency 100]
+        [--service-ms 10] [--repeat 1]
+
+Runs examples/enrich.py (read_jsonl -> map_async(request) -> write_jsonl) with one task on
+an embedded cluster (a nats-server, a master, one worker). The service is a process of
+its own that answers each request --service-ms after it arrived. records/s per task =
+requests / (the service's last request - its first), so start-up and the final
+checkpoint are left out; the output is checked (every order once, with its customer).
+Beside them, a bare nats-py client in this process with as many requests in flight: the
+floor this machine and nats-py set. Goal: >= 8,000 records/s per task at 100 in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import nats
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from common import BenchError, in_temp_dir, parser_from_doc  # noqa: E402  (bench/, beside this file)
+from gearbus.artifact import pack  # noqa: E402
+from gearbus.client import Client  # noqa: E402
+from gearbus.cluster import LocalCluster  # noqa: E402
+from gearbus.natsserver import NatsServer  # noqa: E402
+from shared.messages import AppState  # noqa: E402
+
+APP = os.path.join(REPO, "examples", "enrich.py")
+SUBJECT = "bench.customers"
+STATS = "bench.customers.stats"  # the service's count and times of the requests since the last ask
+CUSTOMERS = 1000
+GOAL = 8000
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def serve(url: str, delay_s: float) -> None:
+    """The service: answers a customer id with ``{"id": id}`` ``delay_s`` after the request
+    came, from one queue swept every millisecond (cheaper than a task per request)."""
+    nc = await nats.connect(url, name="bench-service")
+    due: collections.deque = collections.deque()
+    arrivals: list[float] = []
+
+    async def on_request(msg):
+        now = time.monotonic()
+        arrivals.append(now)
+        due.append((now + delay_s, msg.reply, msg.data))
+
+    async def on_stats(msg):
+        await msg.respond(json.dumps([len(arrivals), arrivals[0] if arrivals else 0,
+                                      arrivals[-1] if arrivals else 0]).encode())
+        arrivals.clear()
+
+    await nc.subscribe(SUBJECT, cb=on_request, pending_msgs_limit=-1, pending_bytes_limit=-1)
+    await nc.subscribe(STATS, cb=on_stats)
+    await nc.flush()
+    print("ready", flush=True)
+    while True:
+        await asyncio.sleep(0.001)
+        now = time.monotonic()
+        while due and due[0][0] <= now:
+            _, reply, data = due.popleft()
+            await nc.publish(reply, b'{"id": ' + data + b"}")
+
+
+async def service_rate(nc, records: int) -> float:
+    """Requests per second between the service's first and last since the last ask."""
+    count, first, last = json.loads((await nc.request(STATS, b"", timeout=10)).data)
+    if count < records:
+        raise BenchError(f"the service saw {count} requests for {records} records")
+    return (count - 1) / (last - first)
+
+
+def orders(n: int) -> list[dict]:
+    return [{"id": i, "customer": i % CUSTOMERS} for i in range(n)]
+
+
+def check(path: str, expected: list[dict]) -> None:
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    if sorted((r["id"], r["customer"]["id"]) for r in rows) != sorted((o["id"], o["customer"]) for o in expected):
+        raise BenchError(f"{path}: {len(rows)} rows for {len(expected)} orders, or wrong customers")
+
+
+async def run_pipeline(client: Client, url: str, tmp: str, records: int, concurrency: int, timeout: float) -> float:
+    """One run of the pipeline with ``concurrency`` calls in flight; its records/s."""
+    data, out = os.path.join(tmp, f"orders-{records}.jsonl"), os.path.join(tmp, f"out-{concurrency}.jsonl")
+    expected = orders(records)
+    with open(data, "w") as f:
+        f.writelines(json.dumps(o) + "\n" for o in expected)
+    args = ["--input", data, "--output", out, "--nats", url, "--service", SUBJECT,
+            "--concurrency", str(concurrency), "--parallelism", "1"]
+    app_id = await client.submit(pack(APP), args)
+    final = await client.wait(app_id, timeout=timeout)
+    if final.state != AppState.SUCCEEDED:
+        raise BenchError(f"app {app_id} ended {final.state}: {final.error}")
+    check(out, expected)
+    rate = await service_rate(client.bus.nc, records)
+    log(f"pipeline, {concurrency} in flight: {records:,} records, {rate:,.0f} records/s per task; output checked")
+    return rate
+
+
+async def run_bare(url: str, records: int, concurrency: int) -> float:
+    """The same requests from a bare nats-py client, ``concurrency`` in flight."""
+    nc = await nats.connect(url, name="bench-bare-client")
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(order: dict) -> None:
+        async with slots:
+            await nc.request(SUBJECT, str(order["customer"]).encode(), timeout=30)
+
+    try:
+        await asyncio.gather(*(one(o) for o in orders(records)))
+        rate = await service_rate(nc, records)
+    finally:
+        await nc.close()
+    log(f"bare nats-py, {concurrency} in flight: {records:,} requests, {rate:,.0f} requests/s")
+    return rate
+
+
+async def bench(opts, tmp: str) -> int:
+    load = os.getloadavg()[0]
+    server = NatsServer(store_dir=os.path.join(tmp, "jetstream"), log_path=os.path.join(tmp, "nats-server.log"))
+    os.makedirs(server.store_dir)
+    server.start()
+    service = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", server.url,
+                                "--service-ms", str(opts.service_ms)], stdout=subprocess.PIPE, text=True)
+    cluster = LocalCluster(workers=1, slots=4, log_dir=os.path.join(tmp, "logs"), nats=server)
+    rates: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+        if service.stdout.readline().strip() != "ready":
+            raise BenchError("the service did not start")
+        cluster.start()
+        async with Client(server.url, timeout=30) as client:
+            deadline = time.monotonic() + 60
+            while not any(w.alive for w in (await client.info()).workers):
+                if time.monotonic() > deadline:
+                    raise BenchError("no worker registered within 60 s")
+                await asyncio.sleep(0.2)
+            for _ in range(opts.repeat):
+                rates["async"].append(await run_pipeline(client, server.url, tmp, opts.records, opts.concurrency,
+                                                         opts.timeout))
+                rates["baseline"].append(await run_pipeline(client, server.url, tmp, opts.baseline_records, 1,
+                                                            opts.timeout))
+                rates["bare"].append(await run_bare(server.url, opts.records, opts.concurrency))
+    finally:
+        cluster.stop()
+        service.kill()
+        service.wait()
+        server.stop()
+    ours, base, bare = (statistics.median(rates[k]) for k in ("async", "baseline", "bare"))
+    print(f"map_async: one task calling a service that answers in {opts.service_ms:g} ms over NATS; medians of "
+          f"{opts.repeat}; {os.cpu_count()} CPUs, load {load:.2f} before, {os.getloadavg()[0]:.2f} after")
+    rows = [(f"map_async, {opts.concurrency} in flight", f"{ours:,.0f} records/s per task"),
+            ("map_async, 1 in flight (baseline)", f"{base:,.0f} records/s per task"),
+            ("ratio", f"{ours / base:.1f}"),
+            (f"bare nats-py client, {opts.concurrency} in flight", f"{bare:,.0f} requests/s"),
+            ("map_async / bare nats-py", f"{ours / bare:.2f}")]
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value:>26}")
+    print(f"goal >= {GOAL:,} records/s per task at {opts.concurrency} in flight: "
+          f"{'meets' if ours >= GOAL else 'MISSES'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = parser_from_doc(__doc__)
+    parser.add_argument("--records", type=int, default=20_000, help="orders with many calls in flight")
+    parser.add_argument("--baseline-records", type=int, default=300, help="orders with one call in flight")
+    parser.add_argument("--concurrency", type=int, default=100, help="calls in flight")
+    parser.add_argument("--service-ms", type=float, default=10.0, help="the service's answer time")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each configuration")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per app run")
+    parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, data)")
+    parser.add_argument("--serve", metavar="URL", help=argparse.SUPPRESS)  # run as the service
+    opts = parser.parse_args(argv)
+    if opts.serve:
+        asyncio.run(serve(opts.serve, opts.service_ms / 1000))
+        return 0
+    if min(opts.records, opts.baseline_records) < 2 or min(opts.concurrency, opts.repeat) < 1:
+        parser.error("--records and --baseline-records must be at least 2, --concurrency and --repeat at least 1")
+    return in_temp_dir("gearbus-async-map-", opts.keep, lambda tmp: checked(opts, tmp))
+
+
+def checked(opts, tmp: str) -> int:
+    try:
+        return asyncio.run(bench(opts, tmp))
+    except BenchError as exc:
+        print(f"\nFAILED: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
