@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gearbus.api.task import Record, Task, new_record
-from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 
 
@@ -66,6 +65,8 @@ class _Segment:
 
 
 class AsyncMapOp(Op):
+    """The step's queue and its calls; results go out through :meth:`poll`."""
+
     holds_output = True
 
     def __init__(self, step: str, fn: Callable[[Any], Awaitable], concurrency: int, ordered: bool,
