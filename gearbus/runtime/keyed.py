@@ -211,7 +211,7 @@ class _Context(KeyedContext):
         self._op.processing_timers.delete(self.key, timestamp)
 
     def processing_time(self) -> int:
-        return now_ms()
+        return self._op.clock()
 
 
 def _millis(timestamp) -> int:
@@ -239,6 +239,8 @@ class KeyedProcessOp(KeyedOp):
             self._process, self._on_timer = instance.process, instance.on_timer
         else:
             self._process, self._on_timer = function, None
+        #: The driver's clock (the TestRunner's is simulated), the wall clock without a task.
+        self.clock = task.context.now_ms if task.context is not None else now_ms
         self.ctx = _Context(self)
 
     def timers(self, timers: Timers) -> Timers:

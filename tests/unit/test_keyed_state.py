@@ -170,3 +170,22 @@ class _Task:
     """What an operator's open() reads of its task."""
 
     context = None
+
+
+def test_processing_time_timers_fire_on_the_test_runners_clock():
+    """One tick of the engine is a second of processing time: a timer 5 s ahead fires in
+    a run that takes milliseconds."""
+
+    class Later(KeyedProcessFunction):
+        def process(self, value, ctx):
+            ctx.register_processing_time_timer(ctx.processing_time() + 5_000)
+
+        def on_timer(self, timestamp, ctx):
+            ctx.emit(("fired", ctx.key))
+
+    pipeline = Pipeline("later", config={"batch_records": 1})
+    out = CollectSink()
+    (pipeline.from_collection([{"k": 1, "t": i} for i in range(30)], timestamp_fn=lambda e: e["t"], name="events")
+        .group_by(lambda e: e["k"], name="by_key").process_keyed(Later, name="later").sink(out, name="out"))
+    TestRunner().run(pipeline)
+    assert ("fired", 1) in out.values
