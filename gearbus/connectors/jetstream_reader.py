@@ -19,8 +19,10 @@ import asyncio
 import collections
 import json
 import logging
+import math
 import threading
 import time
+from operator import itemgetter
 
 import nats
 
@@ -91,7 +93,7 @@ class PullReader:
         self._heard = time.monotonic()         # the last message or heartbeat
         self._wake = asyncio.Event()           # room in the buffer, a request done, or trouble
         self._arrived = asyncio.Event()        # :meth:`wait_for`'s count reached, or the end
-        self._wanted = float("inf")
+        self._wanted = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         if last is not None and after >= last:
@@ -109,10 +111,14 @@ class PullReader:
         """Up to ``max_records`` buffered messages, oldest first (from any thread)."""
         with self.lock:
             buffer = self.buffer
-            items = [buffer.popleft() for _ in range(min(max_records, len(buffer)))]
-            for item in items:
-                self.buffered[item[1]] -= 1
-                self.buffered_bytes -= len(item[2])
+            if max_records >= len(buffer):
+                items = list(buffer)
+                buffer.clear()
+            else:
+                popleft = buffer.popleft
+                items = [popleft() for _ in range(max_records)]
+            self.buffered.subtract(collections.Counter(map(itemgetter(1), items)))
+            self.buffered_bytes -= sum(map(len, map(itemgetter(2), items)))
             free = self.max_records - len(buffer) - self._outstanding
         if items and free >= self.min_pull and self._loop is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
@@ -120,8 +126,8 @@ class PullReader:
 
     async def wait_for(self, count: int) -> None:
         """Until ``count`` messages are buffered, or the reader ended or failed."""
-        self._wanted = count
         while len(self.buffer) < count and not self.ended and self.error is None:
+            self._wanted = count
             self._arrived.clear()
             await self._arrived.wait()
 
@@ -279,21 +285,25 @@ class PullReader:
             self._wake.set()
         if seq <= self.fetched:
             return
+        subject, data, buffer = msg.subject, msg.data, self.buffer
         with self.lock:
             if self.last is not None and seq > self.last:
                 self.complete = True
                 self._end()
                 return
-            self.buffer.append((seq, msg.subject, msg.data, ns))
-            self.buffered[msg.subject] += 1
-            self.buffered_bytes += len(msg.data)
+            buffer.append((seq, subject, data, ns))
+            self.buffered[subject] += 1
+            self.buffered_bytes += len(data)
             self.fetched = seq
             if seq == self.last:
                 self.complete = True
                 self._end()
+            elif pending:
+                self.complete = False
             else:
-                self._set_complete(pending == 0)
-            if len(self.buffer) >= self._wanted:
+                self._set_complete(True)
+            if len(buffer) >= self._wanted:
+                self._wanted = math.inf  # wakes the waiter once; it asks again
                 self._arrived.set()
 
     def _on_status(self, msg) -> None:
