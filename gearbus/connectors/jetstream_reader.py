@@ -55,8 +55,11 @@ class PullReader:
     """Reads ``stream`` on ``subjects`` (filters; none: every subject) after sequence ``after``,
     up to sequence ``last`` (inclusive; None: no end), into :attr:`buffer` as
     ``(seq, subject, data, time stamp ns)``, at most ``max_records`` and about ``max_bytes``
-    of them. Pull requests ask for at most ``batch`` messages each, ``in_flight`` of them at
-    a time, once ``min_pull`` messages fit.
+    of them. Pull requests ask for at most ``batch`` messages each, at most ``in_flight``
+    batches' worth outstanding at a time, once ``min_pull`` messages fit. Another request
+    goes out as soon as a batch's worth has arrived, not when a request ends: the server
+    serves its open requests in turn, so they end together, and the stream would stand
+    idle between rounds.
 
     ``follow``: with ``last``, whether to wait for the stream to grow up to ``last`` (a live
     source); else the reader ends once it has everything the stream holds (a replayed range).
@@ -254,7 +257,8 @@ class PullReader:
         remaining = self.last - self.fetched - self._outstanding if self.last is not None else room
         free, threshold = min(room, remaining), min(self.min_pull, remaining)
         max_bytes = max(free_bytes // self.in_flight, self.nc.max_payload)
-        while free > 0 and free >= threshold and free_bytes > 0 and len(self._open) < self.in_flight:
+        window = self.in_flight * self.batch
+        while free > 0 and free >= threshold and free_bytes > 0 and self._outstanding + min(self.batch, free) <= window:
             n = min(self.batch, free)
             self._requests += 1
             reply = f"{self._inbox}.{self._requests}"
@@ -282,6 +286,8 @@ class PullReader:
         if self._outstanding <= 0:  # every open request is served
             self._outstanding = 0
             self._open.clear()
+            self._wake.set()
+        elif self._outstanding == (self.in_flight - 1) * self.batch:  # another batch fits
             self._wake.set()
         if seq <= self.fetched:
             return
