@@ -38,6 +38,9 @@ from shared.security import add_arguments as add_security_arguments
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
+#: Columns ``gearbus top --once`` may use when its output is not a terminal.
+PIPED_WIDTH = 200
+
 
 def _as_json(obj) -> str:
     if dataclasses.is_dataclass(obj):
@@ -355,7 +358,8 @@ async def _top(args) -> int:
     async def go(client: Client) -> int:
         if args.once:
             apps = [a for a in await client.list(args.all) if a.processors]
-            console = Console()
+            # Into a pipe or a file, rich would squeeze the tables to 80 columns and cut headers.
+            console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
             for app in apps:
                 console.print(processor_table(app))
             if not apps:

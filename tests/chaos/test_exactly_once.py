@@ -39,7 +39,8 @@ APP = os.path.join(APPS, "exactly_once.py")
 EVENTS = 200_000
 USERS = 50
 BASE_TS = 1_700_000_000_000
-PUBLISH_RATE = 8_000  # events/s: the run lasts long enough for every failure in turn
+PUBLISH_RATE = 8_000  # events/s
+TAIL = 1_000  # the last events, published once every failure was inflicted: the app runs until then
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -210,7 +211,8 @@ FAILURES = {"executor": kill_executor, "worker": kill_worker, "appmaster": kill_
 @contextlib.asynccontextmanager
 async def chaos_run(tmp_path, config: dict):
     """The chaos pipeline running on a cluster of 2 masters and 3 workers while its events
-    are published; yields its Run."""
+    are published (the last TAIL once the caller is done, so the app outlasts the failures
+    however long they take); yields its Run."""
     store = tmp_path / "jetstream"
     os.makedirs(store)
     with NatsServer(store_dir=str(store), log_path=str(tmp_path / "nats.log")) as server, \
@@ -224,7 +226,7 @@ async def chaos_run(tmp_path, config: dict):
             await publish_events(url, 0, 1000)  # every subject exists before the app starts
             gate = asyncio.Event()
             gate.set()
-            publishing = asyncio.create_task(publish_events(url, 1000, EVENTS, gate))
+            publishing = asyncio.create_task(publish_events(url, 1000, EVENTS - TAIL, gate))
             app_id = await client.submit(
                 pack(APP), ["--stream", "EV", "--until", str(EVENTS), "--windows-subject", "out.windows",
                             "--running", str(tmp_path / "out" / "running.jsonl"),
@@ -238,6 +240,7 @@ async def chaos_run(tmp_path, config: dict):
                 publishing.cancel()
                 raise
             await publishing
+            await publish_events(url, EVENTS - TAIL, EVENTS)
             final = await client.wait(app_id, timeout=120)
             assert final.state == AppState.SUCCEEDED, final.error
             assert sum(t.late_records for t in final.tasks) == 0, "the expected outputs assume no late events"
