@@ -51,15 +51,17 @@ def log(msg: str) -> None:
 
 async def serve(url: str, delay_s: float) -> None:
     """The service: answers a customer id with ``{"id": id}`` ``delay_s`` after the request
-    came, from one queue swept every millisecond (cheaper than a task per request)."""
+    came, each on a timer of its own (a sweep every millisecond answered ~1.5 ms late)."""
     nc = await nats.connect(url, name="bench-service")
-    due: collections.deque = collections.deque()
+    loop = asyncio.get_running_loop()
     arrivals: list[float] = []
 
+    def answer(reply: str, data: bytes) -> None:
+        loop.create_task(nc.publish(reply, b'{"id": ' + data + b"}"))
+
     async def on_request(msg):
-        now = time.monotonic()
-        arrivals.append(now)
-        due.append((now + delay_s, msg.reply, msg.data))
+        arrivals.append(time.monotonic())
+        loop.call_later(delay_s, answer, msg.reply, msg.data)
 
     async def on_stats(msg):
         await msg.respond(json.dumps([len(arrivals), arrivals[0] if arrivals else 0,
@@ -70,12 +72,7 @@ async def serve(url: str, delay_s: float) -> None:
     await nc.subscribe(STATS, cb=on_stats)
     await nc.flush()
     print("ready", flush=True)
-    while True:
-        await asyncio.sleep(0.001)
-        now = time.monotonic()
-        while due and due[0][0] <= now:
-            _, reply, data = due.popleft()
-            await nc.publish(reply, b'{"id": ' + data + b"}")
+    await asyncio.Event().wait()
 
 
 async def service_rate(nc, records: int) -> float:
