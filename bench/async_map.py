@@ -192,15 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if min(opts.records, opts.baseline_records) < 2 or min(opts.concurrency, opts.repeat) < 1:
         parser.error("--records and --baseline-records must be at least 2, --concurrency and --repeat at least 1")
-    return in_temp_dir("gearbus-async-map-", opts.keep, lambda tmp: checked(opts, tmp))
-
-
-def checked(opts, tmp: str) -> int:
-    try:
-        return asyncio.run(bench(opts, tmp))
-    except BenchError as exc:
-        print(f"\nFAILED: {exc}", file=sys.stderr)
-        return 1
+    return in_temp_dir("gearbus-async-map-", opts.keep, lambda tmp: asyncio.run(bench(opts, tmp)))
 
 
 if __name__ == "__main__":

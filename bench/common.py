@@ -96,10 +96,13 @@ def _text(data) -> str:
 
 def in_temp_dir(prefix: str, keep: bool, work: Callable[[str], int]) -> int:
     """``work(directory)`` in a fresh temporary directory, removed afterwards unless ``keep``
-    (its logs and data are then there to read)."""
+    (its logs and data are then there to read); a BenchError is reported and exits 1."""
     tmp = tempfile.mkdtemp(prefix=prefix)
     try:
         return work(tmp)
+    except BenchError as exc:
+        print(f"\nFAILED: {exc}", file=sys.stderr)
+        return 1
     finally:
         if keep:
             print(f"(kept {tmp})", file=sys.stderr)

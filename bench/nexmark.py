@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, REPO)
-from common import BenchError, parser_from_doc, run_app  # noqa: E402  (bench/, beside this file)
+from common import BenchError, in_temp_dir, parser_from_doc, run_app  # noqa: E402  (bench/, beside this file)
 
 QUERIES = ("q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q9", "q11")
 #: The nexmark repository's README: Flink 1.x (RocksDB, exactly-once), events/s per core.
@@ -181,17 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown queries {', '.join(unknown)}; choose from {', '.join(QUERIES)}")
     if min(opts.events, opts.parallelism, opts.repeat, opts.rate) < 1:
         parser.error("--events, --parallelism, --repeat and --rate must be at least 1")
-    scratch = tempfile.mkdtemp(prefix="gearbus-nexmark-")
-    try:
-        return state_run(opts, scratch) if opts.state_run else benchmark(opts, scratch)
-    except BenchError as exc:
-        print(f"\nFAILED: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if opts.keep:
-            print(f"(kept {scratch})", file=sys.stderr)
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+    return in_temp_dir("gearbus-nexmark-", opts.keep,
+                       lambda scratch: state_run(opts, scratch) if opts.state_run else benchmark(opts, scratch))
 
 
 if __name__ == "__main__":
