@@ -15,31 +15,22 @@ as answers come). With ``--timeout-ms``, an order whose answer takes longer gets
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 
-import nats
+from gearbus import NatsRequester, Pipeline
 
-from gearbus import Pipeline
 
 class Lookup:
-    """Asks the service over one connection per event loop (a task's executor, or a
-    Spark partition), opened at the first call."""
+    """The order with its customer, asked of the service (one connection per task, or
+    per Spark partition, opened at the first call)."""
 
-    def __init__(self, servers: list[str], subject: str):
-        self.servers = servers
-        self.subject = subject
-        self.loop = None
-        self.connection = None
+    def __init__(self, servers: str, subject: str):
+        self.customers = NatsRequester(servers, subject, timeout_s=30)
 
     async def __call__(self, order: dict) -> dict:
-        loop = asyncio.get_running_loop()
-        if self.loop is not loop:
-            self.loop, self.connection = loop, loop.create_task(nats.connect(self.servers, name="enrich"))
-        nc = await self.connection
-        reply = await nc.request(self.subject, str(order["customer"]).encode(), timeout=30)
-        return {**order, "customer": json.loads(reply.data)}
+        answer = await self.customers.request(str(order["customer"]).encode())
+        return {**order, "customer": json.loads(answer)}
 
 
 def without_customer(order: dict) -> dict:
@@ -62,7 +53,7 @@ def application(args: list[str]) -> Pipeline:
     n = opts.parallelism
     pipeline = Pipeline("enrich", config={"executors": n}, parallelism=n)
     (pipeline.read_jsonl(os.path.abspath(opts.input), parallelism=n, name="orders")
-        .map_async(Lookup(opts.nats.split(","), opts.service), concurrency=opts.concurrency,
+        .map_async(Lookup(opts.nats, opts.service), concurrency=opts.concurrency,
                    ordered=not opts.unordered, timeout_ms=opts.timeout_ms,
                    on_timeout=without_customer if opts.timeout_ms else None, name="customer")
         .write_jsonl(os.path.abspath(opts.output), name="write"))

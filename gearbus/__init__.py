@@ -32,6 +32,7 @@ from gearbus.connectors.files import (
     JsonLinesSource,
     TextFileSource,
 )
+from gearbus.connectors.nats_requests import NatsRequester, NoRespondersError
 
 __all__ = [
     "Accumulation",
@@ -48,6 +49,8 @@ __all__ = [
     "KeyedContext",
     "KeyedProcessFunction",
     "Mean",
+    "NatsRequester",
+    "NoRespondersError",
     "Pipeline",
     "Reduce",
     "SessionWindows",
