@@ -19,6 +19,7 @@ from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, Par
 from gearbus.api.windows import GlobalWindows
 from gearbus.runtime.async_map import AsyncMapOp
 from gearbus.runtime.chain import (
+    ChainedEdge,
     ChainSourceTask,
     ChainTask,
     CombineOp,
@@ -177,6 +178,7 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
         if op is not None:
             segment.ops.append(op)
 
+    _run_at_senders(segments)
     graph = Graph()
     for segment in segments:
         segment.processor = _processor(segment)
@@ -187,6 +189,62 @@ def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
     app = Application(pipeline.name, graph, dict(pipeline.config))
     _warn_unnamed_state(pipeline, app)
     return app
+
+
+def _branches(partitioner: Partitioner) -> list[tuple[list[Op], Partitioner]]:
+    """An edge's (ops run at the sender, partitioner) pairs."""
+    return partitioner.branches if isinstance(partitioner, ChainedEdge) else [([], partitioner)]
+
+
+def _edge(branches: list[tuple[list[Op], Partitioner]]) -> Partitioner:
+    return branches[0][1] if len(branches) == 1 and not branches[0][0] else ChainedEdge(branches)
+
+
+def _run_at_senders(segments: list[_Segment]) -> None:
+    """Stateless steps that could not chain into their input's processor (several read
+    that input, as when one stream is split by kind) run at that input's sender instead.
+    A processor of nothing but such steps, with one reader and one input of its own
+    parallelism that keeps each record in its task, goes away: its input's sender runs its
+    steps and routes for its reader. Any other processor of one input hands its leading
+    filters to that sender, so what they drop never crosses the bus."""
+    while True:
+        stage = next((s for s in segments if _stateless_stage(s, segments)), None)
+        if stage is None:
+            break
+        (upstream, into), = stage.inputs
+        reader, index = next((r, i) for r in segments for i, (u, _) in enumerate(r.inputs) if u is stage)
+        out = reader.inputs[index][1]
+        branches = [(ops + stage.ops + more, partitioner)
+                    for ops, _ in _branches(into) for more, partitioner in _branches(out)]
+        shared = next((i for i, (u, _) in enumerate(reader.inputs) if u is upstream), None)
+        if shared is None:
+            reader.inputs[index] = (upstream, _edge(branches))
+        else:  # the reader reads that input already: one edge with both branches
+            reader.inputs[shared] = (upstream, _edge(_branches(reader.inputs[shared][1]) + branches))
+            del reader.inputs[index]
+        segments.remove(stage)
+    for segment in segments:
+        if len(segment.inputs) != 1 or segment.head.kind != "filter":
+            continue
+        filters = []
+        while segment.ops and type(segment.ops[0]) is FilterOp:
+            filters.append(segment.ops.pop(0))
+        upstream, into = segment.inputs[0]
+        segment.inputs[0] = (upstream, _edge([(ops + filters, p) for ops, p in _branches(into)]))
+
+
+STATELESS_OPS = (MapOp, FilterOp, FlatMapOp, KeyByOp, JoinInputOp)
+
+
+def _stateless_stage(segment: _Segment, segments: list[_Segment]) -> bool:
+    """Whether ``segment``'s steps can all run at its input's sender (see _run_at_senders)."""
+    if segment.head.kind in ("source", "process") or len(segment.inputs) != 1:
+        return False
+    upstream, into = segment.inputs[0]
+    readers = sum(u is segment for r in segments for u, _ in r.inputs)
+    return (readers == 1 and upstream.parallelism == segment.parallelism
+            and all(type(op) in STATELESS_OPS for op in segment.ops)
+            and all(type(p) is CoLocationPartitioner for _, p in _branches(into)))
 
 
 class UnnamedStatefulStep(UserWarning):
@@ -287,8 +345,9 @@ def _join_description(graph, processor: Processor) -> dict:
     if not ops or not isinstance(ops[0], (WindowJoinOp, IntervalJoinOp, TableJoinOp)):
         return {}
     sides = {}
-    for edge in graph.inputs_of(processor):
-        for op in edge.upstream.config.get("ops", []):
+    for edge in graph.inputs_of(processor):  # a side keyed in its processor, or at its sender
+        at_sender = [op for branch, _ in _branches(edge.partitioner) for op in branch]
+        for op in edge.upstream.config.get("ops", []) + at_sender:
             if isinstance(op, JoinInputOp) and op.step == ops[0].step:
                 sides[("left", "right")[op.side]] = edge.upstream.id
     return {"join": {"step": ops[0].step, "operator": type(ops[0]).__name__, **sides,

@@ -27,7 +27,7 @@ from gearbus.connectors.files import DiscardSink
 from gearbus.nexmark.generator import AUCTION, BID, DEFAULT_BASE_TIME_MS, EVENT, PERSON, WATERMARK_DELAY_MS, \
     GeneratorConfig
 from gearbus.nexmark.jetstream import subjects
-from gearbus.nexmark.sources import EventsFileSource, GeneratorSource, event_date_time
+from gearbus.nexmark.sources import EventsFileSource, GeneratorSource, OfKind, event_date_time
 
 DEFAULT_PARALLELISM = 2
 
@@ -57,6 +57,10 @@ def parser(name: str) -> argparse.ArgumentParser:
     output.add_argument("--output", metavar="OUT.jsonl", help="write the results as JSON Lines")
     output.add_argument("--blackhole", action="store_true",
                         help="write the results nowhere (Flink's blackhole sink): for benchmarks")
+    parser.add_argument("--all-events", action="store_true",
+                        help="read every event from one source and keep the kinds the query uses, as the nexmark "
+                             "repository's harness does (its figures count every event); by default each kind "
+                             "has a source of its own that makes or reads only that kind")
     parser.add_argument("--dump-events", metavar="PATH",
                         help="with --events: also write the generated events to PATH as an events file")
     parser.add_argument("--parallelism", type=int, default=DEFAULT_PARALLELISM,
@@ -133,17 +137,23 @@ class Query:
     def _read(self, kind: str, ingestion_time: bool) -> Stream:
         key = (kind, ingestion_time)
         if key not in self._streams:
-            self._streams[key] = self._source(kind, ingestion_time, f"{kind}s" + ("_ingested" if ingestion_time else ""))
+            name = f"{kind}s" + ("_ingested" if ingestion_time else "")
+            if self.opts.all_events and kind != EVENT:
+                events = self._read(EVENT, ingestion_time)
+                self._streams[key] = events.filter(OfKind(kind), name=f"{name}_only").map(itemgetter(kind), name=name)
+            else:
+                self._streams[key] = self._source(kind, ingestion_time, name)
         return self._streams[key]
 
     def _source(self, kind: str, ingestion_time: bool, name: str) -> Stream:
         opts, p = self.opts, self.pipeline
         delay = 0 if ingestion_time else WATERMARK_DELAY_MS
         if opts.jetstream is not None:
-            events = p.read_jetstream(opts.jetstream, subjects(opts.jetstream, kind), until=None if opts.follow else opts.until or "now",
+            events = p.read_jetstream(opts.jetstream, subjects(opts.jetstream, "*" if kind == EVENT else kind),
+                                      until=None if opts.follow else opts.until or "now",
                                       timestamp_fn=None if ingestion_time else event_date_time,
                                       max_out_of_orderness_ms=delay, servers=opts.servers, name=f"{name}_events")
-            return events.map(itemgetter(kind), name=name)
+            return events if kind == EVENT else events.map(itemgetter(kind), name=name)
         if opts.input is not None:
             source = EventsFileSource(os.path.abspath(opts.input), kind, event_time=not ingestion_time)
         else:

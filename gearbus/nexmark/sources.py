@@ -26,6 +26,16 @@ def event_date_time(event: dict) -> int:
     return inner["dateTime"]
 
 
+class OfKind:
+    """Whether a whole event is of ``kind``: splits one stream of every event by kind."""
+
+    def __init__(self, kind: str):
+        self.code = EVENT_TYPES[_check_kind(kind, KINDS)]
+
+    def __call__(self, event: dict) -> bool:
+        return event["event_type"] == self.code
+
+
 def _check_kind(kind: str, allowed: tuple) -> str:
     if kind not in allowed:
         raise ValueError(f"kind must be one of {', '.join(map(repr, allowed))}, got {kind!r}")

@@ -13,6 +13,7 @@ import traceback
 from operator import itemgetter
 
 from gearbus.api.io_tasks import DataSourceTask
+from gearbus.api.partitioners import Partitioner
 from gearbus.api.task import Record, Task, new_record
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
@@ -201,6 +202,39 @@ class FilterOp(ValueOp):
             return [x for x in vals if fn(x)]
         except Exception as exc:
             self._fail(vals, fn, exc)
+
+
+class ChainedEdge(Partitioner):
+    """An edge whose sender first runs stateless steps of the processors behind it, per
+    branch: ``branches`` are (ops, partitioner) pairs, each branch's ops run over the batch
+    and its partitioner routes what comes out, and every receiver gets the branches'
+    records in turn. The planner makes them where stateless steps could not chain into
+    their input's processor (several read it, as when one stream is split by kind): the
+    records a branch drops never cross the bus, and a stateless stage costs no hop
+    (Flink chains such operators into their input's task)."""
+
+    def __init__(self, branches: list[tuple[list[Op], Partitioner]]):
+        self.branches = branches
+        self.requires_equal_parallelism = any(p.requires_equal_parallelism for _, p in branches)
+
+    def route(self, records: list[Record], num_partitions: int, current_index: int) -> list[list[Record]]:
+        if len(self.branches) == 1:
+            return self._branch(0, records, num_partitions, current_index)
+        routed: list[list[Record]] = [[] for _ in range(num_partitions)]
+        for branch in range(len(self.branches)):  # a partitioner may hand back its input list: never extend that
+            for bucket, more in zip(routed, self._branch(branch, records, num_partitions, current_index)):
+                bucket.extend(more)
+        return routed
+
+    def _branch(self, branch: int, records: list[Record], num_partitions: int, current_index: int):
+        ops, partitioner = self.branches[branch]
+        for op in ops:
+            records = op.process(records)
+        return partitioner.route(records, num_partitions, current_index)
+
+    def describe(self) -> str:
+        return "; ".join(f"{p.describe()} after {', '.join(op.step for op in ops)}" if ops else p.describe()
+                         for ops, p in self.branches)
 
 
 class KeyByOp(ValueOp):

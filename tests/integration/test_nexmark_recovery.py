@@ -7,32 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 
 import pytest
 
 from gearbus.artifact import pack
 from gearbus.nexmark import GeneratorConfig, publish_events, write_events
 from shared.messages import AppState
-from tests.support.cluster import wait_state
+from tests.support.cluster import kill_an_executor_after_a_checkpoint, wait_state
 from tests.support.nexmark import assert_same_rows, oracle, read_output
 from tests.support.paths import EXAMPLES
 
 EVENTS = 60_000
 CONFIG = GeneratorConfig(seed=11, rate=1_000)  # 60 s of event time: many windows
-
-
-async def kill_an_executor_after_a_checkpoint(cluster, client, app_id: int) -> None:
-    """SIGKILL an executor once a checkpoint completed while the app is still reading."""
-    async with asyncio.timeout(60):
-        while True:
-            status = await client.status(app_id)
-            assert status.state == AppState.ACTIVE, f"the app ended before the kill: {status.state} {status.error}"
-            if status.checkpoints is not None and status.checkpoints.completed >= 1:
-                break
-            await asyncio.sleep(0.05)
-    victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
-    os.kill(victim, signal.SIGKILL)
 
 
 @pytest.mark.timeout(240)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Awaitable, Callable
 
 from gearbus.client import Client
 from shared import subjects
-from shared.messages import ClusterInfo, MasterElected, decode
+from shared.messages import AppState, ClusterInfo, MasterElected, decode
 
 
 async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable], timeout: float = 30.0,
@@ -59,6 +60,20 @@ async def wait_state(client: Client, app_id: int, state: str, timeout: float = 3
         return (await client.status(app_id)).state == state
 
     await wait_until(client, subjects.app_state_events(app_id), reached, timeout)
+
+
+async def kill_an_executor_after_a_checkpoint(cluster, client: Client, app_id: int, timeout: float = 60.0) -> None:
+    """SIGKILL an executor once a checkpoint of the app completed while it still runs
+    (woken by the checkpoints' completions)."""
+
+    async def checkpointed():
+        status = await client.status(app_id)
+        assert status.state == AppState.ACTIVE, f"the app ended before the kill: {status.state} {status.error}"
+        return status.checkpoints is not None and status.checkpoints.completed >= 1
+
+    await wait_until(client, subjects.checkpoint_complete(app_id), checkpointed, timeout)
+    victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
+    os.kill(victim, signal.SIGKILL)
 
 
 async def wait_exited(pid: int, timeout: float) -> None:

@@ -331,6 +331,25 @@ def test_a_raising_user_function_names_the_step_the_exception_and_the_record(kin
     assert "ValueError: cannot handle 7" in error.traceback
 
 
+def test_one_stream_split_by_filters_gives_each_branch_its_records_and_a_raising_one_names_its_step():
+    """Filters that start the branches of a fan-out run at the upstream's sender."""
+    evens, odds = [], []
+    p = Pipeline("split", parallelism=2)
+    numbers = p.from_collection(range(20), parallelism=2, name="numbers")
+    numbers.filter(lambda n: n % 2 == 0, name="even").map(lambda n: n * 10, name="tens").sink(CollectSink(evens))
+    numbers.filter(lambda n: n % 2, name="odd").sink(CollectSink(odds))
+    run(p)
+    assert sorted(evens) == list(range(0, 200, 20)) and sorted(odds) == list(range(1, 20, 2))
+
+    p = Pipeline("split-raising")
+    numbers = p.from_collection(range(20), name="numbers")
+    numbers.sink(CollectSink())
+    numbers.filter(lambda n: 1 / (n - 7), name="bad_filter").sink(CollectSink())
+    error = failure(p)
+    assert error.error_type == "ZeroDivisionError"
+    assert error.message == "division by zero (step 'bad_filter' on record 7)"
+
+
 def test_a_raising_function_after_a_shuffle_shows_the_window_result():
     p = Pipeline("after-shuffle", parallelism=2)
     (p.from_collection(["a", "b", "b"], name="src").group_by(lambda w: w, name="k").count(name="n")

@@ -49,6 +49,21 @@ def test_windowed_queries_over_more_tasks_and_another_interleaving_and_from_a_fi
     check(name, read, events)
 
 
+@pytest.mark.parametrize("name", ["q3", "q8", "q9"])
+def test_all_events_from_one_source_split_by_kind(name, tmp_path):
+    """--all-events: one source of whole events feeds every kind the query reads, from the
+    generator and from a file, with the rows the per-kind sources give."""
+    events = write_events(tmp_path / "events.jsonl", 3000, GeneratorConfig(seed=4, rate=50))
+    generated, read = tmp_path / "generated.jsonl", tmp_path / "read.jsonl"
+    pipeline = load_pipeline(query(name), ["--events", "3000", "--all-events", "--output", str(generated)])
+    assert [s.name for s in pipeline.steps if s.kind == "source"] == ["events"]
+    TestRunner(seed=2).run(query(name), ["--events", "3000", "--rate", "50", "--seed", "4", "--all-events",
+                                         "--output", str(generated)])
+    check(name, generated, events)
+    TestRunner(seed=3).run(query(name), ["--input", events, "--all-events", "--parallelism", "3", "--output", str(read)])
+    check(name, read, events)
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "say where the events come from"),
     (["--events", "10", "--input", "x.jsonl"], "not allowed with argument"),

@@ -96,7 +96,36 @@ def test_a_fan_out_ends_the_chain():
     app = plan(p, "test")
     assert set(processors(app)) == {"src+up", "low+out_low", "keep+out_keep"}
     assert edges(app) == {("src+up", "low+out_low", "CoLocationPartitioner"),
-                          ("src+up", "keep+out_keep", "CoLocationPartitioner")}
+                          ("src+up", "keep+out_keep", "CoLocationPartitioner after keep")}
+    keep = processors(app)["keep+out_keep"]
+    assert [type(op).__name__ for op in keep.config["ops"]] == ["SinkOp"]  # the filter runs at src+up's sender
+
+
+def test_stateless_branches_of_a_split_run_at_the_senders_and_their_processors_go_away():
+    """One stream split by kind, each branch stateless up to a keyed running total: the
+    source's sender runs both branches and hashes for the total; no processor in between."""
+    p = Pipeline("split", parallelism=2)
+    events = p.from_collection([("a", 1), ("b", 2)], parallelism=2, name="events")
+    left = events.filter(lambda e: e[0] == "a", name="only_a").map(lambda e: e[1], name="a_value")
+    right = events.filter(lambda e: e[0] == "b", name="only_b").flat_map(lambda e: [e[1]] * 2, name="b_twice")
+    (left.merge(right, name="both").group_by(lambda v: v % 2, name="parity")
+        .stateful_map(lambda total, v: ((total or 0) + v,) * 2, name="total").sink(CollectSink(), 2, name="out"))
+    app = plan(p, "test")
+    assert set(processors(app)) == {"events", "total+out"}
+    assert edges(app) == {("events", "total+out", "HashPartitioner after only_a, a_value, parity; "
+                                                  "HashPartitioner after only_b, b_twice, parity")}
+
+
+def test_a_stage_that_changes_the_parallelism_or_holds_state_stays_a_processor_its_filters_at_the_sender():
+    p = Pipeline("stays", parallelism=2)
+    events = p.from_collection(range(4), parallelism=2, name="events")
+    events.filter(bool, name="nonzero").map(str, name="wide", parallelism=3).sink(CollectSink(), 3, name="out3")
+    events.filter(bool, name="kept").sink(CollectSink(), 2, name="out")
+    app = plan(p, "test")
+    assert set(processors(app)) == {"events", "wide+out3", "kept+out"}
+    assert edges(app) == {("events", "wide+out3", "ShufflePartitioner after nonzero"),
+                          ("events", "kept+out", "CoLocationPartitioner after kept")}
+    assert [type(op).__name__ for op in ops_of(processors(app)["kept+out"])] == ["SinkOp"]
 
 
 def test_a_parallelism_change_starts_a_new_processor_with_a_shuffle():

@@ -1,8 +1,11 @@
 """The sender's rules, without a network: what frames go to which receiver, in what order."""
 
-from gearbus.api.partitioners import BroadcastPartitioner, HashPartitioner
+import pytest
+
+from gearbus.api.partitioners import BroadcastPartitioner, CoLocationPartitioner, HashPartitioner
 from gearbus.api.task import Record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.chain import ChainedEdge, FilterOp, MapOp, StepError
 from gearbus.runtime.core import End, Flush, Snapshot
 from gearbus.runtime.sender import DataPlaneConfig, Sender
 from gearbus.runtime.snapshots import TaskSnapshot
@@ -30,6 +33,27 @@ def test_the_watermark_rides_the_last_frame_to_each_receiver_and_goes_alone_to_t
     assert sorted(len(f[5]) for f in out) == [0, 3]  # one receiver gets the records, the other the watermark alone
     assert all(f[1:5] == (1, 7, False, 0) for f in out)
     assert s.send([], 7) == []  # a watermark that did not move is not sent again
+
+
+def test_a_chained_edge_runs_each_branchs_steps_and_sends_only_what_they_let_through():
+    odd, small = FilterOp("odd", lambda v: v % 2), FilterOp("small", lambda v: v < 7)
+    edge = ChainedEdge([([odd, small], CoLocationPartitioner())])
+    s = Sender(1, 0, 3, [(edge, 2, 2), (CoLocationPartitioner(), 5, 2)], DataPlaneConfig())
+    out = frames(s.send([Record(v, 0, None) for v in range(10)], 4))
+    assert out == [((2, 0), 1, 4, False, 0, [1, 3, 5]), ((2, 1), 1, 4, False, 0, []),  # the watermark alone
+                   ((5, 0), 1, 4, False, 0, list(range(10))), ((5, 1), 1, 4, False, 0, [])]
+    assert edge.describe() == "CoLocationPartitioner after odd, small"
+    with pytest.raises(StepError, match=r"\(step 'odd' on record 'x'\)"):
+        s.send([Record("x", 0, None)], 5)
+
+
+def test_a_chained_edge_with_two_branches_sends_each_receiver_both_branches_records():
+    split = ChainedEdge([([FilterOp("even", lambda v: v % 2 == 0)], CoLocationPartitioner()),
+                         ([FilterOp("odd", lambda v: v % 2), MapOp("neg", lambda v: -v)], CoLocationPartitioner())])
+    s = Sender(1, 1, 3, [(split, 2, 2)], DataPlaneConfig())
+    records = [Record(v, 0, None) for v in range(6)]
+    assert frames(s.send(records, 4)) == [((2, 0), 1, 4, False, 0, []), ((2, 1), 1, 4, False, 0, [0, 2, 4, -1, -3, -5])]
+    assert [r.value for r in records] == list(range(6))  # the task's own output is left as it was
 
 
 def test_a_barrier_follows_the_output_to_every_receiver_with_the_last_watermark():
