@@ -203,10 +203,10 @@ def _edge(branches: list[tuple[list[Op], Partitioner]]) -> Partitioner:
 def _run_at_senders(segments: list[_Segment]) -> None:
     """Stateless steps that could not chain into their input's processor (several read
     that input, as when one stream is split by kind) run at that input's sender instead.
-    A processor of nothing but such steps, with one reader and one input of its own
+    A processor of nothing but such steps, read once and with one input of its own
     parallelism that keeps each record in its task, goes away: its input's sender runs its
-    steps and routes for its reader. Any other processor of one input hands its leading
-    filters to that sender, so what they drop never crosses the bus."""
+    steps and routes for its reader. Any other processor with such an input hands its
+    leading filters to that sender, so what they drop never crosses the bus."""
     while True:
         stage = next((s for s in segments if _stateless_stage(s, segments)), None)
         if stage is None:
@@ -224,7 +224,7 @@ def _run_at_senders(segments: list[_Segment]) -> None:
             del reader.inputs[index]
         segments.remove(stage)
     for segment in segments:
-        if len(segment.inputs) != 1 or segment.head.kind != "filter":
+        if segment.head.kind != "filter" or not _forward_input(segment):
             continue
         filters = []
         while segment.ops and type(segment.ops[0]) is FilterOp:
@@ -237,13 +237,23 @@ STATELESS_OPS = (MapOp, FilterOp, FlatMapOp, KeyByOp, JoinInputOp)
 
 
 def _stateless_stage(segment: _Segment, segments: list[_Segment]) -> bool:
-    """Whether ``segment``'s steps can all run at its input's sender (see _run_at_senders)."""
-    if segment.head.kind in ("source", "process") or len(segment.inputs) != 1:
+    """Whether ``segment``'s steps can all run at its input's sender (see _run_at_senders):
+    read once, over one branch (its steps must run once per record, not once per branch)."""
+    if segment.head.kind in ("source", "process") or not _forward_input(segment):
+        return False
+    reads = [partitioner for r in segments for u, partitioner in r.inputs if u is segment]
+    return (len(reads) == 1 and len(_branches(reads[0])) == 1
+            and all(type(op) in STATELESS_OPS for op in segment.ops))
+
+
+def _forward_input(segment: _Segment) -> bool:
+    """One input, of the segment's parallelism, each of whose records stays in its task:
+    what its steps do there, they may do at that input's sender (the parallelism asked
+    for a step is kept)."""
+    if len(segment.inputs) != 1:
         return False
     upstream, into = segment.inputs[0]
-    readers = sum(u is segment for r in segments for u, _ in r.inputs)
-    return (readers == 1 and upstream.parallelism == segment.parallelism
-            and all(type(op) in STATELESS_OPS for op in segment.ops)
+    return (upstream.parallelism == segment.parallelism
             and all(type(p) is CoLocationPartitioner for _, p in _branches(into)))
 
 

@@ -51,8 +51,8 @@ def failure_report(exc: BaseException, context) -> AppError:
     original = exc.original if isinstance(exc, StepError) else exc
     message = str(exc)
     if isinstance(exc, ValueTypeError):
-        steps = context.config.get("steps") or [context.processor_name]
-        message = f"{exc} (emitted by step {steps[-1]!r})"
+        emitted = getattr(exc, "emitted_by", None) or (context.config.get("steps") or [context.processor_name])[-1:]
+        message = f"{exc} (emitted by {'step' if len(emitted) == 1 else 'one of steps'} {', '.join(map(repr, emitted))})"
     return AppError(
         error_type=type(original).__name__,
         message=message,
@@ -231,6 +231,12 @@ class ChainedEdge(Partitioner):
         for op in ops:
             records = op.process(records)
         return partitioner.route(records, num_partitions, current_index)
+
+    def emitting_steps(self) -> list[str] | None:
+        """The steps whose output this edge sends (None: the task's own steps' too)."""
+        if not all(ops for ops, _ in self.branches):
+            return None
+        return sorted({ops[-1].step for ops, _ in self.branches})
 
     def describe(self) -> str:
         return "; ".join(f"{p.describe()} after {', '.join(op.step for op in ops)}" if ops else p.describe()

@@ -14,6 +14,8 @@ in the same process) and waits for credit, the TestRunner queues them in memory.
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,6 +24,7 @@ from gearbus.api.task import Record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.core import NO_BARRIER, End, Flush, Frame, Snapshot
 from gearbus.runtime.frames import encode_frame
+from shared.values import ValueTypeError
 
 TaskKey = tuple[int, int]  # (processor id, task index)
 
@@ -96,6 +99,9 @@ class Sender:
         self.ports: list[tuple[Partitioner, list[Channel]]] = []
         self.channels: dict[TaskKey, Channel] = {}
         for partitioner, downstream, parallelism in edges:
+            # A partitioner of its own, as every task runs its own copy of its steps: a
+            # round-robin's position, the steps a ChainedEdge runs here.
+            partitioner = copy.deepcopy(partitioner)
             port = [Channel((downstream, i), config.credit_frames) for i in range(parallelism)]
             self.channels.update((channel.receiver, channel) for channel in port)
             self.ports.append((partitioner, port))
@@ -134,15 +140,19 @@ class Sender:
         step = self.config.batch_records
         for partitioner, channels in self.ports:
             buckets = partitioner.route(records, len(channels), self.index) if records else None
-            for i, channel in enumerate(channels):
-                bucket = buckets[i] if buckets else None
-                if bucket:
-                    for start in range(0, len(bucket), step):
-                        last = start + step >= len(bucket)
-                        self._frame(out, channel, watermark if last else channel.watermark, False, NO_BARRIER,
-                                    bucket[start : start + step])
-                elif watermark > channel.watermark:
-                    self._frame(out, channel, watermark, False, NO_BARRIER, [])
+            try:
+                for i, channel in enumerate(channels):
+                    bucket = buckets[i] if buckets else None
+                    if bucket:
+                        for start in range(0, len(bucket), step):
+                            last = start + step >= len(bucket)
+                            self._frame(out, channel, watermark if last else channel.watermark, False, NO_BARRIER,
+                                        bucket[start : start + step])
+                    elif watermark > channel.watermark:
+                        self._frame(out, channel, watermark, False, NO_BARRIER, [])
+            except ValueTypeError as exc:  # steps run at this edge made the value, not the task's own
+                exc.emitted_by = getattr(partitioner, "emitting_steps", lambda: None)()
+                raise
         return out
 
     def finish(self, watermark: int) -> list[Outgoing]:

@@ -350,6 +350,37 @@ def test_one_stream_split_by_filters_gives_each_branch_its_records_and_a_raising
     assert error.message == "division by zero (step 'bad_filter' on record 7)"
 
 
+TAGGED = collections.Counter()
+
+
+def tag(n: int) -> str:
+    TAGGED[n] += 1
+    return f"n{n}"
+
+
+def test_a_step_read_by_two_branches_runs_once_per_record():
+    TAGGED.clear()
+    out = []
+    p = Pipeline("once", parallelism=2)
+    numbers = p.from_collection(range(10), parallelism=2, name="numbers")
+    numbers.sink(CollectSink(), 2, name="raw")
+    tagged = numbers.map(tag, name="tag")
+    tagged.merge(tagged.filter(lambda t: t.endswith("7"), name="sevens"), name="both").sink(CollectSink(out), 2)
+    run(p)
+    assert TAGGED == collections.Counter(range(10))
+    assert sorted(out) == sorted([f"n{n}" for n in range(10)] + ["n7"])
+
+
+def test_an_unsendable_value_made_at_a_sender_names_the_step_that_made_it():
+    p = Pipeline("unsendable", parallelism=2)
+    numbers = p.from_collection(range(4), parallelism=2, name="numbers")
+    numbers.sink(CollectSink(), 2, name="raw")
+    numbers.map(lambda n: {n}, name="to_set").sink(CollectSink(), name="out")  # a shuffle into one task
+    error = failure(p)
+    assert error.error_type == "ValueTypeError"
+    assert error.message.endswith("(emitted by step 'to_set')")
+
+
 def test_a_raising_function_after_a_shuffle_shows_the_window_result():
     p = Pipeline("after-shuffle", parallelism=2)
     (p.from_collection(["a", "b", "b"], name="src").group_by(lambda w: w, name="k").count(name="n")

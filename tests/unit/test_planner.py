@@ -128,6 +128,26 @@ def test_a_stage_that_changes_the_parallelism_or_holds_state_stays_a_processor_i
     assert [type(op).__name__ for op in ops_of(processors(app)["kept+out"])] == ["SinkOp"]
 
 
+def test_a_stage_read_over_two_branches_stays_so_its_steps_run_once_per_record():
+    p = Pipeline("twice", parallelism=2)
+    src = p.from_collection(range(4), parallelism=2, name="src")
+    src.sink(CollectSink(), 2, name="raw")
+    tagged = src.map(str, name="tag")
+    tagged.merge(tagged.filter(bool, name="nonempty"), name="both").sink(CollectSink(), 2, name="out")
+    app = plan(p, "test")
+    assert "tag" in processors(app)
+    assert edges(app) >= {("tag", "both+out", "CoLocationPartitioner; CoLocationPartitioner after nonempty")}
+
+
+def test_a_filter_with_a_parallelism_of_its_own_runs_in_its_own_tasks():
+    p = Pipeline("wider")
+    p.from_collection(range(4), name="src").process(Passthrough, name="custom").filter(
+        bool, parallelism=3, name="costly").sink(CollectSink(), 3, name="out")
+    app = plan(p, "test")
+    assert edges(app) >= {("custom", "costly+out", "ShufflePartitioner")}
+    assert [type(op).__name__ for op in ops_of(processors(app)["costly+out"])] == ["FilterOp", "SinkOp"]
+
+
 def test_a_parallelism_change_starts_a_new_processor_with_a_shuffle():
     p = Pipeline("wide", parallelism=2)
     p.from_collection(range(10), parallelism=2, name="src").map(str, name="text").sink(CollectSink(), name="out")

@@ -56,6 +56,24 @@ def test_a_chained_edge_with_two_branches_sends_each_receiver_both_branches_reco
     assert [r.value for r in records] == list(range(6))  # the task's own output is left as it was
 
 
+class EveryOther:
+    """A filter with state: keeps every other record it sees."""
+
+    def __init__(self):
+        self.seen = 0
+
+    def __call__(self, value) -> bool:
+        self.seen += 1
+        return self.seen % 2 == 1
+
+
+def test_each_sender_routes_with_a_partitioner_and_edge_steps_of_its_own():
+    edge = ChainedEdge([([FilterOp("every_other", EveryOther())], CoLocationPartitioner())])
+    first, second = (Sender(1, 0, 3, [(edge, 2, 1)], DataPlaneConfig()) for _ in range(2))
+    records = [Record(v, 0, None) for v in range(5)]
+    assert frames(first.send(records, 1)) == frames(second.send(records, 1)) == [((2, 0), 1, 1, False, 0, [0, 2, 4])]
+
+
 def test_a_barrier_follows_the_output_to_every_receiver_with_the_last_watermark():
     s = sender()
     out = frames(s.act(Snapshot(4, TaskSnapshot(4, None, False, 9), False, [Record("k", 0, None)], 9)))
