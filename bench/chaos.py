@@ -52,11 +52,9 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +64,7 @@ import nats  # noqa: E402
 import structlog  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 
-from common import parser_from_doc  # noqa: E402  (bench/, beside this file)
+from common import BenchError, in_temp_dir, parser_from_doc  # noqa: E402  (bench/, beside this file)
 from gearbus.artifact import pack  # noqa: E402
 from gearbus.client import Client  # noqa: E402
 from gearbus.cluster import LocalCluster  # noqa: E402
@@ -89,10 +87,6 @@ BASE_TS = 1_700_000_000_000
 KINDS = ("executor", "worker", "appmaster", "master", "nats", "powercut")
 ROLLBACK = {"executor", "worker", "appmaster"}  # kills after which the app rolls back (a new epoch)
 TARGET_S = 3.0
-
-
-class BenchError(Exception):
-    pass
 
 
 def log(msg: str) -> None:
@@ -757,14 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("killing the leading master needs --masters 2 or more")
     # This process's client logs every disconnect and reconnect around a nats-server restart.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    tmp = tempfile.mkdtemp(prefix="gearbus-chaos-")
-    try:
-        return asyncio.run(run(opts, tmp))
-    finally:
-        if opts.keep:
-            print(f"(kept {tmp})", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    return in_temp_dir("gearbus-chaos-", opts.keep, lambda tmp: asyncio.run(run(opts, tmp)))
 
 
 if __name__ == "__main__":

@@ -45,10 +45,8 @@ import multiprocessing
 import os
 import random
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +56,7 @@ import msgpack  # noqa: E402
 import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 
-from common import count_problems, parser_from_doc  # noqa: E402  (bench/, beside this file)
+from common import BenchError, count_problems, in_temp_dir, parser_from_doc  # noqa: E402  (bench/, beside this file)
 from gearbus.artifact import pack  # noqa: E402
 from gearbus.client import Client  # noqa: E402
 from gearbus.cluster import LocalCluster  # noqa: E402
@@ -76,10 +74,6 @@ BASE_TS = 1_700_000_000_000
 
 TARGET_RATIO = 0.95  # checkpointed / unchecked throughput (the goal)
 QUIX_RATIO = 0.90  # Quix Streams: "at worst 10 % slower"
-
-
-class BenchError(Exception):
-    pass
 
 
 def log(msg: str) -> None:
@@ -545,19 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                  "slots", "raw_batch"):
         if getattr(opts, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    tmp = tempfile.mkdtemp(prefix="gearbus-checkpoints-")
-    try:
-        return asyncio.run(bench(opts, tmp))
-    except BenchError as exc:
-        print(f"\nFAILED: {exc}", file=sys.stderr)
-        print(f"(logs in {tmp}/logs)" if opts.keep else "(temp files removed; rerun with --keep to inspect them)",
-              file=sys.stderr)
-        return 1
-    finally:
-        if opts.keep:
-            print(f"(kept {tmp})", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    return in_temp_dir("gearbus-checkpoints-", opts.keep, lambda tmp: asyncio.run(bench(opts, tmp)))
 
 
 if __name__ == "__main__":

@@ -34,15 +34,13 @@ import collections
 import json
 import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from common import BenchError, count_problems, run_app  # noqa: E402  (bench/, beside this file)
+from common import BenchError, count_problems, in_temp_dir, run_app  # noqa: E402  (bench/, beside this file)
 APP = os.path.join(REPO, "examples", "wordcount.py")
 
 # From the issue, for context.
@@ -184,20 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(opts, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
-    n = opts.lines
-    tmp = tempfile.mkdtemp(prefix="gearbus-bench-")
-    try:
-        return _bench(opts, n, tmp)
-    except BenchError as exc:
-        print(f"\nFAILED: {exc}", file=sys.stderr)
-        if not opts.keep:
-            print("(temp files removed; rerun with --keep to inspect them)", file=sys.stderr)
-        return 1
-    finally:
-        if opts.keep:
-            print(f"(kept {tmp})", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    return in_temp_dir("gearbus-bench-", opts.keep, lambda tmp: _bench(opts, opts.lines, tmp))
 
 
 def _bench(opts, n: int, tmp: str) -> int:
