@@ -94,7 +94,7 @@ def get(url: str) -> tuple[float, int]:
 
 
 async def dashboard(cluster: LocalCluster, client: Client, tmp: str, apps: int, requests: int) -> None:
-    from services.dashboard.server import serve
+    from gearbus.dashboard.server import serve
 
     ids = [await client.submit(pack(TICKER), ["--output", os.path.join(tmp, f"ticks-{n}.jsonl"), "--rate", "20"],
                                config={"executors": 1}) for n in range(apps)]

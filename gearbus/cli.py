@@ -21,10 +21,10 @@ from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from gearbus.runners.spark import SparkRunner, SparkUnavailable
 from gearbus.terminal import processor_table, show_progress, top
-from services.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
-from services.dashboard.server import add_arguments as dashboard_arguments
-from services.dashboard.server import serve as serve_dashboard
-from services.dashboard.server import servers_of as dashboard_servers
+from gearbus.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
+from gearbus.dashboard.server import add_arguments as dashboard_arguments
+from gearbus.dashboard.server import serve as serve_dashboard
+from gearbus.dashboard.server import servers_of as dashboard_servers
 from gearbus.security import CERT_DAYS
 from gearbus.security import add_user as add_security_user
 from gearbus.security import init as init_security

@@ -1,5 +1,5 @@
 import sys
 
-from services.dashboard.server import main
+from gearbus.dashboard.server import main
 
 sys.exit(main())

@@ -40,8 +40,8 @@ async def serve(servers: list[str], host: str, port: int, own_signals: bool = Fa
     exit code 0, as every role); print the URL once the port listens."""
     import uvicorn  # here, not at the top: every gearbus command imports this module for its options
 
-    from services.dashboard.api import create_app
-    from services.dashboard.cluster import ClusterView
+    from gearbus.dashboard.api import create_app
+    from gearbus.dashboard.cluster import ClusterView
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager

@@ -15,8 +15,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from services.dashboard.cluster import ClusterView, Conflict, NotFound, Unreachable
-from services.dashboard.prometheus import exposition
+from gearbus.dashboard.cluster import ClusterView, Conflict, NotFound, Unreachable
+from gearbus.dashboard.prometheus import exposition
 from shared.messages import (
     AppDag,
     AppError,
