@@ -51,6 +51,10 @@ class Partitioner:
     def describe(self) -> str:
         return type(self).__name__
 
+    def emitting_steps(self) -> list[str] | None:
+        """The steps whose output this edge sends when they are not its task's own (None)."""
+        return None
+
 
 class HashPartitioner(Partitioner):
     """Records with equal keys (the value when a record has no key) go to one task.

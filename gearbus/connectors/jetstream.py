@@ -26,6 +26,7 @@ from shared.security import ENV_CREDS, Security, nats_connect
 log = logging.getLogger(__name__)
 
 API_TIMEOUT = 5.0            # s, a JetStream API request
+NO_RESPONDERS_STATUS = "503"  # the status of the empty reply NATS sends when nothing listens
 PUBLISH_WINDOW = 4_096       # unacknowledged publishes per writer task
 ACK_TIMEOUT_S = 5.0          # no ack for this long: republish (same Nats-Msg-Id)
 PUBLISH_RETRIES = 5
@@ -94,10 +95,15 @@ async def stream_info(nc, stream: str) -> dict:
     return await api(nc, f"$JS.API.STREAM.INFO.{stream}")
 
 
+def server_list(servers: str | list[str] | None) -> list[str]:
+    """NATS URLs given as one comma-separated string or a list (None: none)."""
+    return servers.split(",") if isinstance(servers, str) else list(servers or [])
+
+
 def on_connection(servers: str | list[str], work, creds: str | None = None, name: str = "gearbus-spark"):
     """``await work(nc)`` on a short-lived connection of its own (with ``creds``), on a thread
     of its own: callers may be inside a running event loop (the CLI's) or have none."""
-    servers = servers.split(",") if isinstance(servers, str) else servers
+    servers = server_list(servers)
 
     async def go():
         nc = await connect(servers, name=name, creds=creds)
@@ -172,7 +178,7 @@ class Publisher:
         if entry is None:  # the ack of a message already acked (it was republished)
             return
         data = msg.data
-        if not data and msg.headers and msg.headers.get("Status") == "503":
+        if not data and msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
             self.error = self.error or JetStreamError(f"no JetStream stream captures subject {entry[0]!r}")
         elif b'"error"' in data:
             err = json.loads(data)["error"]
@@ -271,7 +277,7 @@ class JetStreamTransactionalSink(DataSink):
         self.creds = creds
         self.stream = stream
         self.id_fn = id_fn
-        self.servers = servers.split(",") if isinstance(servers, str) else list(servers or [])
+        self.servers = server_list(servers)
         self.duplicate_window_s = duplicate_window_s
 
     def open(self, context: TaskContext) -> None:

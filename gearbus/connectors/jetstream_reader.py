@@ -76,6 +76,8 @@ class PullReader:
         self.max_records, self.max_bytes = max_records, max_bytes
         self.batch = batch or max_records
         self.in_flight = in_flight
+        self._window = in_flight * self.batch  # messages asked for at most
+        self._refill_at = self._window - self.batch  # outstanding messages when another batch fits
         self.min_pull = min_pull or max(1, max_records // 2)
         self.lock = threading.Lock()           # guards the buffer and its tallies (take() runs on other threads)
         self.buffer: collections.deque = collections.deque()
@@ -257,8 +259,7 @@ class PullReader:
         remaining = self.last - self.fetched - self._outstanding if self.last is not None else room
         free, threshold = min(room, remaining), min(self.min_pull, remaining)
         max_bytes = max(free_bytes // self.in_flight, self.nc.max_payload)
-        window = self.in_flight * self.batch
-        while free > 0 and free >= threshold and free_bytes > 0 and self._outstanding + min(self.batch, free) <= window:
+        while free > 0 and free >= threshold and free_bytes > 0 and self._outstanding + min(self.batch, free) <= self._window:
             n = min(self.batch, free)
             self._requests += 1
             reply = f"{self._inbox}.{self._requests}"
@@ -287,7 +288,7 @@ class PullReader:
             self._outstanding = 0
             self._open.clear()
             self._wake.set()
-        elif self._outstanding == (self.in_flight - 1) * self.batch:  # another batch fits
+        elif self._outstanding == self._refill_at:  # another batch fits
             self._wake.set()
         if seq <= self.fetched:
             return

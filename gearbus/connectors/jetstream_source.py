@@ -23,7 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from gearbus.api.task import DataSource, Record, TaskContext, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, api, connect, on_connection,
-                                        servers_for, stream_info)
+                                        server_list, servers_for, stream_info)
 from gearbus.connectors.jetstream_reader import CONSUMER_INACTIVE_S, PullReader
 from shared.loop_thread import LoopThread
 
@@ -110,10 +110,6 @@ async def _sequence_before(nc, stream: str, when: datetime.datetime, subjects: l
     info = await jsm.add_consumer(stream, config, timeout=API_TIMEOUT)
     await jsm.delete_consumer(stream, info.name)
     return info.delivered.stream_seq
-
-
-def _servers(servers) -> list[str]:
-    return servers.split(",") if isinstance(servers, str) else list(servers or [])
 
 
 class _Decoding:
@@ -210,7 +206,7 @@ class JetStreamSource(_Decoding, DataSource):
         self.decode = decode
         self.timestamp_fn = timestamp_fn
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
-        self.servers = _servers(servers)
+        self.servers = server_list(servers)
         self.creds = creds
         self.dead_letter = dead_letter
         self.buffer_records = buffer_records
@@ -449,7 +445,7 @@ class NatsSubjectSource(_Decoding, DataSource):
         self.subject = subject
         self.decode = decode
         self.queue = queue
-        self.servers = _servers(servers)
+        self.servers = server_list(servers)
         self.creds = creds
         self.buffer_records = buffer_records
         self.dropped = 0

@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from gearbus.connectors.jetstream import connect
-
-NO_RESPONDERS = "503"
+from gearbus.connectors.jetstream import NO_RESPONDERS_STATUS, connect, server_list
 
 
 class NoRespondersError(RuntimeError):
@@ -33,7 +31,7 @@ class NatsRequester:
             raise ValueError(f"NatsRequester: {subject!r} is not a NATS subject")
         if timeout_s <= 0:
             raise ValueError(f"NatsRequester: timeout_s must be positive, got {timeout_s!r}")
-        self.servers = servers.split(",") if isinstance(servers, str) else list(servers)
+        self.servers = server_list(servers)
         self.subject = subject
         self.timeout_s = timeout_s
         self.creds = creds
@@ -84,7 +82,7 @@ class NatsRequester:
         answer = self._waiting.pop(msg.subject, None)
         if answer is None or answer.done():  # its caller gave up
             return
-        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS and not msg.data:
+        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS and not msg.data:
             answer.set_exception(NoRespondersError(f"no service answers requests on {self.subject!r}"))
         else:
             answer.set_result(msg.data)

@@ -151,7 +151,7 @@ class Sender:
                     elif watermark > channel.watermark:
                         self._frame(out, channel, watermark, False, NO_BARRIER, [])
             except ValueTypeError as exc:  # steps run at this edge made the value, not the task's own
-                exc.emitted_by = getattr(partitioner, "emitting_steps", lambda: None)()
+                exc.emitted_by = partitioner.emitting_steps()
                 raise
         return out
 

@@ -97,8 +97,7 @@ def test_a_fan_out_ends_the_chain():
     assert set(processors(app)) == {"src+up", "low+out_low", "keep+out_keep"}
     assert edges(app) == {("src+up", "low+out_low", "CoLocationPartitioner"),
                           ("src+up", "keep+out_keep", "CoLocationPartitioner after keep")}
-    keep = processors(app)["keep+out_keep"]
-    assert [type(op).__name__ for op in keep.config["ops"]] == ["SinkOp"]  # the filter runs at src+up's sender
+    assert [type(op).__name__ for op in ops_of(processors(app)["keep+out_keep"])] == ["SinkOp"]  # the filter runs at src+up's sender
 
 
 def test_stateless_branches_of_a_split_run_at_the_senders_and_their_processors_go_away():
