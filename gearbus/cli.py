@@ -29,14 +29,13 @@ from gearbus.security import CERT_DAYS
 from gearbus.security import add_user as add_security_user
 from gearbus.security import init as init_security
 from gearbus.security import summary as security_summary
-from shared.bus import RequestError
+from shared.bus import DEFAULT_NATS_URL, NATS_URL_ENV, RequestError
 from shared.logging import configure
 from shared.messages import AppState, AppSummary, CheckpointStats, ClusterInfo
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
 
-DEFAULT_URL = "nats://127.0.0.1:4222"
 
 #: Columns ``gearbus top --once`` may use when its output is not a terminal.
 PIPED_WIDTH = 200
@@ -385,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def cluster_args(p):
-        p.add_argument("--nats", default=os.environ.get("GEARBUS_NATS_URL", DEFAULT_URL),
-                       help="NATS URL of the cluster (default $GEARBUS_NATS_URL or %(default)s)")
+        p.add_argument("--nats", default=os.environ.get(NATS_URL_ENV, DEFAULT_NATS_URL),
+                       help=f"NATS URL of the cluster (default ${NATS_URL_ENV} or {DEFAULT_NATS_URL})")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--request-timeout", type=float, default=10.0, help="seconds to wait for the master")
         add_security_arguments(p)
@@ -397,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "spark: PySpark (--spark-master)")
     run.add_argument("--spark-master", default="local[*]",
                      help="Spark master URL for --runner spark (default local[*]; e.g. spark://host:7077)")
-    run.add_argument("--nats", default=os.environ.get("GEARBUS_NATS_URL", DEFAULT_URL),
+    run.add_argument("--nats", default=os.environ.get(NATS_URL_ENV, DEFAULT_NATS_URL),
                      help="NATS URL of the cluster for --runner cluster, and of JetStream steps for --runner spark")
     run.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
     run.add_argument("--slots", type=int, default=4, help="slots per worker (default 4)")

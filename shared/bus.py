@@ -3,10 +3,12 @@ and handler dispatch by message type that never lets a bad message kill a servic
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import os
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import nats
@@ -23,6 +25,25 @@ log = structlog.get_logger()
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
 Handler = Callable[[Message], Awaitable[Message | None]]
+
+NATS_URL_ENV = "GEARBUS_NATS_URL"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def add_nats_argument(parser: argparse.ArgumentParser) -> None:
+    """``--nats URL`` (repeatable), as every role takes it; :func:`nats_servers` reads it."""
+    parser.add_argument("--nats", action="append", metavar="URL",
+                        help=f"NATS server URL (repeatable; default ${NATS_URL_ENV}, comma-separated, "
+                             f"or {DEFAULT_NATS_URL})")
+
+
+def nats_servers(given: Sequence[str] | None, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The NATS URLs a process connects to: those given on its command line, else those in
+    ``$GEARBUS_NATS_URL`` (comma-separated), else the local default; the flag wins, as
+    twelve-factor services and containers expect."""
+    if given:
+        return list(given)
+    return [url.strip() for url in environ.get(NATS_URL_ENV, "").split(",") if url.strip()] or [DEFAULT_NATS_URL]
 
 
 class RequestError(Exception):

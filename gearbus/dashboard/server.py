@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 
 import structlog
 
+from shared.bus import add_nats_argument, nats_servers
 from shared.logging import configure
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
@@ -23,15 +23,14 @@ DEFAULT_PORT = 8080
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nats", action="append",
-                        help="NATS server URL (repeatable; default $GEARBUS_NATS_URL or nats://127.0.0.1:4222)")
+    add_nats_argument(parser)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}; 0: any)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     add_security_arguments(parser)
 
 
 def servers_of(args: argparse.Namespace) -> list[str]:
-    return args.nats or [os.environ.get("GEARBUS_NATS_URL", "nats://127.0.0.1:4222")]
+    return nats_servers(args.nats)
 
 
 async def serve(servers: list[str], host: str, port: int, own_signals: bool = False,

@@ -61,11 +61,11 @@ from gearbus.runners import spark_stateful
 from gearbus.runners.spark_records import CARRIED, STEP_FAILURE, StepFailure
 from gearbus.runtime.async_map import call
 from gearbus.runtime.windows import WindowOperator, window_limits
+from shared.bus import NATS_URL_ENV
 from shared.messages import AppError, AppState
 
 DEFAULT_BATCH_RECORDS = 4096
 MASTER_CONNECT_TIMEOUT_S = 5.0
-NATS_URL_ENV = "GEARBUS_NATS_URL"
 
 
 class SparkUnavailable(RuntimeError):

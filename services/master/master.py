@@ -23,7 +23,8 @@ from services.master.store import ApplicationRecord, StateStore, WorkerRecord
 from services.checkpoint_store import ensure_buckets, ensure_snapshot_bucket
 from services.master.credentials import APP_SIGNER_ENV, AppCredentials
 from shared import digests, subjects
-from shared.bus import JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout, bad_request, not_found, ride_out
+from shared.bus import (JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout, add_nats_argument, bad_request,
+                        nats_servers, not_found, ride_out)
 from shared.logging import configure
 from shared.messages import (
     FRAMEWORK_PACKAGES,
@@ -672,7 +673,7 @@ class Master(Service):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.master", description="gearbus master")
-    parser.add_argument("--nats", action="append", help="NATS server URL (repeatable; default nats://127.0.0.1:4222)")
+    add_nats_argument(parser)
     parser.add_argument("--master-id", default="", help="this master's id (default: generated)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between node heartbeats")
     parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds of silence before a worker is lost")
@@ -697,6 +698,6 @@ def main(argv: list[str] | None = None) -> int:
     except CredentialsError as exc:
         parser.error(str(exc))
     configure("master", node_id)
-    return run_service(Master(args.nats or ["nats://127.0.0.1:4222"], node_id, args.heartbeat_interval,
+    return run_service(Master(nats_servers(args.nats), node_id, args.heartbeat_interval,
                               args.worker_timeout, lease_ttl_s=args.lease_ttl, security=security,
                               app_credentials=app_credentials, appmaster_timeout=args.appmaster_timeout))

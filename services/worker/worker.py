@@ -21,7 +21,7 @@ import structlog
 from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, WORKER_GONE_SIGNAL, encode_launch
 from services.worker.last_error import last_error_line
 from shared import subjects
-from shared.bus import RequestError, RequestTimeout, bad_request
+from shared.bus import RequestError, RequestTimeout, add_nats_argument, bad_request, nats_servers
 from shared.logging import configure
 from shared.messages import (
     ExecutorKind,
@@ -268,7 +268,7 @@ class Worker(Service):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.worker", description="gearbus worker")
-    parser.add_argument("--nats", action="append", help="NATS server URL (repeatable; default nats://127.0.0.1:4222)")
+    add_nats_argument(parser)
     parser.add_argument("--slots", type=int, default=4, help="processes this worker may run (default 4)")
     parser.add_argument("--worker-id", default="", help="this worker's id (default: generated)")
     parser.add_argument("--log-dir", default="",
@@ -285,4 +285,4 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"gearbus-{worker_id}-logs-")
     os.makedirs(log_dir, exist_ok=True)
     configure("worker", worker_id)
-    return run_service(Worker(args.nats or ["nats://127.0.0.1:4222"], worker_id, args.slots, log_dir, security))
+    return run_service(Worker(nats_servers(args.nats), worker_id, args.slots, log_dir, security))
