@@ -207,17 +207,17 @@ def measure(query: str, files: tuple[str, str], opts, flink: str | None, scratch
         for engine in opts.engines:
             if results[engine]["error"]:
                 continue
-            small, large = runs[engine]["small"], runs[engine]["large"]
-            extra = large["running_s"] - small["running_s"]
+            on_n, on_3n = runs[engine]["small"], runs[engine]["large"]
+            extra = on_3n["running_s"] - on_n["running_s"]
             if extra <= 0:
                 log(f"{query} {engine}: 3N ran no longer than N ({runs[engine]}); round not counted")
                 continue
             rate = 2 * opts.events / extra
             results[engine]["rates"].append(rate)
-            results[engine]["startups"].append(small["wall_s"] - opts.events / rate)
-            log(f"{query} {engine}: running {small['running_s']:.2f} s for {opts.events:,} events (command "
-                f"{small['wall_s']:.2f} s), {large['running_s']:.2f} s for {3 * opts.events:,} (command "
-                f"{large['wall_s']:.2f} s): {rate:,.0f} events/s")
+            results[engine]["startups"].append(on_n["wall_s"] - opts.events / rate)
+            log(f"{query} {engine}: running {on_n['running_s']:.2f} s for {opts.events:,} events (command "
+                f"{on_n['wall_s']:.2f} s), {on_3n['running_s']:.2f} s for {3 * opts.events:,} (command "
+                f"{on_3n['wall_s']:.2f} s): {rate:,.0f} events/s")
     return results
 
 
