@@ -26,11 +26,15 @@ import re
 import shutil
 import sys
 
-#: Categories, in the order the table prints them.
+#: The costs of processing events, in the order the table prints them.
 CATEGORIES = ("reading+JSON", "schema checks", "user functions", "engine per record", "frame codec", "bus",
-              "checkpoints", "sink", "control plane", "other")
-#: Importing modules, in any process: a cost per run, not per event.
+              "checkpoints", "sink", "other")
+#: The master, the workers, the AppMaster and the client: a cost per second of the run.
+CONTROL_PLANE = "control plane"
+#: Importing modules, in any process: a cost per run.
 START_UP = "start-up"
+#: Costs of a run, not of its events.
+PER_RUN = (CONTROL_PLANE, START_UP)
 
 _CHECKPOINT_FILES = ("gearbus/runtime/snapshots.py", "gearbus/runtime/keygroups.py", "gearbus/runtime/checkpoints.py",
                      "services/checkpoint_store.py", "gearbus/runtime/savepoints.py")
@@ -72,7 +76,7 @@ def category(stack: list[str]) -> str:
     if any("<frozen importlib" in frame for frame in stack):
         return START_UP
     if not processes or "services.executor" not in processes[-1]:
-        return "control plane"
+        return CONTROL_PLANE
     frames = [m for m in (_FRAME.match(frame) for frame in stack) if m]
     if any(m["file"] in _CHECKPOINT_FILES or _CHECKPOINT_FUNCTIONS.search(m["function"]) for m in frames):
         return "checkpoints"

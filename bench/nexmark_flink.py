@@ -22,8 +22,9 @@ on each engine over both files, engines interleaved (their order swapped every r
 The steady rate is 2N / (R(3N) - R(N)), R being the time the job ran (gearbus: ACTIVE to
 SUCCEEDED as the client saw it; Flink: from submitting the INSERT to the job's end), so what
 is the same in both runs (deploying tasks, the first checkpoint, the drain) cancels out.
-Start-up is shown on its own: T(N) - N / rate, T being the whole command from start to exit
-(the time it would take on no events: the JVM or the embedded cluster, submission and all). Per core is the rate over the machine's cores (every
+Start-up is shown on its own: the whole command, from start to exit, on the first 1,000
+events (the JVM or the embedded cluster, planning, deploying, the first and last
+checkpoints, shutting down). Per core is the rate over the machine's cores (every
 process of a run shares them). The table gives the median and the spread (min-max) over
 ``--repeat``. ``--check`` first runs each query on the N file on both engines with its rows
 written instead of discarded (the same configuration otherwise) and holds them against the
@@ -60,6 +61,7 @@ ENGINES = ("gearbus", "flink")
 FLINK_VERSION = "2.3.0"
 FLINK_JOB = os.path.join(BENCH, "flink_job.py")
 PROFILE_RATE_HZ = 100
+STARTUP_EVENTS = 1000  # start-up: the whole command on this many events
 
 
 def default_venv() -> str:
@@ -145,21 +147,24 @@ def run_flink(python: str, query: str, events_file: str, opts, scratch: str, row
 
 # --- the measurements ----------------------------------------------------------------------
 
-def write_inputs(rate: int, events: int, scratch: str) -> tuple[str, str]:
-    """The N and 3N events files at ``rate`` events/s of event time (N's are 3N's first lines)."""
+def write_inputs(rate: int, events: int, scratch: str) -> tuple[str, str, str]:
+    """The STARTUP_EVENTS, N and 3N events files at ``rate`` events/s of event time (the
+    smaller ones are the first lines of the largest)."""
     from gearbus.nexmark import GeneratorConfig, write_events
 
     os.makedirs(scratch, exist_ok=True)
     large = os.path.join(scratch, f"events-{rate}-{3 * events}.jsonl")
     small = os.path.join(scratch, f"events-{rate}-{events}.jsonl")
+    tiny = os.path.join(scratch, f"events-{rate}-{STARTUP_EVENTS}.jsonl")
     started = time.perf_counter()
     write_events(large, 3 * events, GeneratorConfig(rate=rate))
-    with open(large, encoding="utf-8") as source, open(small, "w", encoding="utf-8") as target:
-        for _, line in zip(range(events), source):
-            target.write(line)
+    for path, count in ((small, events), (tiny, STARTUP_EVENTS)):
+        with open(large, encoding="utf-8") as source, open(path, "w", encoding="utf-8") as target:
+            for _, line in zip(range(count), source):
+                target.write(line)
     log(f"events at {rate:,}/s of event time: {3 * events:,} written in {time.perf_counter() - started:.1f} s "
         f"({os.path.getsize(large) / 1e6:.0f} MB), spanning {3 * events / rate:,.0f} s of event time")
-    return small, large
+    return tiny, small, large
 
 
 def check(query: str, engine: str, small: str, opts, flink: str | None, scratch: str) -> str:
@@ -186,21 +191,19 @@ def check(query: str, engine: str, small: str, opts, flink: str | None, scratch:
     return "ok"
 
 
-def measure(query: str, files: tuple[str, str], opts, flink: str | None, scratch: str) -> dict:
+def measure(query: str, files: tuple[str, str, str], opts, flink: str | None, scratch: str) -> dict:
     """Per engine: the steady rates, start-ups and failure (if any) over ``opts.repeat`` rounds."""
-    small, large = files
     results = {engine: {"rates": [], "startups": [], "error": None} for engine in opts.engines}
     for round_no in range(opts.repeat):
         order = opts.engines if round_no % 2 == 0 else opts.engines[::-1]
         runs = {engine: {} for engine in opts.engines}
-        for size, path in (("small", small), ("large", large)):
+        for size, path in zip(("tiny", "small", "large"), files):
             for engine in order:
                 if results[engine]["error"]:
                     continue
                 try:
-                    run = (run_gearbus(query, path, opts, scratch) if engine == "gearbus"
-                           else run_flink(flink, query, path, opts, scratch))
-                    runs[engine][size] = run
+                    runs[engine][size] = (run_gearbus(query, path, opts, scratch) if engine == "gearbus"
+                                          else run_flink(flink, query, path, opts, scratch))
                 except BenchError as exc:
                     results[engine]["error"] = str(exc).splitlines()[0]
                     log(f"{query} {engine}: {exc}")
@@ -208,25 +211,26 @@ def measure(query: str, files: tuple[str, str], opts, flink: str | None, scratch
             if results[engine]["error"]:
                 continue
             on_n, on_3n = runs[engine]["small"], runs[engine]["large"]
+            results[engine]["startups"].append(runs[engine]["tiny"]["wall_s"])
             extra = on_3n["running_s"] - on_n["running_s"]
             if extra <= 0:
                 log(f"{query} {engine}: 3N ran no longer than N ({runs[engine]}); round not counted")
                 continue
             rate = 2 * opts.events / extra
             results[engine]["rates"].append(rate)
-            results[engine]["startups"].append(on_n["wall_s"] - opts.events / rate)
-            log(f"{query} {engine}: running {on_n['running_s']:.2f} s for {opts.events:,} events (command "
-                f"{on_n['wall_s']:.2f} s), {on_3n['running_s']:.2f} s for {3 * opts.events:,} (command "
-                f"{on_3n['wall_s']:.2f} s): {rate:,.0f} events/s")
+            log(f"{query} {engine}: {runs[engine]['tiny']['wall_s']:.2f} s for {STARTUP_EVENTS:,} events; running "
+                f"{on_n['running_s']:.2f} s for {opts.events:,} (command {on_n['wall_s']:.2f} s), "
+                f"{on_3n['running_s']:.2f} s for {3 * opts.events:,} (command {on_3n['wall_s']:.2f} s): "
+                f"{rate:,.0f} events/s")
     return results
 
 
-def profile(query: str, files: tuple[str, str], opts, scratch: str) -> dict[str, float]:
+def profile(query: str, files: tuple[str, str, str], opts, scratch: str) -> dict[str, float]:
     """gearbus's steady state by cost: per category, the py-spy samples of the 3N run less
     those of the N run, as seconds over the 2N events between them (microseconds per event);
-    start-up (imports) is the N run's, in seconds."""
+    the costs of a run (the control plane, start-up) are the N run's, in seconds."""
     counts = {}
-    for size, path in zip(("small", "large"), files):
+    for size, path in zip(("small", "large"), files[1:]):
         raw = os.path.join(scratch, f"profile-{query}-{size}.txt")
         args = ["--input", path, "--all-events", "--blackhole", "--parallelism", str(opts.parallelism)]
         app = os.path.join(REPO, "examples", "nexmark", f"{query}.py")
@@ -239,7 +243,7 @@ def profile(query: str, files: tuple[str, str], opts, scratch: str) -> dict[str,
         counts[size] = cpu_split.split(raw)
     per_event = {name: (counts["large"][name] - counts["small"][name]) / PROFILE_RATE_HZ / (2 * opts.events) * 1e6
                  for name in cpu_split.CATEGORIES}
-    return {**per_event, cpu_split.START_UP: counts["small"][cpu_split.START_UP] / PROFILE_RATE_HZ}
+    return {**per_event, **{name: counts["small"][name] / PROFILE_RATE_HZ for name in cpu_split.PER_RUN}}
 
 
 # --- printing ------------------------------------------------------------------------------
@@ -273,11 +277,11 @@ def print_table(rate: int, rows: dict, checks: dict, opts, cores: int) -> None:
             if result["error"]:
                 line += f"{'failed (below)':>26}{'':>10}"
                 continue
-            if not result["rates"]:
-                line += f"{'too noisy':>26}{'':>10}"
-                continue
-            per_core[engine] = statistics.median(result["rates"]) / cores
-            cell = _k(per_core[engine]) + _spread(result["rates"], cores)
+            if result["rates"]:
+                per_core[engine] = statistics.median(result["rates"]) / cores
+                cell = _k(per_core[engine]) + _spread(result["rates"], cores)
+            else:
+                cell = "too noisy"
             line += f"{cell:>26}{statistics.median(result['startups']):>9.1f}s"
         if len(opts.engines) == 2:
             ratio = (f"{per_core['gearbus'] / per_core['flink']:.2f}" if len(per_core) == 2 else "-")
@@ -295,8 +299,10 @@ def print_profile(rate: int, split: dict[str, dict[str, float]]) -> None:
     width = {name: max(len(name) + 2, 8) for name in names}
     print(f"\nWhere gearbus's time goes at {rate:,} events/s of event time, steady state: the share of each cost "
           f"(py-spy, the GIL holder of every process, 3N run less N run); total = microseconds per event under the "
-          f"profiler; start-up = seconds spent importing in the N run")
-    print(f"{'query':<6}{'total':>8}" + "".join(f"{name:>{width[name]}}" for name in names) + f"{'start-up':>10}")
+          f"profiler; then the N run's own costs, in seconds: the control plane (master, workers, AppMaster, "
+          f"client) and start-up (importing, in every process)")
+    print(f"{'query':<6}{'total':>8}" + "".join(f"{name:>{width[name]}}" for name in names)
+          + "".join(f"{name:>{len(name) + 2}}" for name in cpu_split.PER_RUN))
     shares = collections.defaultdict(list)
     for query, row in split.items():
         total = sum(row[name] for name in names)
@@ -305,7 +311,7 @@ def print_profile(rate: int, split: dict[str, dict[str, float]]) -> None:
             share = row[name] / total if total > 0 else 0.0
             shares[name].append(share)
             line += f"{share:>{width[name]}.0%}"
-        print(line + f"{row[cpu_split.START_UP]:>9.1f}s")
+        print(line + "".join(f"{row[name]:>{len(name) + 1}.1f}s" for name in cpu_split.PER_RUN))
     mean = {name: statistics.mean(values) for name, values in shares.items()}
     largest = sorted(mean, key=mean.get, reverse=True)[:3]
     print("largest costs, by their mean share over the queries: "
@@ -327,7 +333,7 @@ def benchmark(opts, scratch: str) -> int:
         rows, checks, split = {}, {}, {}
         for query in opts.queries:
             if opts.check:
-                checks[query] = {engine: check(query, engine, files[0], opts, flink, scratch)
+                checks[query] = {engine: check(query, engine, files[1], opts, flink, scratch)
                                  for engine in opts.engines}
                 log(f"{query}: rows vs the oracle: {checks[query]}")
             rows[query] = measure(query, files, opts, flink, scratch)

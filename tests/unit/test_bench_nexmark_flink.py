@@ -86,7 +86,7 @@ def test_flink_timestamps_become_epoch_milliseconds_and_other_values_stay():
      "checkpoints"),
     (["DataSinkTask.on_batch (gearbus/api/io_tasks.py:72)", "DiscardSink.write (gearbus/connectors/files.py:430)"],
      EXECUTOR, "sink"),
-    (["Master.on_heartbeat (services/master/master.py:300)"], MASTER, "control plane"),
+    (["Master.on_heartbeat (services/master/master.py:300)"], MASTER, cpu_split.CONTROL_PLANE),
     (["_find_and_load (<frozen importlib._bootstrap>:1176)", "_create_fn (dataclasses.py:433)"], EXECUTOR,
      cpu_split.START_UP),
 ])
