@@ -31,7 +31,7 @@ from gearbus.security import init as init_security
 from gearbus.security import summary as security_summary
 from shared.bus import DEFAULT_NATS_URL, NATS_URL_ENV, RequestError
 from shared.logging import configure
-from shared.messages import AppState, AppSummary, CheckpointStats, ClusterInfo
+from shared.messages import AppState, AppSummary, CheckpointRecord, CheckpointStats, ClusterInfo
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
@@ -39,6 +39,7 @@ from shared.security import add_arguments as add_security_arguments
 
 #: Columns ``gearbus top --once`` may use when its output is not a terminal.
 PIPED_WIDTH = 200
+STATUS_HISTORY = 5  # checkpoints `gearbus status` lists (--json: every one the AppMaster keeps)
 
 
 def _as_json(obj) -> str:
@@ -76,6 +77,7 @@ def format_status(app: AppSummary) -> str:
         lines.append(f"  guarantee: {app.guarantee}{why}")
     if app.checkpoints is not None:
         lines.append(f"  checkpoints: {format_checkpoints(app.checkpoints)}")
+        lines += [f"    {line}" for line in format_checkpoint_history(app.checkpoints.history[-STATUS_HISTORY:])]
     if app.restarts:
         blacklisted = f"; blacklisted workers: {', '.join(app.blacklisted_workers)}" if app.blacklisted_workers else ""
         lines.append(f"  restarts: {app.restarts} (rolled back to the last checkpoint){blacklisted}")
@@ -104,6 +106,17 @@ def format_checkpoints(stats: CheckpointStats, now_ms: int | None = None) -> str
         last = "none completed yet"
     failed = f", {stats.failed} failed (last: {stats.last_failure})" if stats.failed else ""
     return f"{every}; {last}; {stats.completed} completed{failed}; epoch {stats.epoch}"
+
+
+def format_checkpoint_history(history: list[CheckpointRecord]) -> list[str]:
+    """A line per checkpoint, newest first (all of them: ``gearbus status --json``)."""
+    lines = []
+    for record in reversed(history):
+        took = "" if record.status == "in_progress" else f" took {record.duration_ms} ms,"
+        failure = f": {record.failure}" if record.failure else ""
+        lines.append(f"#{record.checkpoint_id} {record.status.replace('_', ' ')} at {_format_time(record.trigger_ms)},"
+                     f"{took} aligned {record.alignment_ms} ms, {record.size_bytes} bytes{failure}")
+    return lines
 
 
 def format_info(info: ClusterInfo) -> str:

@@ -21,6 +21,7 @@ from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, join_task_state, split_task_state
 from gearbus.runtime.snapshots import TaskSnapshot
+from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore
@@ -597,7 +598,7 @@ class AppMaster(Service):
         if self.state is not None:
             await self.carry_out(self.state.checkpoint_acked(msg.checkpoint_id, msg.epoch,
                                                              (msg.task.processor, msg.task.index), msg.size_bytes,
-                                                             msg.ended, time.monotonic()))
+                                                             msg.ended, time.monotonic(), msg.alignment_ms / 1000))
 
     async def on_declined(self, msg: CheckpointDeclined) -> None:
         if self.state is not None:
@@ -648,7 +649,7 @@ class AppMaster(Service):
             last_duration_ms=int(latest.duration_s * 1000) if latest else 0,
             last_size_bytes=latest.size_bytes if latest else 0,
             completed=stats.completed, failed=stats.failed, last_failure=self._checkpoint_failure,
-            epoch=self.epoch,
+            epoch=self.epoch, history=checkpoint_history(stats.history, time.monotonic(), time.time()),
         )
 
     async def _send_heartbeat(self) -> None:

@@ -158,8 +158,8 @@ class Executor(Service):
     async def on_complete(self, msg: CheckpointComplete) -> None:
         await self._carry_out(self.tasks.checkpoint_complete(msg.epoch, msg.checkpoint_id, msg.final))
 
-    async def on_snapshot(self, runner: TaskRunner, snapshot: Snapshot) -> None:
-        await self._carry_out(self.tasks.snapshot_taken(runner.task_id, runner.epoch, snapshot))
+    async def on_snapshot(self, runner: TaskRunner, snapshot: Snapshot, alignment_s: float) -> None:
+        await self._carry_out(self.tasks.snapshot_taken(runner.task_id, runner.epoch, snapshot, alignment_s))
 
     async def on_task_ended(self, runner: TaskRunner) -> None:
         await self._carry_out(self.tasks.task_ended(runner.task_id, runner.epoch))
@@ -245,12 +245,12 @@ class Executor(Service):
                 f"storing the snapshot of {runner.name} failed: {type(exc).__name__}: {exc}"))
             return
         await self._carry_out(self.tasks.snapshot_stored(store.task, store.epoch, checkpoint_id, len(data),
-                                                         store.snapshot.ended))
+                                                         store.snapshot.ended, store.alignment_s))
 
     async def _ack(self, ack: lifecycle.AckCheckpoint) -> None:
         await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
                                TaskCheckpointed(self.executor_id, ack.task, ack.checkpoint_id, ack.epoch,
-                                                ack.size_bytes, ack.ended))
+                                                ack.size_bytes, ack.ended, int(ack.alignment_s * 1000)))
 
     async def _decline(self, decline: lifecycle.DeclineCheckpoint) -> None:
         log.warning("checkpoint_declined", task=self.runners[decline.task].name, checkpoint_id=decline.checkpoint_id,
