@@ -20,6 +20,7 @@ from gearbus.client import Client
 from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from gearbus.runners.spark import SparkRunner, SparkUnavailable
+from gearbus.runtime import state_query
 from gearbus.terminal import processor_table, show_progress, top
 from gearbus.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
 from gearbus.dashboard.server import add_arguments as dashboard_arguments
@@ -268,6 +269,21 @@ async def _savepoint(args) -> int:
     return await _with_client(args, go)
 
 
+async def _state(args) -> int:
+    async def go(client: Client) -> int:
+        reply = await client.state(args.app_id, args.step, args.key)
+        task = f"{reply.task.processor}.{reply.task.index}"
+        if args.json:
+            print(json.dumps(state_query.answer(reply)))
+        elif reply.found:
+            print(reply.value)
+        else:
+            print(f"step {reply.step} holds nothing for key {reply.key} (task {task}, which owns it)", file=sys.stderr)
+        return 0 if reply.found else 1
+
+    return await _with_client(args, go)
+
+
 async def _status(args) -> int:
     async def go(client: Client) -> int:
         app = await client.status(args.app_id)
@@ -475,6 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint.add_argument("--name", default="", help="letters, digits, - and _ (default app<id>-<checkpoint>)")
     savepoint.add_argument("--stop", action="store_true", help="end the app once the savepoint is written")
     savepoint.set_defaults(handler=_savepoint)
+
+    state = sub.add_parser("state", help="what a keyed step of a running app holds for a key (read live)")
+    cluster_args(state)
+    state.add_argument("app_id", type=int)
+    state.add_argument("step", help="the step's name (gearbus plan shows them)")
+    state.add_argument("key", help='the key as JSON: a string is quoted (\'"word"\'), an array is a tuple')
+    state.set_defaults(handler=_state)
 
     wait = sub.add_parser("wait", help="wait for an app to end; exit 0 only if it SUCCEEDED")
     cluster_args(wait)

@@ -482,6 +482,35 @@ class TakeSavepoint(Message):
     stop: bool = False
 
 
+class QueryState(Message):
+    """Ask for what a keyed step of a running app holds for one key (on ``app.state``; the
+    master passes it to the app's AppMaster, which asks the task that owns the key)."""
+
+    app_id: int
+    step: str
+    key: str  # JSON: a string is quoted, an array is a tuple
+
+
+class QueryTaskState(Message):
+    """The AppMaster asks the executor hosting ``task`` for its state of ``key`` in ``step``."""
+
+    app_id: int
+    task: TaskId
+    step: str
+    key: str  # JSON, as in QueryState
+
+
+class StateValue(Message):
+    """What a task's step holds for a key, read while the app runs."""
+
+    app_id: int
+    step: str
+    key: str  # JSON, as asked
+    task: TaskId  # the task that owns the key
+    found: bool  # false: the step holds nothing for the key
+    value: str = "null"  # JSON; what JSON cannot hold appears as its Python repr (a string)
+
+
 class SavepointTaken(Message):
     app_id: int
     name: str
