@@ -20,6 +20,7 @@ from gearbus.client import Client
 from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from gearbus.runners.spark import SparkRunner, SparkUnavailable
+from gearbus.runtime import state_query
 from gearbus.terminal import processor_table, show_progress, top
 from gearbus.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
 from gearbus.dashboard.server import add_arguments as dashboard_arguments
@@ -31,7 +32,7 @@ from gearbus.security import init as init_security
 from gearbus.security import summary as security_summary
 from shared.bus import DEFAULT_NATS_URL, NATS_URL_ENV, RequestError
 from shared.logging import configure
-from shared.messages import AppState, AppSummary, CheckpointStats, ClusterInfo
+from shared.messages import AppState, AppSummary, CheckpointRecord, CheckpointStats, ClusterInfo
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
@@ -39,6 +40,7 @@ from shared.security import add_arguments as add_security_arguments
 
 #: Columns ``gearbus top --once`` may use when its output is not a terminal.
 PIPED_WIDTH = 200
+STATUS_HISTORY = 5  # checkpoints `gearbus status` lists (--json: every one the AppMaster keeps)
 
 
 def _as_json(obj) -> str:
@@ -76,6 +78,7 @@ def format_status(app: AppSummary) -> str:
         lines.append(f"  guarantee: {app.guarantee}{why}")
     if app.checkpoints is not None:
         lines.append(f"  checkpoints: {format_checkpoints(app.checkpoints)}")
+        lines += [f"    {line}" for line in format_checkpoint_history(app.checkpoints.history[-STATUS_HISTORY:])]
     if app.restarts:
         blacklisted = f"; blacklisted workers: {', '.join(app.blacklisted_workers)}" if app.blacklisted_workers else ""
         lines.append(f"  restarts: {app.restarts} (rolled back to the last checkpoint){blacklisted}")
@@ -104,6 +107,17 @@ def format_checkpoints(stats: CheckpointStats, now_ms: int | None = None) -> str
         last = "none completed yet"
     failed = f", {stats.failed} failed (last: {stats.last_failure})" if stats.failed else ""
     return f"{every}; {last}; {stats.completed} completed{failed}; epoch {stats.epoch}"
+
+
+def format_checkpoint_history(history: list[CheckpointRecord]) -> list[str]:
+    """A line per checkpoint, newest first (all of them: ``gearbus status --json``)."""
+    lines = []
+    for record in reversed(history):
+        took = "" if record.status == "in_progress" else f" took {record.duration_ms} ms,"
+        failure = f": {record.failure}" if record.failure else ""
+        lines.append(f"#{record.checkpoint_id} {record.status.replace('_', ' ')} at {_format_time(record.trigger_ms)},"
+                     f"{took} aligned {record.alignment_ms} ms, {record.size_bytes} bytes{failure}")
+    return lines
 
 
 def format_info(info: ClusterInfo) -> str:
@@ -251,6 +265,21 @@ async def _savepoint(args) -> int:
             print(f"savepoint {taken.name} (checkpoint {taken.checkpoint_id}, {taken.size_bytes} bytes, "
                   f"steps: {', '.join(taken.steps) or '-'}){stopped}")
         return 0
+
+    return await _with_client(args, go)
+
+
+async def _state(args) -> int:
+    async def go(client: Client) -> int:
+        reply = await client.state(args.app_id, args.step, args.key)
+        task = f"{reply.task.processor}.{reply.task.index}"
+        if args.json:
+            print(json.dumps(state_query.answer(reply)))
+        elif reply.found:
+            print(reply.value)
+        else:
+            print(f"step {reply.step} holds nothing for key {reply.key} (task {task}, which owns it)", file=sys.stderr)
+        return 0 if reply.found else 1
 
     return await _with_client(args, go)
 
@@ -462,6 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint.add_argument("--name", default="", help="letters, digits, - and _ (default app<id>-<checkpoint>)")
     savepoint.add_argument("--stop", action="store_true", help="end the app once the savepoint is written")
     savepoint.set_defaults(handler=_savepoint)
+
+    state = sub.add_parser("state", help="what a keyed step of a running app holds for a key (read live)")
+    cluster_args(state)
+    state.add_argument("app_id", type=int)
+    state.add_argument("step", help="the step's name (gearbus plan shows them)")
+    state.add_argument("key", help='the key as JSON: a string is quoted (\'"word"\'), an array is a tuple')
+    state.set_defaults(handler=_state)
 
     wait = sub.add_parser("wait", help="wait for an app to end; exit 0 only if it SUCCEEDED")
     cluster_args(wait)

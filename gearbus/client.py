@@ -26,8 +26,10 @@ from shared.messages import (
     QueryApplication,
     QueryCluster,
     QueryLogs,
+    QueryState,
     RestartApplication,
     SavepointTaken,
+    StateValue,
     SubmitApplication,
     SubmitApplicationResult,
     TakeSavepoint,
@@ -36,6 +38,7 @@ from shared.messages import (
 from shared.security import Security
 
 SUBMIT_TIMEOUT_S = 180.0  # the master may wait 60 s for a slot, then 60 s for the AppMaster
+STATE_TIMEOUT_S = 20.0  # the master allows the AppMaster 15 s (it asks the task's executor)
 SAVEPOINT_TIMEOUT_S = 130.0  # the master allows the AppMaster 120 s (a checkpoint, then copying its state)
 QUERY_ATTEMPT_S = 5.0  # a status/list/info/kill not answered this fast is asked again
 REACHABLE_WITHIN_S = 2.0  # a NATS URL that accepts no connection this fast is an error (2x for the handshake)
@@ -108,6 +111,11 @@ class Client:
         """Write a named checkpoint of a running app (and end it, with ``stop``)."""
         return await self._request(subjects.APP_SAVEPOINT, TakeSavepoint(app_id, name, stop), SavepointTaken,
                                    SAVEPOINT_TIMEOUT_S, idempotent=False)
+
+    async def state(self, app_id: int, step: str, key: str) -> StateValue:
+        """What keyed step ``step`` of a running app holds for ``key`` (JSON), read from the
+        task that owns the key while the app runs."""
+        return await self._request(subjects.APP_STATE, QueryState(app_id, step, key), StateValue, STATE_TIMEOUT_S)
 
     async def restart(self, app_id: int) -> ApplicationRestarted:
         """Submit the app again (a running one continues from a savepoint); the new app's id."""

@@ -327,6 +327,27 @@ class ProcessorMetrics(Struct):
     state_bytes: int = 0  # their estimated size
 
 
+class ProcessorCheckpoint(Struct):
+    """What one processor's tasks wrote for a checkpoint."""
+
+    processor: int
+    size_bytes: int
+    tasks: int  # of its tasks, those that acknowledged the checkpoint
+
+
+class CheckpointRecord(Struct):
+    """One of an app's last checkpoints, whatever became of it (Flink's checkpoint history)."""
+
+    checkpoint_id: int
+    status: str  # "in_progress", "completed" or "failed"
+    trigger_ms: int  # when it was triggered (epoch ms)
+    duration_ms: int = 0  # from the trigger until it completed or failed; 0 while in progress
+    alignment_ms: int = 0  # the longest barrier alignment among the tasks that acknowledged it
+    size_bytes: int = 0  # its stored snapshots, summed
+    processors: list[ProcessorCheckpoint] = dataclasses.field(default_factory=list)
+    failure: str = ""  # why it failed
+
+
 class CheckpointStats(Struct):
     """The app's checkpoints, for ``gearbus status``."""
 
@@ -339,6 +360,7 @@ class CheckpointStats(Struct):
     failed: int = 0  # abandoned, declined or not stored
     last_failure: str = ""
     epoch: int = 0  # the app's attempt: the number of rollbacks to a checkpoint so far
+    history: list[CheckpointRecord] = dataclasses.field(default_factory=list)  # the last 20, oldest first
 
 
 class AppError(Struct):
@@ -458,6 +480,35 @@ class TakeSavepoint(Message):
     app_id: int
     name: str = ""  # letters, digits, "-" and "_"; default "app<id>-<checkpoint id>"
     stop: bool = False
+
+
+class QueryState(Message):
+    """Ask for what a keyed step of a running app holds for one key (on ``app.state``; the
+    master passes it to the app's AppMaster, which asks the task that owns the key)."""
+
+    app_id: int
+    step: str
+    key: str  # JSON: a string is quoted, an array is a tuple
+
+
+class QueryTaskState(Message):
+    """The AppMaster asks the executor hosting ``task`` for its state of ``key`` in ``step``."""
+
+    app_id: int
+    task: TaskId
+    step: str
+    key: str  # JSON, as in QueryState
+
+
+class StateValue(Message):
+    """What a task's step holds for a key, read while the app runs."""
+
+    app_id: int
+    step: str
+    key: str  # JSON, as asked
+    task: TaskId  # the task that owns the key
+    found: bool  # false: the step holds nothing for the key
+    value: str = "null"  # JSON; what JSON cannot hold appears as its Python repr (a string)
 
 
 class SavepointTaken(Message):
@@ -771,6 +822,7 @@ class TaskCheckpointed(Message):
     epoch: int
     size_bytes: int
     ended: bool = False
+    alignment_ms: int = 0  # from its first input's barrier to its last's
 
 
 class CheckpointDeclined(Message):

@@ -9,6 +9,7 @@ APP_STATUS = "app.status"
 APP_LIST = "app.list"
 APP_SAVEPOINT = "app.savepoint"
 APP_RESTART = "app.restart"
+APP_STATE = "app.state"
 MASTER_INFO = "master.info"
 LOGS_QUERY = "logs.query"  # every worker answers (scatter-gather)
 
@@ -153,6 +154,16 @@ def checkpoint_latest_key(app_id: int) -> str:
 def appmaster_savepoint(app_id: int) -> str:
     """The master passes a client's TakeSavepoint to the app's AppMaster."""
     return f"appmaster.{app_id}.savepoint"
+
+
+def appmaster_state_query(app_id: int | str) -> str:
+    """The master passes a client's QueryState to the app's AppMaster."""
+    return f"appmaster.{app_id}.state.query"
+
+
+def executor_state_query(app_id: int, executor_id: int) -> str:
+    """The AppMaster asks the executor hosting the task that owns a key for its state."""
+    return f"executor.{app_id}.{executor_id}.state"
 
 
 def savepoint_object(name: str, step: str, index: int) -> str:

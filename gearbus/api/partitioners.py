@@ -26,6 +26,12 @@ def _fixed_seed_hash(key) -> int:
 stable_hash = _crc_hash if sys.flags.hash_randomization else _fixed_seed_hash
 
 
+def key_owner(key, num_partitions: int) -> int:
+    """The task of ``num_partitions`` that a hash edge sends ``key`` to (and that so holds
+    its state downstream of a ``group_by``)."""
+    return stable_hash(key) % num_partitions
+
+
 class Partitioner:
     """Base of all partitioners."""
 
@@ -67,8 +73,7 @@ class HashPartitioner(Partitioner):
         self.by_key = by_key
 
     def partition(self, record: Record, num_partitions: int, current_index: int) -> int:
-        key = record.value if record.key is None and not self.by_key else record.key
-        return stable_hash(key) % num_partitions
+        return key_owner(record.value if record.key is None and not self.by_key else record.key, num_partitions)
 
     def route(self, records, num_partitions, current_index):
         if num_partitions == 1:

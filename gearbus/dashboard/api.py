@@ -15,8 +15,9 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gearbus.dashboard.cluster import ClusterView, Conflict, NotFound, Unreachable
+from gearbus.dashboard.cluster import ClusterView, Conflict, Invalid, NotFound, Unreachable
 from gearbus.dashboard.prometheus import exposition
+from gearbus.runtime import state_query
 from shared.messages import (
     AppDag,
     AppError,
@@ -57,6 +58,10 @@ def create_app(view: ClusterView) -> FastAPI:
     @app.exception_handler(Conflict)
     async def conflict(_: Request, exc: Conflict):
         return _error(409, str(exc))
+
+    @app.exception_handler(Invalid)
+    async def invalid(_: Request, exc: Invalid):
+        return _error(400, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError):
@@ -140,6 +145,11 @@ def create_app(view: ClusterView) -> FastAPI:
                              "processors": [p.to_wire() for p in a.processors],
                              "tasks": [t.to_wire() for t in a.tasks],
                              "checkpoints": a.checkpoints.to_wire() if a.checkpoints else None})
+
+    @app.get("/api/v1/apps/{app_id}/state/{step}",
+             summary="What a keyed step holds for a key (JSON, e.g. ?key=%22word%22), read from its task live")
+    async def state(app_id: int, step: str, key: str):
+        return JSONResponse(state_query.answer(await view.state(app_id, step, key)))
 
     @app.post("/api/v1/apps/{app_id}/kill", summary="End the app (TERMINATED)")
     async def kill(app_id: int):

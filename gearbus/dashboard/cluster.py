@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gearbus.client import Client
 from shared.bus import NoResponders, RequestError, RequestTimeout
-from shared.messages import ApplicationRestarted, AppSummary, ClusterInfo, ErrorCode
+from shared.messages import ApplicationRestarted, AppSummary, ClusterInfo, ErrorCode, StateValue
 from shared.security import Security
 
 QUERY_TIMEOUT_S = 3.0  # a page must not hang: a master that does not answer this fast is "unreachable"
@@ -21,6 +21,10 @@ class NotFound(LookupError):
 
 class Conflict(Exception):
     pass
+
+
+class Invalid(ValueError):
+    """The request is wrong (an unknown step, a key that is not JSON): the message says how."""
 
 
 class ClusterView:
@@ -48,6 +52,8 @@ class ClusterView:
                 raise NotFound(exc.message) from None
             if exc.code == ErrorCode.CONFLICT:
                 raise Conflict(exc.message) from None
+            if exc.code == ErrorCode.BAD_REQUEST:
+                raise Invalid(exc.message) from None
             raise
 
     async def info(self) -> ClusterInfo:
@@ -64,3 +70,6 @@ class ClusterView:
 
     async def restart(self, app_id: int) -> ApplicationRestarted:
         return await self._ask(self.client.restart(app_id))
+
+    async def state(self, app_id: int, step: str, key: str) -> StateValue:
+        return await self._ask(self.client.state(app_id, step, key))

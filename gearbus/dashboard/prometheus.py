@@ -77,6 +77,12 @@ class _Snapshot:
                                      "How long the last completed checkpoint took", labels=labels)
         size = GaugeMetricFamily("gearbus_app_last_checkpoint_size_bytes", "Size of the last completed checkpoint",
                                  labels=labels)
+        alignment = GaugeMetricFamily("gearbus_app_last_checkpoint_alignment_seconds",
+                                      "The longest barrier alignment of the last completed checkpoint", labels=labels)
+        last_id = GaugeMetricFamily("gearbus_app_last_checkpoint_id", "The last completed checkpoint", labels=labels)
+        by_processor = GaugeMetricFamily("gearbus_processor_last_checkpoint_size_bytes",
+                                         "What a processor's tasks stored for the last completed checkpoint",
+                                         labels=[*labels, "processor"])
         for a in apps:
             key = [str(a.app_id), a.name]
             restarts.add_metric(key, a.restarts)
@@ -85,7 +91,14 @@ class _Snapshot:
                 failed.add_metric(key, a.checkpoints.failed)
                 duration.add_metric(key, a.checkpoints.last_duration_ms / 1000)
                 size.add_metric(key, a.checkpoints.last_size_bytes)
-        yield from (restarts, completed, failed, duration, size)
+                done = [c for c in a.checkpoints.history if c.status == "completed"]
+                if done:
+                    alignment.add_metric(key, done[-1].alignment_ms / 1000)
+                    last_id.add_metric(key, done[-1].checkpoint_id)
+                    names = {p.processor: p.name for p in a.processors}
+                    for p in done[-1].processors:
+                        by_processor.add_metric([*key, names.get(p.processor, str(p.processor))], p.size_bytes)
+        yield from (restarts, completed, failed, duration, size, alignment, last_id, by_processor)
 
     def _processors(self, apps: list[AppSummary]):
         labels = ["app", "app_name", "processor"]

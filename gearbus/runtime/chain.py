@@ -11,6 +11,7 @@ import collections
 import copy
 import traceback
 from operator import itemgetter
+from typing import Any
 
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.partitioners import Partitioner
@@ -113,6 +114,13 @@ class Op:
         """A ``holds_output`` op: whether it takes no more input now (the task stops
         reading until a poll made room)."""
         return False
+
+    #: Whether :meth:`state_of` reads the step's state for one key (``gearbus state``).
+    keyed_state = False
+
+    def state_of(self, key) -> tuple[bool, Any]:
+        """(whether the step holds state for ``key``, that state as a user would read it)."""
+        raise TypeError(f"step {self.step!r} holds no state by key")
 
     def snapshot(self):
         """The step's state at a checkpoint barrier; None for a stateless step."""
@@ -332,6 +340,13 @@ class WindowAggregateOp(Op):
         self.late = SinkOp(f"{step}.late", late_sink) if late_sink is not None else None
         self.operator: WindowOperator | None = None
         self.watermark = WATERMARK_MIN
+
+    keyed_state = True
+
+    def state_of(self, key) -> tuple[bool, Any]:
+        """The key's open windows: start, end and the aggregate's result so far."""
+        panes = self.operator.panes_of(key)
+        return bool(panes), [{"start": start, "end": end, "value": value} for start, end, value in panes]
 
     def open(self, task):
         self.operator = self.make_operator()

@@ -30,11 +30,16 @@ shell lets the sinks commit and the application finish.
 Events that do not fit (an ack of another epoch or of a stale id, a duplicate, an unknown
 task) are not errors: messages race with timeouts and recoveries. They return ``[]`` and
 are counted in :attr:`CheckpointCoordinator.ignored`.
+
+The last :data:`HISTORY_KEPT` checkpoints, whatever became of them, are kept as
+:class:`CheckpointRecord` (Flink's checkpoint history): what ``gearbus status``, the REST
+API, ``/metrics`` and the dashboard show.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -42,6 +47,36 @@ from typing import Any
 
 TaskKey = tuple[int, int]
 """A task: (processor id, task index)."""
+
+#: Checkpoints kept in the history (the newest; in progress, completed or failed).
+HISTORY_KEPT = 20
+
+
+class Outcome(enum.Enum):
+    """What became of a checkpoint."""
+    IN_PROGRESS = "in_progress"  # triggered; not every task acknowledged it, or it is being stored
+    COMPLETED = "completed"
+    FAILED = "failed"  # abandoned: declined, timed out, not stored, or dropped by a recovery
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One checkpoint as a user sees it: when it started (the coordinator's ``now``), how
+    long it took until it completed or failed (None while in progress), the longest barrier
+    alignment among the tasks that acknowledged it, and each of those tasks' snapshot size."""
+
+    checkpoint_id: int
+    epoch: int
+    outcome: Outcome
+    started_at: float
+    duration_s: float | None = None
+    alignment_s: float = 0.0
+    task_sizes: tuple[tuple[TaskKey, int], ...] = ()  # sorted by task
+    failure: str = ""
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(size for _, size in self.task_sizes)
 
 
 @dataclass(frozen=True)
@@ -143,6 +178,7 @@ class _Pending:
     started_at: float
     acks: dict[TaskKey, tuple[int, bool]]  # task -> (size_bytes, ended)
     meta: CheckpointMeta | None = None  # set on entering STORING
+    alignment_s: float = 0.0  # the longest alignment among the acks so far
 
 
 @dataclass(frozen=True)
@@ -158,6 +194,7 @@ class CheckpointStats:
     phase: Phase
     epoch: int
     ignored: dict[str, int]
+    history: tuple[CheckpointRecord, ...]  # oldest first
 
 
 class CheckpointCoordinator:
@@ -204,6 +241,7 @@ class CheckpointCoordinator:
         self._consecutive_failures = 0
         self._completed_count = 0
         self._failed_count = 0
+        self._history: collections.deque[CheckpointRecord] = collections.deque(maxlen=HISTORY_KEPT)
         if restored_from is not None:
             self._latest = restored_from
             self._completed = [restored_from.checkpoint_id]
@@ -234,7 +272,7 @@ class CheckpointCoordinator:
             latest=self._latest, latest_completed_at=self._latest_completed_at,
             completed=self._completed_count, failed=self._failed_count,
             consecutive_failures=self._consecutive_failures, in_flight=self.in_flight,
-            phase=self._phase, epoch=self.epoch, ignored=dict(self.ignored),
+            phase=self._phase, epoch=self.epoch, ignored=dict(self.ignored), history=tuple(self._history),
         )
 
     # -- events --------------------------------------------------------------------------
@@ -256,7 +294,8 @@ class CheckpointCoordinator:
         p = self._pending
         if p is not None:
             if self._phase is Phase.IN_FLIGHT and now - p.started_at > self.timeout_s:
-                return self._abandon(f"timeout after {self.timeout_s}s", failure=True) + self._final_if_due(now)
+                return (self._abandon(f"timeout after {self.timeout_s}s", failure=True, now=now)
+                        + self._final_if_due(now))
             return []
         if self._final_due():
             return self._trigger(now)  # regardless of the interval
@@ -265,8 +304,9 @@ class CheckpointCoordinator:
         return []
 
     def ack(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int,
-            ended: bool, now: float) -> list[Action]:
-        """A task stored its snapshot for ``checkpoint_id``; the last ack moves to STORING."""
+            ended: bool, now: float, alignment_s: float = 0.0) -> list[Action]:
+        """A task stored its snapshot for ``checkpoint_id`` (after ``alignment_s`` of
+        barrier alignment); the last ack moves to STORING."""
         p = self._accepts("ack", checkpoint_id, epoch, task)
         if p is None:
             return []
@@ -274,6 +314,8 @@ class CheckpointCoordinator:
             self.ignored["ack_duplicate"] += 1
             return []
         p.acks[task] = (size_bytes, ended)
+        p.alignment_s = max(p.alignment_s, alignment_s)
+        self._record(p, Outcome.IN_PROGRESS, None)
         if len(p.acks) < len(self.tasks):
             return []
         p.meta = CheckpointMeta(
@@ -289,7 +331,7 @@ class CheckpointCoordinator:
         """A task could not snapshot: the checkpoint is abandoned, a failure."""
         if self._accepts("decline", checkpoint_id, epoch, task) is None:
             return []
-        return self._abandon(f"declined by {task}: {reason}", failure=True) + self._final_if_due(now)
+        return self._abandon(f"declined by {task}: {reason}", failure=True, now=now) + self._final_if_due(now)
 
     def stored(self, checkpoint_id: int, now: float) -> list[Action]:
         """The shell wrote the meta: the checkpoint is complete."""
@@ -298,6 +340,7 @@ class CheckpointCoordinator:
             return []
         assert p.meta is not None
         meta = p.meta
+        self._record(p, Outcome.COMPLETED, now)
         self._pending = None
         self._enter(Phase.IDLE)
         self._latest, self._latest_completed_at = meta, now
@@ -315,7 +358,7 @@ class CheckpointCoordinator:
         """The shell could not write the meta: abandoned, a failure."""
         if self._storing(checkpoint_id, "store_failed") is None:
             return []
-        return self._abandon(f"store failed: {reason}", failure=True) + self._final_if_due(now)
+        return self._abandon(f"store failed: {reason}", failure=True, now=now) + self._final_if_due(now)
 
     def request(self, now: float) -> list[Action]:
         """Checkpoint as soon as possible (a savepoint): at once when none is in flight,
@@ -334,18 +377,37 @@ class CheckpointCoordinator:
         self._ended.add(task)
         return self._final_if_due(now)
 
+    def history(self) -> tuple[CheckpointRecord, ...]:
+        """The last :data:`HISTORY_KEPT` checkpoints, oldest first."""
+        return tuple(self._history)
+
     def restart(self, epoch: int, now: float) -> list[Action]:
         """Global recovery to :meth:`latest` under a new, higher ``epoch``: drop what is in
         flight (not a checkpoint failure), forget ended tasks, restart the interval. Ids go
         on increasing so nothing of the old epoch can be mistaken for a new checkpoint."""
         if epoch <= self.epoch:
             raise ValueError(f"restart epoch {epoch} must exceed the current epoch {self.epoch}")
-        actions = self._abandon("recovery", failure=False) if self._pending else []
+        actions = self._abandon("recovery", failure=False, now=now) if self._pending else []
         self.epoch = epoch
         self._ended.clear()
         self._finished = False
         self._timer_from = now
         return actions
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the coordinator's state is inconsistent (tests call it
+        after every event)."""
+        p = self._pending
+        assert (self._phase is Phase.IDLE) == (p is None), (self._phase, p)
+        assert p is None or (p.meta is not None) == (self._phase is Phase.STORING), (self._phase, p)
+        assert p is None or set(p.acks) <= self.tasks, p
+        ids = [record.checkpoint_id for record in self._history]
+        assert ids == sorted(set(ids)) and len(ids) <= HISTORY_KEPT, ids
+        in_progress = [record.checkpoint_id for record in self._history if record.outcome is Outcome.IN_PROGRESS]
+        assert in_progress == ([p.checkpoint_id] if p is not None else []), (in_progress, p)
+        assert all((record.duration_s is None) == (record.outcome is Outcome.IN_PROGRESS) for record in self._history)
+        assert not self._history or self._history[-1].checkpoint_id < self._next_id
+        assert self._latest is None or self._latest.checkpoint_id in self._completed
 
     # -- transitions ---------------------------------------------------------------------
 
@@ -366,13 +428,24 @@ class CheckpointCoordinator:
     def _trigger(self, now: float) -> list[Action]:
         self._enter(Phase.IN_FLIGHT)
         self._pending = _Pending(self._next_id, self.epoch, now, {})
+        self._history.append(CheckpointRecord(self._next_id, self.epoch, Outcome.IN_PROGRESS, now))
         self._next_id += 1
         self._requested = False
         self._timer_from = now
         return [TriggerCheckpoint(self._pending.checkpoint_id, self.epoch, self.sources)]
 
-    def _abandon(self, reason: str, *, failure: bool) -> list[Action]:
+    def _record(self, p: _Pending, outcome: Outcome, ended_at: float | None, failure: str = "") -> None:
+        """The history's entry for the pending checkpoint (always the newest) brought up to date."""
+        newest = self._history[-1]
+        assert newest.checkpoint_id == p.checkpoint_id and newest.outcome is Outcome.IN_PROGRESS, (newest, p)
+        self._history[-1] = dataclasses.replace(
+            newest, outcome=outcome, duration_s=None if ended_at is None else ended_at - p.started_at,
+            alignment_s=p.alignment_s, task_sizes=tuple(sorted((task, size) for task, (size, _) in p.acks.items())),
+            failure=failure)
+
+    def _abandon(self, reason: str, *, failure: bool, now: float) -> list[Action]:
         assert self._pending is not None
+        self._record(self._pending, Outcome.FAILED, now, reason)
         actions: list[Action] = [AbandonCheckpoint(self._pending.checkpoint_id, reason)]
         self._pending = None
         self._enter(Phase.IDLE)

@@ -129,6 +129,12 @@ class KeyedOp(Op):
             self.states.expire(watermark)
         return []
 
+    keyed_state = True
+
+    def state_of(self, key) -> tuple[bool, Any]:
+        """The key's state, as the step's function last left it."""
+        return key in self.states.values, self.states.values.get(key)
+
     def _keys(self) -> set:
         return set(self.states.values)
 

@@ -238,6 +238,11 @@ class WindowOperator:
         late, self._late = self._late, []
         return late
 
+    def panes_of(self, key) -> list[tuple[int, int, Any]]:
+        """The key's open windows, by start: (start, end, the aggregate's result so far)."""
+        return sorted((start, end, self._result(panes[key].acc))
+                      for (start, end), panes in self._windows.items() if key in panes)
+
     def snapshot(self) -> dict:
         """The operator's state at a checkpoint barrier, as plain picklable data::
 

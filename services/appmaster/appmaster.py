@@ -18,9 +18,11 @@ import structlog
 from gearbus.api.graph import Application
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
+from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, join_task_state, split_task_state
 from gearbus.runtime.snapshots import TaskSnapshot
+from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore
@@ -50,6 +52,8 @@ from shared.messages import (
     MasterElected,
     Placement,
     ProcessorInfo,
+    QueryState,
+    QueryTaskState,
     RegisterAppMaster,
     RegisterExecutor,
     ReRegister,
@@ -58,6 +62,7 @@ from shared.messages import (
     SavepointTaken,
     ShutdownExecutor,
     StartAllTasks,
+    StateValue,
     TakeSavepoint,
     TaskCheckpointed,
     TaskCounters,
@@ -83,6 +88,7 @@ DEFAULT_CHECKPOINTS_KEPT = 3  # app config "checkpoints_kept"
 DEFAULT_CHECKPOINT_FAILURES = 10  # app config "checkpoint_failures_tolerated": consecutive, then the app fails
 SAVEPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SAVEPOINT_CHECKPOINT_ID = 1  # an app started from a savepoint restores it as its checkpoint 1
+STATE_QUERY_TIMEOUT_S = 10.0  # how long the executor may take to read a key's state
 FENCE_TIMEOUT_S = 5.0  # how long to wait for a worker to kill an executor declared lost
 REPEAT_AFTER_S = 1.0  # a checkpoint's trigger, or the final completion, is sent again after this
 
@@ -146,6 +152,8 @@ class AppMaster(Service):
                               {TaskCheckpointed: self.on_checkpointed, CheckpointDeclined: self.on_declined})
         await self.bus.listen(subjects.appmaster_worker_lost(self.app_id), {WorkerLost: self.on_worker_lost})
         await self.bus.serve(subjects.appmaster_savepoint(self.app_id), {TakeSavepoint: self.on_savepoint},
+                             concurrent=True)
+        await self.bus.serve(subjects.appmaster_state_query(self.app_id), {QueryState: self.on_state_query},
                              concurrent=True)
         await self.register()
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
@@ -457,6 +465,27 @@ class AppMaster(Service):
             except Exception as exc:
                 log.warning("checkpoint_prune_failed", checkpoint_id=checkpoint_id, error=repr(exc))
 
+    # --- reading state ---------------------------------------------------------------
+
+    async def on_state_query(self, msg: QueryState) -> StateValue:
+        """Ask the task that owns the key for the step's state of it (the app runs on)."""
+        if self.state is None or not self.state.running:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is not running: its state cannot be "
+                                                      "read now", retryable=True)
+        try:
+            processor, index = state_query.locate(self.app.graph.processors, msg.step,
+                                                  state_query.parse_key(msg.key))
+        except state_query.StateQueryError as exc:
+            raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        task = (processor.id, index)
+        executor = next((e for e in self.state.live_executors() if task in e.tasks), None)
+        if executor is None:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"task {processor.name}[{index}], which owns key {msg.key}, "
+                                                      "is being replaced: try again", retryable=True)
+        return await self.bus.request(subjects.executor_state_query(self.app_id, executor.executor_id),
+                                      QueryTaskState(self.app_id, TaskId(*task), msg.step, msg.key),
+                                      expect=StateValue, timeout=STATE_QUERY_TIMEOUT_S)
+
     # --- savepoints ----------------------------------------------------------------
 
     async def on_savepoint(self, msg: TakeSavepoint) -> SavepointTaken:
@@ -597,7 +626,7 @@ class AppMaster(Service):
         if self.state is not None:
             await self.carry_out(self.state.checkpoint_acked(msg.checkpoint_id, msg.epoch,
                                                              (msg.task.processor, msg.task.index), msg.size_bytes,
-                                                             msg.ended, time.monotonic()))
+                                                             msg.ended, time.monotonic(), msg.alignment_ms / 1000))
 
     async def on_declined(self, msg: CheckpointDeclined) -> None:
         if self.state is not None:
@@ -648,7 +677,7 @@ class AppMaster(Service):
             last_duration_ms=int(latest.duration_s * 1000) if latest else 0,
             last_size_bytes=latest.size_bytes if latest else 0,
             completed=stats.completed, failed=stats.failed, last_failure=self._checkpoint_failure,
-            epoch=self.epoch,
+            epoch=self.epoch, history=checkpoint_history(stats.history, time.monotonic(), time.time()),
         )
 
     async def _send_heartbeat(self) -> None:

@@ -11,6 +11,8 @@ import structlog
 
 from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
+from gearbus.api.partitioners import key_owner
+from gearbus.runtime import state_query
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
 from gearbus.runtime.snapshots import TaskSnapshot
@@ -36,9 +38,11 @@ from shared.messages import (
     ExecutorStopped,
     LaunchExecutor,
     LaunchTasks,
+    QueryTaskState,
     RegisterExecutor,
     ReRegister,
     StartAllTasks,
+    StateValue,
     TaskCheckpointed,
     TaskCounters,
     TaskEnded,
@@ -97,6 +101,8 @@ class Executor(Service):
             subjects.executor_control(self.app_id, self.executor_id),
             {LaunchTasks: self.on_launch_tasks, StartAllTasks: self.on_start_all_tasks},
         )
+        await self.bus.serve(subjects.executor_state_query(self.app_id, self.executor_id),
+                             {QueryTaskState: self.on_state_query})
         await self.bus.listen(subjects.executor_reregister(self.app_id), {ReRegister: self.on_reregister})
         await self.bus.listen(subjects.checkpoint_trigger(self.app_id), {TriggerCheckpoint: self.on_trigger})
         await self.bus.listen(subjects.checkpoint_complete(self.app_id), {CheckpointComplete: self.on_complete})
@@ -158,8 +164,25 @@ class Executor(Service):
     async def on_complete(self, msg: CheckpointComplete) -> None:
         await self._carry_out(self.tasks.checkpoint_complete(msg.epoch, msg.checkpoint_id, msg.final))
 
-    async def on_snapshot(self, runner: TaskRunner, snapshot: Snapshot) -> None:
-        await self._carry_out(self.tasks.snapshot_taken(runner.task_id, runner.epoch, snapshot))
+    async def on_state_query(self, msg: QueryTaskState) -> StateValue:
+        """Read a running task's state of one key, between two of its batches."""
+        runner = self.runners.get(msg.task)
+        ops = getattr(runner.task, "ops", None) if runner is not None else None
+        if ops is None:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"task {msg.task.processor}.{msg.task.index} does not run "
+                                                      f"here now", retryable=True)
+        try:
+            key = state_query.parse_key(msg.key)
+            owner = key_owner(key, runner.processor.parallelism)
+            if owner != msg.task.index:
+                raise state_query.StateQueryError(f"key {msg.key} belongs to task {msg.task.processor}.{owner}")
+            found, value = state_query.read(ops, msg.step, key)
+        except state_query.StateQueryError as exc:
+            raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        return StateValue(self.app_id, msg.step, msg.key, msg.task, found, state_query.as_json(value))
+
+    async def on_snapshot(self, runner: TaskRunner, snapshot: Snapshot, alignment_s: float) -> None:
+        await self._carry_out(self.tasks.snapshot_taken(runner.task_id, runner.epoch, snapshot, alignment_s))
 
     async def on_task_ended(self, runner: TaskRunner) -> None:
         await self._carry_out(self.tasks.task_ended(runner.task_id, runner.epoch))
@@ -245,12 +268,12 @@ class Executor(Service):
                 f"storing the snapshot of {runner.name} failed: {type(exc).__name__}: {exc}"))
             return
         await self._carry_out(self.tasks.snapshot_stored(store.task, store.epoch, checkpoint_id, len(data),
-                                                         store.snapshot.ended))
+                                                         store.snapshot.ended, store.alignment_s))
 
     async def _ack(self, ack: lifecycle.AckCheckpoint) -> None:
         await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
                                TaskCheckpointed(self.executor_id, ack.task, ack.checkpoint_id, ack.epoch,
-                                                ack.size_bytes, ack.ended))
+                                                ack.size_bytes, ack.ended, int(ack.alignment_s * 1000)))
 
     async def _decline(self, decline: lifecycle.DeclineCheckpoint) -> None:
         log.warning("checkpoint_declined", task=self.runners[decline.task].name, checkpoint_id=decline.checkpoint_id,

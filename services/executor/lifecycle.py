@@ -113,6 +113,7 @@ class StoreSnapshot:
     task: TaskId
     epoch: int
     snapshot: Snapshot
+    alignment_s: float = 0.0  # how long the task aligned the barrier before it snapshotted
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class AckCheckpoint:
     checkpoint_id: int
     size_bytes: int
     ended: bool
+    alignment_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -262,20 +264,21 @@ class ExecutorTasks:
         inject: list[Instruction] = [InjectBarrier(sources, checkpoint_id)] if sources else []
         return inject + list(self._acks.get(checkpoint_id, ()))
 
-    def snapshot_taken(self, task: TaskId, epoch: int, snapshot: Snapshot) -> list[Instruction]:
+    def snapshot_taken(self, task: TaskId, epoch: int, snapshot: Snapshot, alignment_s: float = 0.0
+                       ) -> list[Instruction]:
         state = self._live(task, epoch)
         if state is None:
             return []
         state.snapshotted = max(state.snapshotted, snapshot.checkpoint_id)
-        return [StoreSnapshot(task, epoch, snapshot)]
+        return [StoreSnapshot(task, epoch, snapshot, alignment_s)]
 
     def snapshot_stored(self, task: TaskId, epoch: int, checkpoint_id: int, size_bytes: int,
-                        ended: bool) -> list[Instruction]:
+                        ended: bool, alignment_s: float = 0.0) -> list[Instruction]:
         state = self._live(task, epoch)
         if state is None:
             return []
         state.acked = max(state.acked, checkpoint_id)
-        ack = AckCheckpoint(task, epoch, checkpoint_id, size_bytes, ended)
+        ack = AckCheckpoint(task, epoch, checkpoint_id, size_bytes, ended, alignment_s)
         self._acks.setdefault(checkpoint_id, []).append(ack)
         for old in sorted(self._acks)[:-ACKS_KEPT]:
             del self._acks[old]

@@ -63,7 +63,7 @@ class TaskRunner:
         executor_id: int,
         config: DataPlaneConfig,
         on_done: Callable[[TaskRunner, AppError | None, bool], Awaitable[None]],
-        on_snapshot: Callable[[TaskRunner, Snapshot], Awaitable[None]],
+        on_snapshot: Callable[[TaskRunner, Snapshot, float], Awaitable[None]],
         on_ended: Callable[[TaskRunner], Awaitable[None]],
         start_ms: int = 0,
         epoch: int = 0,
@@ -106,6 +106,7 @@ class TaskRunner:
         self.dropped = 0
         self.bytes_in = 0
         self.batches = Histogram()  # time to process each batch (a frame, or a source's read)
+        self._aligning_since: float | None = None  # when the barrier being aligned first arrived (monotonic)
         self.timed = config.task_metrics
         self.stopped = False
         self._subs = []
@@ -370,11 +371,13 @@ class TaskRunner:
             return
         if not self.timed:
             await self._act(self.core.receive(sender, frame))
-            return
-        started = time.perf_counter()
-        actions = self.core.receive(sender, frame)
-        self.batches.observe((time.perf_counter() - started) * 1000)
-        await self._act(actions)
+        else:
+            started = time.perf_counter()
+            actions = self.core.receive(sender, frame)
+            self.batches.observe((time.perf_counter() - started) * 1000)
+            await self._act(actions)
+        if self.core.aligning and self._aligning_since is None:  # a first barrier: its channel is held
+            self._aligning_since = time.monotonic()
 
     async def _act(self, actions: list) -> None:
         for action in actions:
@@ -386,7 +389,8 @@ class TaskRunner:
             if kind is End:
                 await self.on_ended(self)
             elif kind is Snapshot:
-                await self.on_snapshot(self, action)
+                since, self._aligning_since = self._aligning_since, None
+                await self.on_snapshot(self, action, time.monotonic() - since if since is not None else 0.0)
 
     async def _grant(self, sender: tuple[int, int], consumed: int) -> None:
         local = self.local_senders.get(sender)

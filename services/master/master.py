@@ -9,6 +9,7 @@ import os
 import re
 import time
 import uuid
+from typing import TypeVar
 from dataclasses import dataclass, field, replace
 
 import msgpack
@@ -49,9 +50,11 @@ from shared.messages import (
     LaunchExecutor,
     MasterElected,
     ListApplications,
+    Message,
     Placement,
     ProcessorMetrics,
     QueryApplication,
+    QueryState,
     SavepointTaken,
     TakeSavepoint,
     QueryCluster,
@@ -62,6 +65,7 @@ from shared.messages import (
     RestartApplication,
     ResourceAllocated,
     ShutdownExecutor,
+    StateValue,
     SubmitApplication,
     SubmitApplicationResult,
     TaskCounters,
@@ -75,11 +79,13 @@ from shared.security import Security, add_arguments
 from shared.service import Service, run_service
 
 log = structlog.get_logger()
+Reply = TypeVar("Reply", bound=Message)
 
 APPMASTER_EXECUTOR_ID = -1
 STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
 MASTERS_LOOKUP_S = 2.0
 SETUP_DEADLINE_S = 60.0  # how long a master waits at start for JetStream (a new cluster elects leaders)
+STATE_QUERY_TIMEOUT_S = 15.0  # the AppMaster asks the executor, which may take 10 s
 SAVEPOINT_TIMEOUT_S = 120.0  # how long a savepoint may take (its checkpoint, then copying its state)
 APPMASTER_TIMEOUT_HEARTBEATS = 5  # an AppMaster silent this many heartbeat intervals is lost (as an executor is)
 RECONFIRM_HEARTBEATS = 5  # a new leader gives running apps' AppMasters this many heartbeats to register
@@ -213,6 +219,7 @@ class Master(Service):
             await serve(subjects.APP_KILL, {KillApplication: self.on_kill}, guard=guard),
             await serve(subjects.APP_SAVEPOINT, {TakeSavepoint: self.on_savepoint}, concurrent=True, guard=guard),
             await serve(subjects.APP_RESTART, {RestartApplication: self.on_restart}, concurrent=True, guard=guard),
+            await serve(subjects.APP_STATE, {QueryState: self.on_state_query}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATUS, {QueryApplication: self.on_status}, guard=guard),
             await serve(subjects.APP_LIST, {ListApplications: self.on_list}, guard=guard),
             await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info}, guard=guard),
@@ -394,12 +401,21 @@ class Master(Service):
 
     async def on_savepoint(self, msg: TakeSavepoint) -> SavepointTaken:
         """Pass the request to the app's AppMaster, which takes the savepoint."""
-        record = self._app(msg.app_id)
+        return await self._ask_appmaster(msg.app_id, subjects.appmaster_savepoint(msg.app_id), msg, SavepointTaken,
+                                         SAVEPOINT_TIMEOUT_S, " can take a savepoint")
+
+    async def on_state_query(self, msg: QueryState) -> StateValue:
+        """Pass the query to the app's AppMaster, which asks the task that owns the key."""
+        return await self._ask_appmaster(msg.app_id, subjects.appmaster_state_query(msg.app_id), msg, StateValue,
+                                         STATE_QUERY_TIMEOUT_S, "'s state can be read")
+
+    async def _ask_appmaster(self, app_id: int, subject: str, msg: Message, expect: type[Reply], timeout: float,
+                             what: str) -> Reply:
+        """A client's request relayed to the app's AppMaster, which only a running app has."""
+        record = self._app(app_id)
         if record.state != AppState.ACTIVE:
-            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is {record.state}: only a running app "
-                                                   "can take a savepoint")
-        return await self.bus.request(subjects.appmaster_savepoint(msg.app_id), msg, expect=SavepointTaken,
-                                      timeout=SAVEPOINT_TIMEOUT_S)
+            raise RequestError(ErrorCode.CONFLICT, f"app {app_id} is {record.state}: only a running app{what}")
+        return await self.bus.request(subject, msg, expect=expect, timeout=timeout)
 
     async def on_restart(self, msg: RestartApplication) -> ApplicationRestarted:
         """Submit the app again; a running one hands its state over through a savepoint."""

@@ -1,7 +1,8 @@
 """A test app that never ends: numbers counted per key (n % KEYS) with stateful_map, so
-its keyed state holds KEYS keys for as long as it runs.
+its keyed state holds KEYS keys for as long as it runs; with PARALLELISM (default 1) the
+counting runs in that many tasks, one executor each.
 
-    keyed_counts.py KEYS OUTPUT.jsonl
+    keyed_counts.py KEYS OUTPUT.jsonl [PARALLELISM]
 """
 
 from gearbus import Pipeline
@@ -10,8 +11,9 @@ from gearbus.connectors.generator import RateSource
 
 def application(args):
     keys, output = int(args[0]), args[1]
-    p = Pipeline("keyed_counts", config={"executors": 1})
-    (p.source(RateSource(rate=500), name="numbers")
+    parallelism = int(args[2]) if len(args) > 2 else 1
+    p = Pipeline("keyed_counts", config={"executors": parallelism}, parallelism=parallelism)
+    (p.source(RateSource(rate=500), name="numbers", parallelism=1)
       .group_by(lambda n: n % keys, name="by_key")
       .stateful_map(lambda count, n: ((count or 0) + 1, n), name="count")
       .write_jsonl(output, name="write"))

@@ -53,6 +53,16 @@ async def test_rest_api_and_metrics_show_what_the_apps_did(cluster, client, tmp_
         assert processor == count
         status, checkpoints = await dashboard.json("GET", f"/api/v1/apps/{done}/checkpoints")
         assert checkpoints["completed"] >= 1
+        history = checkpoints["history"]
+        assert 1 <= len(history) <= 20 and [c["checkpoint_id"] for c in history] == sorted(
+            c["checkpoint_id"] for c in history)
+        last = history[-1]  # the final checkpoint: every task's snapshot after its end
+        assert last["status"] == "completed" and last["checkpoint_id"] == checkpoints["last_id"]
+        assert last["size_bytes"] == checkpoints["last_size_bytes"] == sum(p["size_bytes"] for p in last["processors"])
+        assert {p["processor"]: p["tasks"] for p in last["processors"]} == {
+            p["id"]: p["parallelism"] for p in app["dag"]["processors"]}
+        assert app["submitted_ms"] <= last["trigger_ms"] <= app["finished_ms"]
+        assert last["duration_ms"] >= 0 and last["alignment_ms"] >= 0 and last["failure"] == ""
 
         async def ticking(since: int) -> int:
             async with asyncio.timeout(30):
@@ -74,6 +84,13 @@ async def test_rest_api_and_metrics_show_what_the_apps_did(cluster, client, tmp_
         assert scraped[("gearbus_task_batch_seconds_count", key)] > 0
         assert scraped[("gearbus_apps", frozenset({"state": "ACTIVE"}.items()))] == 1
         assert sum(v for (name, _), v in scraped.items() if name == "gearbus_master_leader") == 1
+        app_key = frozenset({"app": str(done), "app_name": "wordcount"}.items())
+        assert scraped[("gearbus_app_last_checkpoint_id", app_key)] == last["checkpoint_id"]
+        assert scraped[("gearbus_app_last_checkpoint_alignment_seconds", app_key)] == last["alignment_ms"] / 1000
+        per_processor = {dict(labels)["processor"]: value for (name, labels), value in scraped.items()
+                         if name == "gearbus_processor_last_checkpoint_size_bytes" and dict(labels)["app"] == str(done)}
+        assert per_processor == {p["name"]: sum(c["size_bytes"] for c in last["processors"] if c["processor"] == p["id"])
+                                 for p in app["dag"]["processors"]}
 
         status, spec = await dashboard.json("GET", "/openapi.json")
         assert "/api/v1/apps/{app_id}" in spec["paths"] and "post" in spec["paths"]["/api/v1/apps/{app_id}/kill"]

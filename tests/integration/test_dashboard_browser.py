@@ -90,6 +90,11 @@ async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button
         async with asyncio.timeout(30):  # the page refreshes itself: the source's count grows
             while await records_out(page, 0) <= first:
                 await page.wait_for_timeout(250)
+        completed = page.locator("#checkpoints tbody tr", has_text="completed")
+        await expect(completed.first).to_be_visible()  # the ticker checkpoints every second
+        newest = int(await completed.first.locator("td").first.inner_text())
+        _, checkpoints = await dashboard.json("GET", f"/api/v1/apps/{running}/checkpoints")
+        assert newest in [c["checkpoint_id"] for c in checkpoints["history"] if c["status"] == "completed"]
         await screenshot(page, "dashboard-app-running.png")
 
         async def confirm(dialog):

@@ -10,8 +10,11 @@ from gearbus.runtime.checkpoints import (
     AbandonCheckpoint,
     CheckpointCoordinator,
     CheckpointMeta,
+    HISTORY_KEPT,
+    CheckpointRecord,
     FailApplication,
     NotifyComplete,
+    Outcome,
     Phase,
     PruneCheckpoints,
     StoreCheckpoint,
@@ -385,6 +388,11 @@ def test_properties_over_random_event_sequences(events, interval_s, timeout_s, k
         assert c.in_flight == open_id
         assert (c.phase is Phase.IDLE) == (open_id is None)
         assert fails <= 1
+        c.check_invariants()
+        outcomes = {record.checkpoint_id: record.outcome for record in c.history()}
+        assert all(outcomes[i] is Outcome.COMPLETED for i in completed if i in outcomes)
+        assert all(outcome is not Outcome.COMPLETED or i in completed for i, outcome in outcomes.items())
+        assert set(outcomes) <= set(triggered)
         if completed:
             assert c.latest().checkpoint_id == completed[-1]
 
@@ -401,3 +409,50 @@ def test_a_requested_checkpoint_goes_at_once_or_right_after_the_one_in_flight():
     actions = c.stored(1, 2.5)
     assert [type(a) for a in actions] == [NotifyComplete, TriggerCheckpoint]
     assert actions[1].checkpoint_id == 2
+
+
+# -- history ---------------------------------------------------------------------------------
+
+def test_the_history_follows_each_checkpoint_from_trigger_to_completion():
+    c = coordinator(interval_s=1)
+    [trigger] = c.tick(1.0)
+    assert c.history() == (CheckpointRecord(trigger.checkpoint_id, 0, Outcome.IN_PROGRESS, 1.0),)
+    c.ack(trigger.checkpoint_id, 0, SRC, 100, False, now=1.2, alignment_s=0.0)
+    c.ack(trigger.checkpoint_id, 0, MAP0, 30, False, now=1.3, alignment_s=0.25)
+    [record] = c.history()
+    assert (record.outcome, record.duration_s, record.size_bytes, record.alignment_s) == \
+        (Outcome.IN_PROGRESS, None, 130, 0.25)
+    [store] = c.ack(trigger.checkpoint_id, 0, MAP1, 20, False, now=1.4, alignment_s=0.1)
+    c.stored(trigger.checkpoint_id, now=1.5)
+    [record] = c.history()
+    assert record.outcome is Outcome.COMPLETED and record.duration_s == pytest.approx(0.5)
+    assert record.task_sizes == ((SRC, 100), (MAP0, 30), (MAP1, 20)) and record.size_bytes == 150
+    assert record.alignment_s == 0.25 and record.failure == ""
+    c.check_invariants()
+
+
+@pytest.mark.parametrize("fail, failure", [
+    (lambda c, cid: c.decline(cid, 0, MAP0, "disk full", now=2.0), "declined by (1, 0): disk full"),
+    (lambda c, cid: c.tick(9.0), "timeout after 5s"),
+    (lambda c, cid: (ack_all(c, cid, now=1.5), c.store_failed(cid, "KV gone", now=2.0)), "store failed: KV gone"),
+    (lambda c, cid: c.restart(1, now=2.0), "recovery"),
+])
+def test_a_failed_checkpoint_stays_in_the_history_with_its_reason(fail, failure):
+    c = coordinator(interval_s=1)
+    [trigger] = c.tick(1.0)
+    fail(c, trigger.checkpoint_id)
+    [record] = [r for r in c.history() if r.checkpoint_id == trigger.checkpoint_id]
+    assert record.outcome is Outcome.FAILED and record.failure == failure and record.duration_s > 0
+    c.check_invariants()
+
+
+def test_the_history_keeps_the_newest_checkpoints_only():
+    c = coordinator(interval_s=1)
+    now = 0.0
+    for _ in range(HISTORY_KEPT + 5):
+        now += 1
+        [trigger] = c.tick(now)
+        complete(c, trigger.checkpoint_id, now)
+    ids = [record.checkpoint_id for record in c.history()]
+    assert ids == list(range(6, HISTORY_KEPT + 6))
+    c.check_invariants()

@@ -142,6 +142,15 @@ function showTables(a) {
     num(fmtPercent(m.busy)), num(m.inbox_depth), num(m.late_records), num(m.messages_dropped),
     num(fmtCount(m.state_keys)), num(fmtBytes(m.state_bytes)),
   ], "no metrics yet");
+  const names = new Map(a.processors.map((m) => [m.processor, m.name]));
+  const history = a.checkpoints ? a.checkpoints.history.slice().reverse() : [];
+  fillTable(document.querySelector("#checkpoints tbody"), history, (c) => [
+    num(c.checkpoint_id), c.status.replace("_", " "), fmtTime(c.trigger_ms),
+    num(c.status === "in_progress" ? "–" : fmtMs(c.duration_ms)), num(fmtMs(c.alignment_ms)),
+    num(fmtBytes(c.size_bytes)),
+    c.processors.map((p) => `${names.get(p.processor) || p.processor}: ${fmtBytes(p.size_bytes)}`).join(", ") || "–",
+    c.failure || "",
+  ], "no checkpoint yet");
   const tasks = a.tasks.slice().sort((x, y) => x.task.processor - y.task.processor || x.task.index - y.task.index);
   fillTable(document.querySelector("#tasks tbody"), tasks, (t) => [
     `${t.task.processor}.${t.task.index}`, num(t.executor_id < 0 ? "–" : t.executor_id),
