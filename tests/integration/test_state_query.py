@@ -43,7 +43,9 @@ async def test_a_running_apps_state_is_read_by_key_from_the_task_that_owns_it(cl
     assert all(count >= 1 for count in first.values())
 
     reply = await client.state(app_id, "count", "3")
-    app = await client.status(app_id)
+    async with asyncio.timeout(30):
+        while (app := await client.status(app_id)).dag is None:  # the AppMaster's first heartbeat brings it
+            await asyncio.sleep(0.1)
     counter = next(p for p in app.dag.processors if p.name.startswith("count"))
     assert (reply.task.processor, reply.task.index) == (counter.id, 3 % PARALLELISM)  # executors hash ints as ints
 
