@@ -353,8 +353,7 @@ class JetStreamTransactionalSink(DataSink):
         if pending:
             log.warning("jetstream sink %s closes with %d uncommitted records: dropped (a recovery replays them)",
                         self._id_prefix, pending)
-        try:
-            self._thread.call(self._nc.close())
-        finally:
-            self._thread.stop()
-            self._thread = None
+        thread, self._thread = self._thread, None
+        failure = thread.stop(self._nc.close())
+        if failure is not None:
+            log.debug("jetstream sink %s: closing: %s", self._id_prefix, failure)

@@ -286,12 +286,9 @@ class JetStreamSource(_Decoding, DataSource):
         thread, self._thread = getattr(self, "_thread", None), None
         if thread is None:
             return
-        try:
-            thread.call(self._shutdown())
-        except Exception as exc:
-            log.debug("%s: closing: %s", self._name, exc)
-        finally:
-            thread.stop()
+        failure = thread.stop(self._shutdown())
+        if failure is not None:
+            log.debug("%s: closing: %s", self._name, failure)
 
     async def _shutdown(self) -> None:
         if self._probing is not None:
@@ -492,8 +489,7 @@ class NatsSubjectSource(_Decoding, DataSource):
         thread, self._thread = getattr(self, "_thread", None), None
         if thread is None:
             return
-        try:
-            if getattr(self, "_nc", None) is not None and not self._nc.is_closed:
-                thread.call(self._nc.close())
-        finally:
-            thread.stop()
+        nc = getattr(self, "_nc", None)
+        failure = thread.stop(nc.close() if nc is not None and not nc.is_closed else None)
+        if failure is not None:
+            log.debug("%s: closing: %s", self._name, failure)

@@ -57,20 +57,24 @@ class DataPlaneConfig:
 class Channel:
     """One sender -> receiver pair: its sequence numbers, last watermark and credit."""
 
-    __slots__ = ("receiver", "seq", "limit", "watermark")
+    __slots__ = ("receiver", "seq", "limit", "watermark", "consumed", "ended", "probed")
 
     def __init__(self, receiver: TaskKey, window: int):
         self.receiver = receiver
         self.seq = 0  # the last sequence number given to a frame
         self.limit = window  # the highest sequence number the receiver lets us send
         self.watermark = WATERMARK_MIN  # the last watermark given to a frame
+        self.consumed = 0  # the frames the receiver said it processed
+        self.ended = False  # end-of-stream was sent
+        self.probed = 0  # ``seq`` when :meth:`Sender.probes` last looked
 
     def grant(self, consumed: int, window: int) -> None:
         """The receiver processed ``consumed`` frames: we may send up to ``consumed`` +
         ``window``. Counts only raise the limit (an old or repeated grant is harmless) and
         cannot exceed what was sent (a confused or hostile grant cannot let a sender flood
         its receiver)."""
-        self.limit = max(self.limit, min(consumed, self.seq) + window)
+        self.consumed = max(self.consumed, min(consumed, self.seq))
+        self.limit = max(self.limit, self.consumed + window)
 
     def has_credit(self, seq: int) -> bool:
         """Whether frame ``seq`` of this channel is within the window."""
@@ -169,6 +173,22 @@ class Sender:
             self._frame(out, channel, channel.watermark, False, checkpoint_id, [])
         return out
 
+    def probes(self) -> list[Outgoing]:
+        """An empty frame (the same watermark) on each channel that has frames its receiver
+        has not processed and sent nothing since the previous call, within credit.
+
+        A frame lost with a NATS server shows as a gap only when a later frame arrives: lost
+        last, behind it an idle source or a barrier, it would leave a checkpoint waiting for
+        its timeout. Called every second or so while the task runs, this makes the gap show:
+        the receiver takes the empty frame (nothing was lost) or fails, and the app recovers."""
+        out: list[Outgoing] = []
+        for channel in self.channels.values():
+            if (channel.consumed < channel.seq == channel.probed and not channel.ended
+                    and channel.has_credit(channel.seq + 1)):
+                self._frame(out, channel, channel.watermark, False, NO_BARRIER, [])
+            channel.probed = channel.seq
+        return out
+
     def _frame(self, out: list[Outgoing], channel: Channel, watermark: int, eos: bool, barrier: int,
                records: list[Record]) -> None:
         """Number and encode one frame (``watermark`` holds after its records); one over
@@ -181,6 +201,7 @@ class Sender:
             self._frame(out, channel, watermark, eos, barrier, records[half:])
             return
         channel.seq, channel.watermark = seq, watermark
+        channel.ended = channel.ended or eos
         out.append(Outgoing(channel, Frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier,
                                            records), data))
         self.frames_out += 1

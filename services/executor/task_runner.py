@@ -39,6 +39,7 @@ log = structlog.get_logger()
 RECOVERABLE = (DataPlaneError, ConnectionError, TimeoutError, OSError)
 INBOX_SLACK_BYTES = 8 << 20  # beyond what the credit granted allows, before an inbox drops
 IDLE_GRANT_S = 0.5  # an idle task repeats its credit grants this often
+PROBE_S = 1.0  # a task probes its channels whose last frames are unconfirmed this often
 
 
 class _Stop:
@@ -101,6 +102,7 @@ class TaskRunner:
         self.source = SourceLoop(self.core, config.batch_records) if isinstance(self.task, DataSourceTask) else None
         self.wake = asyncio.Event()  # a barrier asked for, a call's results, or the stop
         self.polls_due = False  # the task's calls brought results since the last poll
+        self._probe_at = time.monotonic() + PROBE_S
         self.poll_queued = False  # a POLL waits in the inbox
         self._commit_lock = asyncio.Lock()
         self.dropped = 0
@@ -327,7 +329,11 @@ class TaskRunner:
             self.inbox.put_nowait(POLL)
 
     async def _due(self) -> None:
-        """Take in the results that came, and fire a wakeup that is due."""
+        """Take in the results that came, fire a wakeup that is due, and now and then probe
+        the channels whose last frames are unconfirmed (see :meth:`Sender.probes`)."""
+        if (now_s := time.monotonic()) >= self._probe_at:
+            self._probe_at = now_s + PROBE_S
+            await self.outputs.publish(self.outputs.sender.probes())
         if self.polls_due:
             self.polls_due = False
             await self._act(self.core.poll())

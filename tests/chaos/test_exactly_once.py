@@ -64,9 +64,34 @@ def expected_outputs():
             sorted(ranks), dict(totals))
 
 
-async def publish_events(url: str, first: int, end: int, gate: asyncio.Event | None = None) -> None:
+class Gate:
+    """Pauses the publisher while the nats-server restarts: ``pause()`` returns once every
+    event published so far is acknowledged (so none is republished after later ones, which
+    would put the stream out of event-time order), ``resume()`` lets it go on."""
+
+    def __init__(self):
+        self.open, self.paused = asyncio.Event(), asyncio.Event()
+        self.open.set()
+        self.finished = False
+
+    async def pause(self) -> None:
+        self.open.clear()
+        await asyncio.wait_for(self.paused.wait(), 30)
+
+    def resume(self) -> None:
+        if not self.finished:
+            self.paused.clear()
+        self.open.set()
+
+    def finish(self) -> None:
+        """Every event is published and acknowledged: a pause holds at once."""
+        self.finished = True
+        self.paused.set()
+
+
+async def publish_events(url: str, first: int, end: int, gate: Gate | None = None) -> None:
     """Publish events first..end-1 in order at PUBLISH_RATE, acknowledged; while ``gate``
-    is clear, wait (the nats-server is being restarted)."""
+    is paused, wait (the nats-server is being restarted)."""
     nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
     try:
         publisher = await Publisher(nc).open()
@@ -76,13 +101,17 @@ async def publish_events(url: str, first: int, end: int, gate: asyncio.Event | N
             subject, e = event(n)
             await publisher.publish(subject, json.dumps(e).encode(), f"ev-{n}")  # a republish is deduplicated
             if n % step == step - 1:
-                if gate is not None and not gate.is_set():
-                    await gate.wait()
+                if gate is not None and not gate.open.is_set():
+                    await publisher.drain()
+                    gate.paused.set()
+                    await gate.open.wait()
                     started = loop.time() - (n + 1) / PUBLISH_RATE
                 ahead = started + (n + 1) / PUBLISH_RATE - loop.time()
                 if ahead > 0:
                     await asyncio.sleep(ahead)
         await publisher.drain()
+        if gate is not None:
+            gate.finish()
     finally:
         await nc.close()
 
@@ -119,7 +148,7 @@ class Run:
     """The app, its cluster and the client, with waits on its progress."""
 
     def __init__(self, cluster: LocalCluster, client: Client, app_id: int, server: NatsServer,
-                 publishing: asyncio.Event):
+                 publishing: Gate):
         self.cluster, self.client, self.app_id = cluster, client, app_id
         self.server, self.publishing = server, publishing
         self.windows: list[dict] = []  # the window results published, once the app ended
@@ -194,13 +223,13 @@ async def stop_executor(run: Run, status):
 async def restart_nats(run: Run, status):
     """The nats-server stops and starts again on its port with its file store (the
     publisher waits meanwhile): frames, credit and control messages in flight are lost."""
-    run.publishing.clear()
+    await run.publishing.pause()
     loop = asyncio.get_running_loop()
     try:
         await loop.run_in_executor(None, run.server.stop)
         await loop.run_in_executor(None, run.server.start)
     finally:
-        run.publishing.set()
+        run.publishing.resume()
     return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch)
 
 
@@ -224,8 +253,7 @@ async def chaos_run(tmp_path, config: dict):
             await ensure_stream_async(client.bus.nc, "OUT", ["out.windows"], 600, "file")
             await wait_for_workers(client, 3)
             await publish_events(url, 0, 1000)  # every subject exists before the app starts
-            gate = asyncio.Event()
-            gate.set()
+            gate = Gate()
             publishing = asyncio.create_task(publish_events(url, 1000, EVENTS - TAIL, gate))
             app_id = await client.submit(
                 pack(APP), ["--stream", "EV", "--until", str(EVENTS), "--windows-subject", "out.windows",
@@ -279,7 +307,7 @@ async def test_a_power_cut_resumes_the_app_by_itself_exactly(tmp_path):
     async with chaos_run(tmp_path, {}) as run:
         status = await run.progressed(0, 0)
         status = await run.progressed(status.checkpoints.last_id, 0)  # well under way
-        run.publishing.clear()
+        await run.publishing.pause()
         run.server.process.kill()
         run.cluster.power_cut()
         loop = asyncio.get_running_loop()
@@ -288,5 +316,5 @@ async def test_a_power_cut_resumes_the_app_by_itself_exactly(tmp_path):
         run.cluster.restart()
         await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1, timeout=90)
         print(f"power cut: committed output again {loop.time() - restarted:.2f} s after the restart")
-        run.publishing.set()
+        run.publishing.resume()
     assert_exact(run.windows, tmp_path / "out")

@@ -107,3 +107,19 @@ def test_credit_bounds_each_channel_and_only_this_attempts_receivers_grant_it():
     assert s.grant(9, 0, 3, 1) is None  # not a receiver
     assert s.grant(2, 0, 3, 1) is out[2].channel and out[2].channel.has_credit(3)
     assert (s.frames_out, s.records_out) == (3, 3)
+
+
+def test_a_channel_whose_last_frames_are_unconfirmed_and_quiet_is_probed_with_an_empty_frame():
+    s = sender(parallelism=2, partitioner=BroadcastPartitioner(), credit_frames=2)
+    s.send([Record("a", 0, None)], 5)  # frame 1 to each receiver
+    assert s.probes() == []  # sent since the last look: it may still be on its way
+    assert frames(s.probes()) == [((2, 0), 2, 5, False, 0, []), ((2, 1), 2, 5, False, 0, [])]
+    s.grant(2, 0, 3, 2)  # receiver 0 processed both: nothing of its can be lost
+    assert frames(s.probes()) == []  # receiver 1's probe went out in the last round
+    assert frames(s.probes()) == []  # and frame 3 is past its credit (2 unconfirmed of a window of 2)
+    s.grant(2, 1, 3, 1)
+    assert frames(s.probes()) == [((2, 1), 3, 5, False, 0, [])]
+    s.send([], WATERMARK_MAX)
+    s.finish(WATERMARK_MAX)
+    s.probes()
+    assert s.probes() == []  # after end-of-stream: never probed
