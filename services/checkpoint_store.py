@@ -12,6 +12,7 @@ import msgpack
 import nats.js.errors
 
 from gearbus.runtime.savepoints import SavepointRecord
+from gearbus.runtime.snapshots import TaskSnapshot
 from shared import subjects
 from shared.bus import ride_out
 
@@ -95,6 +96,21 @@ class CheckpointStore:
         if data is None:
             raise LookupError(f"checkpoint {checkpoint_id} has no snapshot of task {task} ({name})")
         return data
+
+    async def snapshot_chain(self, checkpoint_id: int, epoch: int, task: tuple[int, int]) -> list[TaskSnapshot]:
+        """A task's snapshot of a checkpoint and those it builds on, oldest first (see
+        gearbus/runtime/snapshots.py); LookupError when one is missing."""
+        chain: list[TaskSnapshot] = []
+        at: tuple[int, int] | None = (checkpoint_id, epoch)
+        while at is not None:
+            envelope = TaskSnapshot.decode(await self.get_snapshot(*at, task))
+            chain.append(envelope)
+            if envelope.base is not None and envelope.base[0] >= envelope.checkpoint_id:
+                raise LookupError(f"the snapshot of task {task} in checkpoint {envelope.checkpoint_id} builds on a "
+                                  f"later one ({envelope.base[0]})")
+            at = envelope.base
+        chain.reverse()
+        return chain
 
     async def put_record(self, record: dict) -> None:
         """Store a completed checkpoint's record, then make it the app's latest."""

@@ -823,6 +823,7 @@ class TaskCheckpointed(Message):
     size_bytes: int
     ended: bool = False
     alignment_ms: int = 0  # from its first input's barrier to its last's
+    root: int = 0  # the checkpoint whose whole snapshot its chain starts from (0: this one)
 
 
 class CheckpointDeclined(Message):

@@ -54,7 +54,8 @@ from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
-from gearbus.runtime.snapshots import TaskSnapshot
+from gearbus.runtime.savepoints import whole_snapshot
+from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from shared.messages import AppError
 
@@ -136,11 +137,21 @@ class InProcessEngine:
         return self.state.epoch if self.state else self.first_epoch
 
     def latest_checkpoint(self) -> Checkpoint | None:
-        """The last completed checkpoint (id, snapshots by task), or None."""
+        """The last completed checkpoint (id, each task's whole snapshot), or None."""
         if not self.completed:
             return None
         checkpoint_id = max(self.completed)
-        return checkpoint_id, self.completed[checkpoint_id]
+        return checkpoint_id, {key: self._whole(checkpoint_id, key).self_contained().encode()
+                               for key in self.completed[checkpoint_id]}
+
+    def _whole(self, checkpoint_id: int, key: TaskKey) -> TaskSnapshot:
+        """A task's whole state at a completed checkpoint, from its chain of snapshots."""
+        chain, at = [], checkpoint_id
+        while at is not None:
+            envelope = TaskSnapshot.decode(self.completed[at][key])
+            chain.append(envelope)
+            at = envelope.base[0] if envelope.base is not None else None
+        return whole_snapshot(self.app.graph.processors[key[0]], chain[::-1])
 
     def now_ms(self) -> int:
         """The tasks' processing time: the engine's clock, a second per tick."""
@@ -227,9 +238,8 @@ class InProcessEngine:
             self._guard(node, node.task.on_start)
             node.started = True
         if deploy.restore is not None:
-            snapshots = self.completed[deploy.restore.checkpoint_id]
             for key, node in self.nodes.items():
-                self._guard(node, node.core.restore, TaskSnapshot.decode(snapshots[key]))
+                self._guard(node, node.core.restore, self._whole(deploy.restore.checkpoint_id, key))
         self._carry_out(self.state.deployed(deploy.epoch, self.clock))
         for node in self.nodes.values():
             if node.core.ended:  # it ended before the checkpoint: its receivers hear the end again
@@ -244,7 +254,8 @@ class InProcessEngine:
             for index in range(p.parallelism):
                 task = p.task_class(TaskContext(0, self.app.name, p, index, 0, epoch=epoch, clock=self.now_ms,
                                                 request_poll=functools.partial(self._request_poll, (p.id, index))))
-                core = TaskCore(task, senders, self.config.credit_frames, epoch)
+                core = TaskCore(task, senders, self.config.credit_frames, epoch,
+                                max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0)
                 source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
                 nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges, self.config),
                                              source, collections.deque())
@@ -391,7 +402,7 @@ class InProcessEngine:
         if snapshot.checkpoint_id == self.state.coordinator.in_flight:
             self._taken.setdefault(snapshot.checkpoint_id, {})[node.key] = data
         self._carry_out(self.state.checkpoint_acked(snapshot.checkpoint_id, self.epoch, node.key, len(data),
-                                                    snapshot.ended, self.clock))
+                                                    snapshot.ended, self.clock, root=snapshot.state.root))
 
     def _checkpoint_action(self, action: cp.Action) -> None:
         """Carry out what the checkpoint coordinator decided."""
@@ -406,6 +417,7 @@ class InProcessEngine:
             self._carry_out(self.state.checkpoint_stored(action.meta.checkpoint_id, self.clock))
         elif kind is cp.NotifyComplete:
             for node in list(self.nodes.values()):
+                node.core.completed(action.checkpoint_id)
                 self._guard(node, node.task.checkpoint_complete, action.checkpoint_id)
                 if action.final:  # committed: the task is done, as an executor reports it
                     self._carry_out(self.state.task_finished(node.key, action.epoch))

@@ -388,9 +388,9 @@ class AppMasterState:
     # -- checkpoints and savepoints --------------------------------------------------------
 
     def checkpoint_acked(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int, ended: bool,
-                         now: float, alignment_s: float = 0.0) -> list[Instruction]:
+                         now: float, alignment_s: float = 0.0, root: int = 0) -> list[Instruction]:
         return self._checkpointing(self.coordinator.ack(checkpoint_id, epoch, task, size_bytes, ended, now,
-                                                        alignment_s))
+                                                        alignment_s, root))
 
     def checkpoint_declined(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
                             now: float) -> list[Instruction]:

@@ -126,6 +126,11 @@ class Op:
         """The step's state at a checkpoint barrier; None for a stateless step."""
         return None
 
+    def snapshot_since(self, base: int | None):
+        """The step's state at a barrier, as what changed since its snapshot of checkpoint
+        ``base`` (None: all of it). A step that does not keep track returns all of it."""
+        return self.snapshot()
+
     def restore(self, state) -> None:
         """Continue from :meth:`snapshot`'s state."""
 
@@ -510,7 +515,12 @@ class ChainTask(Task):
 
     def snapshot(self):
         """Each stateful step's state, by step name (so a changed pipeline can match it)."""
-        return {op.step: state for op in self.ops if (state := op.snapshot()) is not None}
+        return self.snapshot_since(None)
+
+    def snapshot_since(self, base: int | None):
+        """:meth:`snapshot`, each step's as what changed since checkpoint ``base`` if it can
+        (see gearbus/runtime/snapshots.py)."""
+        return {op.step: state for op in self.ops if (state := op.snapshot_since(base)) is not None}
 
     def restore(self, state) -> None:
         by_step = {op.step: op for op in self.ops}
@@ -552,8 +562,8 @@ class ChainSourceTask(ChainTask, DataSourceTask):
         ChainTask.on_start(self)
         self.timestamp_fn = self.context.config.get("timestamp_fn")
 
-    def snapshot(self):
-        return {"source": DataSourceTask.snapshot(self), "steps": ChainTask.snapshot(self)}
+    def snapshot_since(self, base: int | None):
+        return {"source": DataSourceTask.snapshot(self), "steps": ChainTask.snapshot_since(self, base)}
 
     def restore(self, state) -> None:
         if state["source"] is not None:  # None: restored from a savepoint that had no state for it

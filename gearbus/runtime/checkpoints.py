@@ -94,6 +94,7 @@ class CheckpointMeta:
     size_bytes: int
     tasks: tuple[TaskKey, ...]  # sorted
     final: bool
+    root: int = 0  # the oldest checkpoint whose snapshots its tasks' build on (0: none before it)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for msgpack/JSON (the shell writes it to KV)."""
@@ -107,8 +108,13 @@ class CheckpointMeta:
             started_at=float(data["started_at"]), duration_s=float(data["duration_s"]),
             size_bytes=int(data["size_bytes"]),
             tasks=tuple(sorted((int(p), int(i)) for p, i in data["tasks"])),
-            final=bool(data["final"]),
+            final=bool(data["final"]), root=int(data.get("root", 0)),
         )
+
+    @property
+    def needs_from(self) -> int:
+        """The oldest checkpoint whose objects a restore from this one reads."""
+        return self.root or self.checkpoint_id
 
 
 # -- actions: what the coordinator asks the shell to do ------------------------------------
@@ -144,7 +150,8 @@ class NotifyComplete:
 
 @dataclass(frozen=True)
 class PruneCheckpoints:
-    """Delete these completed checkpoints (older than the last ``keep``)."""
+    """Delete these completed checkpoints: older than the last ``keep``, and than every
+    checkpoint whose snapshots a kept one builds on."""
     checkpoint_ids: tuple[int, ...]
 
 
@@ -179,6 +186,7 @@ class _Pending:
     acks: dict[TaskKey, tuple[int, bool]]  # task -> (size_bytes, ended)
     meta: CheckpointMeta | None = None  # set on entering STORING
     alignment_s: float = 0.0  # the longest alignment among the acks so far
+    root: int = 0  # the oldest root among the acks so far (0: none yet)
 
 
 @dataclass(frozen=True)
@@ -231,6 +239,8 @@ class CheckpointCoordinator:
         self._phase = Phase.IDLE
         self._pending: _Pending | None = None
         self._completed: list[int] = []  # ids still kept, oldest first
+        self._needs_from: dict[int, int] = {}  # kept id -> the oldest checkpoint it builds on
+        self._dropped: list[int] = []  # ids no longer kept whose objects a kept one still needs
         self._latest: CheckpointMeta | None = None
         self._latest_completed_at: float | None = None
         self._timer_from: float | None = None  # when the interval started counting
@@ -245,6 +255,7 @@ class CheckpointCoordinator:
         if restored_from is not None:
             self._latest = restored_from
             self._completed = [restored_from.checkpoint_id]
+            self._needs_from = {restored_from.checkpoint_id: restored_from.needs_from}
             self._next_id = max(self._next_id, restored_from.checkpoint_id + 1)
 
     # -- queries -------------------------------------------------------------------------
@@ -304,9 +315,10 @@ class CheckpointCoordinator:
         return []
 
     def ack(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int,
-            ended: bool, now: float, alignment_s: float = 0.0) -> list[Action]:
+            ended: bool, now: float, alignment_s: float = 0.0, root: int = 0) -> list[Action]:
         """A task stored its snapshot for ``checkpoint_id`` (after ``alignment_s`` of
-        barrier alignment); the last ack moves to STORING."""
+        barrier alignment), building on the chain that starts at checkpoint ``root`` (0:
+        a whole snapshot); the last ack moves to STORING."""
         p = self._accepts("ack", checkpoint_id, epoch, task)
         if p is None:
             return []
@@ -315,13 +327,15 @@ class CheckpointCoordinator:
             return []
         p.acks[task] = (size_bytes, ended)
         p.alignment_s = max(p.alignment_s, alignment_s)
+        if 0 < root < checkpoint_id:
+            p.root = min(p.root or root, root)
         self._record(p, Outcome.IN_PROGRESS, None)
         if len(p.acks) < len(self.tasks):
             return []
         p.meta = CheckpointMeta(
             checkpoint_id=p.checkpoint_id, epoch=p.epoch, started_at=p.started_at,
             duration_s=now - p.started_at, size_bytes=sum(size for size, _ in p.acks.values()),
-            tasks=tuple(sorted(p.acks)), final=all(end for _, end in p.acks.values()),
+            tasks=tuple(sorted(p.acks)), final=all(end for _, end in p.acks.values()), root=p.root,
         )
         self._enter(Phase.STORING)
         return [StoreCheckpoint(p.meta)]
@@ -345,13 +359,21 @@ class CheckpointCoordinator:
         self._enter(Phase.IDLE)
         self._latest, self._latest_completed_at = meta, now
         self._completed.append(meta.checkpoint_id)
+        self._needs_from[meta.checkpoint_id] = meta.needs_from
         self._completed_count += 1
         self._consecutive_failures = 0
         self._finished = self._finished or meta.final
         actions: list[Action] = [NotifyComplete(meta.checkpoint_id, meta.epoch, meta.final)]
         if len(self._completed) > self.keep:
             old, self._completed = self._completed[:-self.keep], self._completed[-self.keep:]
-            actions.append(PruneCheckpoints(tuple(old)))
+            self._dropped.extend(old)
+            for checkpoint_id in old:
+                del self._needs_from[checkpoint_id]
+        needed = min(self._needs_from.values())
+        prunable = tuple(c for c in self._dropped if c < needed)
+        if prunable:
+            self._dropped = [c for c in self._dropped if c >= needed]
+            actions.append(PruneCheckpoints(prunable))
         return actions + self._final_if_due(now)
 
     def store_failed(self, checkpoint_id: int, reason: str, now: float) -> list[Action]:
@@ -408,6 +430,11 @@ class CheckpointCoordinator:
         assert all((record.duration_s is None) == (record.outcome is Outcome.IN_PROGRESS) for record in self._history)
         assert not self._history or self._history[-1].checkpoint_id < self._next_id
         assert self._latest is None or self._latest.checkpoint_id in self._completed
+        assert set(self._needs_from) == set(self._completed), (self._needs_from, self._completed)
+        assert all(self._needs_from[c] <= c for c in self._completed), self._needs_from
+        assert not self._dropped or min(self._dropped) >= min(self._needs_from.values()), \
+            (self._dropped, self._needs_from)  # a checkpoint nothing kept needs is pruned at once
+        assert not set(self._dropped) & set(self._completed)
 
     # -- transitions ---------------------------------------------------------------------
 

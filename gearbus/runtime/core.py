@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 from gearbus.api.task import Record, Task
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.runtime.snapshots import TaskSnapshot
+from gearbus.runtime.snapshots import MAX_DEPTH, Lineage, TaskSnapshot
 
 Sender = tuple[int, int]  # (processor id, task index)
 NO_BARRIER = 0
@@ -115,7 +115,9 @@ class _Input:
 class TaskCore:
     """One task's inputs, watermark, alignment and snapshots. Methods return actions."""
 
-    def __init__(self, task: Task, senders: Iterable[Sender], credit_frames: int, epoch: int = 0):
+    def __init__(self, task: Task, senders: Iterable[Sender], credit_frames: int, epoch: int = 0,
+                 max_depth: int = MAX_DEPTH):
+        """``max_depth``: how many snapshots may build on a whole one (0: every one whole)."""
         self.task = task
         self.epoch = epoch
         self.credit_frames = credit_frames
@@ -127,6 +129,7 @@ class TaskCore:
         self.aligning = NO_BARRIER  # the checkpoint whose barriers are arriving
         self.arrived = 0
         self.last_checkpoint = NO_BARRIER
+        self.lineage = Lineage(max_depth)
         self.records_in = 0
         self.frames_in = 0
         self.stale_frames = 0
@@ -229,9 +232,10 @@ class TaskCore:
         return actions
 
     def restore(self, snapshot: TaskSnapshot) -> None:
-        """Resume from a snapshot (see :meth:`_snapshot`)."""
+        """Resume from a snapshot (see :meth:`_snapshot`) holding the whole state."""
         if snapshot.state is not None:  # None: a savepoint held nothing for this task
             self.task.restore(snapshot.state)
+        self.lineage.restored(snapshot.link)
         self.ended = self.input_ended = snapshot.ended
         self.watermark = snapshot.watermark
         self.last_checkpoint = snapshot.checkpoint_id
@@ -309,8 +313,18 @@ class TaskCore:
                 else:
                     self._process(held_sender, held_state, frame, actions)
 
+    def completed(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: later snapshots build on its."""
+        self.lineage.completed(checkpoint_id)
+
     def _snapshot(self, checkpoint_id: int) -> Snapshot:
+        """The task's state for ``checkpoint_id``: as what changed since the base
+        :class:`Lineage` picks, where the task keeps track (``snapshot_since``)."""
         self.task.prepare_checkpoint(checkpoint_id)
         self.last_checkpoint = checkpoint_id
-        state = TaskSnapshot(checkpoint_id, self.task.snapshot(), self.ended, self.watermark)
+        link, base = self.lineage.plan(checkpoint_id, self.epoch)
+        since = getattr(self.task, "snapshot_since", None)
+        taken = since(base.checkpoint_id if base is not None else None) if since is not None else self.task.snapshot()
+        state = TaskSnapshot(checkpoint_id, taken, self.ended, self.watermark, self.epoch,
+                             (base.checkpoint_id, base.epoch) if base is not None else None, link.depth, link.root)
         return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark)

@@ -16,7 +16,8 @@ from gearbus.api.keyed import KeyedContext
 from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
-from gearbus.runtime.keygroups import detached, estimated_bytes, key_group
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, KeyedDelta, detached, estimated_bytes, grouped,
+                                       key_group)
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
@@ -25,16 +26,18 @@ TIMER_BYTES = 16  # a timer's share of the state size metric
 class KeyedStates:
     """Each key's state, and when it was last written (event time) for the TTL: a key
     not written for ``ttl_ms`` is forgotten once the watermark reaches the last write +
-    ``ttl_ms``."""
+    ``ttl_ms``. Every key written or forgotten goes into ``changed``."""
 
-    def __init__(self, ttl_ms: int | None):
+    def __init__(self, ttl_ms: int | None, changed: set):
         self.ttl_ms = ttl_ms
+        self.changed = changed
         self.values: dict[Any, Any] = {}
         self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
         self._expiry: list[tuple[int, int, Any]] = []  # (expires at, tie-breaker, key); stale ones skipped
         self._order = itertools.count()
 
     def put(self, key, value, timestamp: int) -> None:
+        self.changed.add(key)
         if value is None:
             self.values.pop(key, None)
             self.written.pop(key, None)
@@ -52,6 +55,7 @@ class KeyedStates:
             if last is not None and last + ttl == expires:  # not written again since
                 del written[key]
                 del self.values[key]
+                self.changed.add(key)
 
     def entry(self, key) -> tuple:
         """What a snapshot keeps of ``key``: its state and the time of its last write."""
@@ -70,9 +74,11 @@ class KeyedStates:
 
 class Timers:
     """One time domain's timers: a set of times per key, and a heap to fire them in
-    order (deleted timers stay in the heap and are skipped)."""
+    order (deleted timers stay in the heap and are skipped). Every key whose timers
+    change goes into ``changed``."""
 
-    def __init__(self):
+    def __init__(self, changed: set):
+        self.changed = changed
         self.by_key: dict[Any, set[int]] = {}
         self.count = 0
         self._heap: list[tuple[int, int, Any]] = []  # (time, tie-breaker, key): keys are never compared
@@ -83,6 +89,7 @@ class Timers:
         if timestamp not in times:
             times.add(timestamp)
             self.count += 1
+            self.changed.add(key)
             heappush(self._heap, (timestamp, next(self._order), key))
 
     def delete(self, key, timestamp: int) -> None:
@@ -90,6 +97,7 @@ class Timers:
         if times is not None and timestamp in times:
             times.remove(timestamp)
             self.count -= 1
+            self.changed.add(key)
             if not times:
                 del self.by_key[key]
 
@@ -120,8 +128,10 @@ class KeyedOp(Op):
     def __init__(self, step: str, ttl_ms: int | None):
         super().__init__(step)
         self.ttl_ms = ttl_ms
-        self.states = KeyedStates(ttl_ms)
+        self.changes = ChangeLog()
+        self.states = KeyedStates(ttl_ms, self.changes.changed)
         self.watermark = WATERMARK_MIN
+        self._checkpoint: int | None = None
 
     def on_watermark(self, watermark: int) -> list[Record]:
         self.watermark = watermark
@@ -138,24 +148,39 @@ class KeyedOp(Op):
     def _keys(self) -> set:
         return set(self.states.values)
 
+    def _holds(self, key) -> bool:
+        return key in self.states.values
+
     def _entry(self, key) -> tuple:
         return self.states.entry(key)
 
     def _restore_entry(self, key, entry: tuple) -> None:
         self.states.restore(key, entry[0], entry[1], self.watermark)
 
+    def prepare_checkpoint(self, checkpoint_id: int) -> None:
+        self._checkpoint = checkpoint_id
+
     def snapshot(self):
-        groups: dict[int, list] = {}
-        for key in self._keys():
-            groups.setdefault(key_group(key), []).append((key, *self._entry(key)))
-        return {"watermark": self.watermark, "groups": groups}
+        return self.snapshot_since(None)
+
+    def snapshot_since(self, base: int | None):
+        """Every key's entry by key group, or (building on ``base``'s snapshot) a
+        :class:`KeyedDelta` of the keys changed since: its cost follows the changes."""
+        keys = self.changes.take(self._checkpoint, base)
+        if keys is None:
+            groups: dict[int, list] = {}
+            for key in self._keys():
+                groups.setdefault(key_group(key), []).append((key, *self._entry(key)))
+            return {"watermark": self.watermark, "groups": groups}
+        return KeyedDelta(self.watermark, *grouped(keys, self._holds, self._entry))
 
     def restore(self, state) -> None:
-        self.states = KeyedStates(self.ttl_ms)
+        self.states = KeyedStates(self.ttl_ms, self.changes.changed)
         self.watermark = state["watermark"]
         for group in sorted(state["groups"]):
             for key, *entry in state["groups"][group]:
                 self._restore_entry(key, tuple(entry))
+        self.changes.reset()
 
     def state_size(self) -> tuple[int, int]:
         return self.states.size
@@ -195,7 +220,12 @@ class _Context(KeyedContext):
 
     @property
     def state(self):
-        return self._op.states.values.get(self.key)
+        """The key's state; one that can change in place counts as written (a user may
+        change it without assigning it back)."""
+        value = self._op.states.values.get(self.key)
+        if value is not None and type(value) not in IMMUTABLE_TYPES:
+            self._op.changes.changed.add(self.key)
+        return value
 
     @state.setter
     def state(self, value) -> None:
@@ -234,8 +264,8 @@ class KeyedProcessOp(KeyedOp):
     def __init__(self, step: str, function, ttl_ms: int | None):
         super().__init__(step, ttl_ms)
         self.function = function
-        self.event_timers = Timers()
-        self.processing_timers = Timers()
+        self.event_timers = Timers(self.changes.changed)
+        self.processing_timers = Timers(self.changes.changed)
 
     def open(self, task) -> None:
         function = self.function
@@ -298,11 +328,14 @@ class KeyedProcessOp(KeyedOp):
     def _keys(self) -> set:
         return set(self.states.values) | set(self.event_timers.by_key) | set(self.processing_timers.by_key)
 
+    def _holds(self, key) -> bool:
+        return key in self.states.values or key in self.event_timers.by_key or key in self.processing_timers.by_key
+
     def _entry(self, key) -> tuple:
         return (*self.states.entry(key), self.event_timers.entry(key), self.processing_timers.entry(key))
 
     def restore(self, state) -> None:
-        self.event_timers, self.processing_timers = Timers(), Timers()
+        self.event_timers, self.processing_timers = Timers(self.changes.changed), Timers(self.changes.changed)
         super().restore(state)
 
     def _restore_entry(self, key, entry: tuple) -> None:

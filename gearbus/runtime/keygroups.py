@@ -9,6 +9,7 @@ import copy
 import itertools
 import pickle
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from gearbus.api.partitioners import stable_hash
@@ -29,7 +30,7 @@ def key_group(key: Any) -> int:
 
 
 #: Types a snapshot can share with live state instead of copying it.
-_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None)})
+IMMUTABLE_TYPES = frozenset({int, float, bool, str, bytes, type(None)})
 #: Entries pickled to estimate a step's state bytes (cost bounded, whatever its size).
 SIZE_SAMPLE = 32
 
@@ -37,7 +38,7 @@ SIZE_SAMPLE = 32
 def detached(value: Any) -> Any:
     """``value`` itself when it cannot change, else a deep copy: a snapshot stays valid
     while the step goes on (user code may update its state in place)."""
-    return value if type(value) in _IMMUTABLE else copy.deepcopy(value)
+    return value if type(value) in IMMUTABLE_TYPES else copy.deepcopy(value)
 
 
 def estimated_bytes(entries: Iterable[Any], count: int) -> int:
@@ -47,3 +48,73 @@ def estimated_bytes(entries: Iterable[Any], count: int) -> int:
     if not sample:
         return 0
     return len(pickle.dumps(sample, pickle.HIGHEST_PROTOCOL)) * count // len(sample)
+
+
+class ChangeLog:
+    """The keys a keyed step changed (written, removed, or read as a value that can change
+    in place), so a snapshot holds only what changed since the one it builds on.
+
+    ``changed`` collects keys since the last snapshot; each snapshot keeps its set by
+    checkpoint until its base moves past it (see :class:`gearbus.runtime.snapshots.Lineage`),
+    so a snapshot building on checkpoint b holds every key changed since b's snapshot."""
+
+    def __init__(self):
+        self.changed: set = set()
+        self._taken: dict[int, set] = {}
+
+    def take(self, checkpoint_id: int | None, base: int | None) -> set | None:
+        """The keys to snapshot for ``checkpoint_id`` building on ``base``'s snapshot
+        (None: every key, a whole snapshot)."""
+        changed = set(self.changed)
+        self.changed.clear()
+        if checkpoint_id is not None:
+            self._taken[checkpoint_id] = changed
+        if base is None:
+            return None
+        for old in [c for c in self._taken if c <= base]:
+            del self._taken[old]
+        return changed.union(*self._taken.values())
+
+    def reset(self) -> None:
+        """The step was restored: nothing changed since."""
+        self.changed.clear()
+        self._taken.clear()
+
+
+@dataclass(frozen=True)
+class KeyedDelta:
+    """A keyed step's changes since the snapshot it builds on: the entries of the keys
+    written and the keys removed, by key group, and the step's watermark."""
+
+    watermark: int
+    written: dict[int, list[tuple]]
+    removed: dict[int, list]
+
+    def onto(self, whole: dict | None) -> dict:
+        """The whole state (``{"watermark": ..., "groups": {group: [(key, *entry)]}}``)
+        ``whole`` becomes with these changes."""
+        groups = dict(whole["groups"]) if whole is not None else {}
+        for group in self.written.keys() | self.removed.keys():
+            by_key = {entry[0]: entry for entry in groups.get(group, ())}
+            for key in self.removed.get(group, ()):
+                by_key.pop(key, None)
+            for entry in self.written.get(group, ()):
+                by_key[entry[0]] = entry
+            if by_key:
+                groups[group] = list(by_key.values())
+            else:
+                groups.pop(group, None)
+        return {"watermark": self.watermark, "groups": groups}
+
+
+def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+    """``keys`` by key group: (written: ``(key, *entry(key))`` of each key ``holds``,
+    removed: the others)."""
+    written: dict[int, list[tuple]] = {}
+    removed: dict[int, list] = {}
+    for key in keys:
+        if holds(key):
+            written.setdefault(key_group(key), []).append((key, *entry(key)))
+        else:
+            removed.setdefault(key_group(key), []).append(key)
+    return written, removed

@@ -16,6 +16,8 @@ from gearbus.api.graph import Application, Processor
 from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
 from gearbus.api.task import Task
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
+from gearbus.runtime.keygroups import KeyedDelta
+from gearbus.runtime.snapshots import TaskSnapshot
 
 
 class SavepointMismatch(ValueError):
@@ -84,6 +86,18 @@ def join_task_state(processor: Processor, steps: dict[str, Any]) -> Any:
     if issubclass(task_class, ChainTask):
         return dict(steps)
     return steps.get(processor.name)
+
+
+def whole_snapshot(processor: Processor, chain: list[TaskSnapshot]) -> TaskSnapshot:
+    """The whole state a task's chain of snapshots adds up to (oldest first: a whole one,
+    then each holding what changed since the one before), in the newest's envelope."""
+    if len(chain) == 1:
+        return chain[0]
+    steps: dict[str, Any] = {}
+    for envelope in chain:
+        for step, state in split_task_state(processor, envelope.state).items():
+            steps[step] = state.onto(steps.get(step)) if isinstance(state, KeyedDelta) else state
+    return chain[-1].whole(join_task_state(processor, steps))
 
 
 def claim(app: Application, saved: dict[str, int], allow_unclaimed: bool) -> dict[str, Processor]:

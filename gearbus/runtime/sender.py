@@ -38,14 +38,15 @@ class DataPlaneConfig:
     linger_ms: float = 0.0  # how long a task whose inbox ran dry holds a small batch before sending it
     credit_frames: int = 16  # frames a sender may have in flight to one receiver
     task_metrics: bool = True  # time each batch (the latency histogram); off saves two clock reads a batch
+    incremental_checkpoints: bool = True  # keyed state snapshots hold what changed; off: every one whole
 
     @classmethod
     def from_config(cls, config: dict) -> DataPlaneConfig:
         values = {k: config[k] for k in cls.__dataclass_fields__ if k in config}
         for key, value in values.items():
-            if key == "task_metrics":
+            if key in ("task_metrics", "incremental_checkpoints"):
                 if not isinstance(value, bool):
-                    raise ValueError(f"application config task_metrics must be true or false, got {value!r}")
+                    raise ValueError(f"application config {key} must be true or false, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"application config {key} must be a non-negative number, got {value!r}")
         made = cls(**values)

@@ -4,45 +4,129 @@ Written by the executor (to the JetStream object store) and the TestRunner (in m
 read back by both on recovery, and made by the AppMaster when a savepoint seeds an
 app's first checkpoint. Encoded as a versioned pickled tuple: the task's state is the
 user's objects, whatever pickle can carry.
+
+Snapshots are incremental: a keyed step's state in an envelope may hold only what changed
+since the snapshot of the task's last completed checkpoint (``base``), which may itself
+build on an older one. The chain back to a snapshot without a base (its ``root``) is at
+most :data:`MAX_DEPTH` long: a task whose base is that deep takes a whole snapshot again.
+:class:`Lineage` decides, per task and without I/O, what each snapshot builds on.
 """
 
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gearbus.api.watermarks import WATERMARK_MIN
 
-FORMAT = 1
+FORMAT = 2
+#: The longest chain of snapshots building on each other; a restore reads at most this
+#: many plus one per task.
+MAX_DEPTH = 8
 
 
 @dataclass(frozen=True)
 class TaskSnapshot:
     """``state``: what ``Task.snapshot()`` returned (None: nothing to restore, a savepoint
     held no state for the task); ``ended``: taken after the task's end; ``watermark``:
-    the task's watermark at the barrier."""
+    the task's watermark at the barrier.
+
+    ``epoch``: the attempt that took it (None: unknown, a seeded or older envelope, which
+    nothing builds on); ``base``: (checkpoint id, epoch) of the snapshot this one's changes
+    apply to, None for a whole one; ``depth``: snapshots between it and its ``root``, the
+    checkpoint id of the whole snapshot its chain starts from (0: itself)."""
 
     checkpoint_id: int
     state: Any
     ended: bool
     watermark: int
+    epoch: int | None = None
+    base: tuple[int, int] | None = None
+    depth: int = 0
+    root: int = 0
 
     @classmethod
     def seeded(cls, checkpoint_id: int, state: Any) -> TaskSnapshot:
         """A fresh task's envelope carrying ``state`` (from a savepoint)."""
         return cls(checkpoint_id, state, False, WATERMARK_MIN)
 
+    @property
+    def link(self) -> Link | None:
+        """What a later snapshot of the task may build on, if anything."""
+        return None if self.epoch is None else \
+            Link(self.checkpoint_id, self.epoch, self.depth, self.root or self.checkpoint_id)
+
     def encode(self) -> bytes:
         """Bytes to store; raises whatever pickle raises when the state cannot be serialised."""
-        return pickle.dumps((FORMAT, self.checkpoint_id, self.state, self.ended, self.watermark),
-                            pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((FORMAT, self.checkpoint_id, self.state, self.ended, self.watermark, self.epoch,
+                             self.base, self.depth, self.root), pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def decode(cls, data: bytes) -> TaskSnapshot:
-        """The inverse of :meth:`encode`; ValueError for bytes of another format."""
+        """The inverse of :meth:`encode` (an envelope of format 1, without lineage, reads as
+        a whole snapshot nothing builds on); ValueError for bytes of another format."""
         loaded = pickle.loads(data)
-        if type(loaded) is not tuple or len(loaded) != 5 or loaded[0] != FORMAT:
+        if type(loaded) is tuple and len(loaded) == 5 and loaded[0] == 1:
+            _, checkpoint_id, state, ended, watermark = loaded
+            return cls(checkpoint_id, state, ended, watermark)
+        if type(loaded) is not tuple or len(loaded) != 9 or loaded[0] != FORMAT:
             raise ValueError(f"not a task snapshot of format {FORMAT}")
-        _, checkpoint_id, state, ended, watermark = loaded
-        return cls(checkpoint_id, state, ended, watermark)
+        _, checkpoint_id, state, ended, watermark, epoch, base, depth, root = loaded
+        return cls(checkpoint_id, state, ended, watermark, epoch, tuple(base) if base is not None else None,
+                   depth, root)
+
+    def whole(self, state: Any) -> TaskSnapshot:
+        """This envelope holding ``state``, the whole state its chain adds up to (its lineage
+        kept: later snapshots of the task build on the stored chain)."""
+        return replace(self, state=state)
+
+    def self_contained(self) -> TaskSnapshot:
+        """This (whole) envelope as one that needs no other: to hand to another engine."""
+        return replace(self, base=None, depth=0, root=0)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A stored snapshot of a task, as a later one may build on it."""
+
+    checkpoint_id: int
+    epoch: int
+    depth: int
+    root: int
+
+
+class Lineage:
+    """Which stored snapshot a task's next snapshot builds on: the one of the last
+    checkpoint that completed (or was restored), unless its chain is :data:`MAX_DEPTH`
+    deep. A snapshot builds only on a completed checkpoint's: an abandoned checkpoint's
+    objects are discarded, a completed one's are kept while a kept checkpoint needs them."""
+
+    def __init__(self, max_depth: int = MAX_DEPTH):
+        self.max_depth = max_depth
+        self.base: Link | None = None
+        self._taken: dict[int, Link] = {}  # snapshots taken since the base, by checkpoint
+
+    def plan(self, checkpoint_id: int, epoch: int) -> tuple[Link, Link | None]:
+        """The snapshot of ``checkpoint_id`` about to be taken: its link, and the base it
+        holds the changes since (None: it holds everything)."""
+        base = self.base
+        if base is not None and base.depth >= self.max_depth:
+            base = None
+        link = Link(checkpoint_id, epoch, 0, checkpoint_id) if base is None else \
+            Link(checkpoint_id, epoch, base.depth + 1, base.root)
+        self._taken[checkpoint_id] = link
+        return link, base
+
+    def completed(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: later snapshots build on its."""
+        link = self._taken.get(checkpoint_id)
+        if link is None or (self.base is not None and checkpoint_id <= self.base.checkpoint_id):
+            return
+        self.base = link
+        self._taken = {c: taken for c, taken in self._taken.items() if c > checkpoint_id}
+
+    def restored(self, link: Link | None) -> None:
+        """The task was restored from the snapshot ``link`` (None: one nothing builds on)."""
+        self.base = link
+        self._taken = {}

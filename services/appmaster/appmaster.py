@@ -20,7 +20,8 @@ from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
-from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, join_task_state, split_task_state
+from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, join_task_state, split_task_state,
+                                        whole_snapshot)
 from gearbus.runtime.snapshots import TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
@@ -524,8 +525,8 @@ class AppMaster(Service):
         steps: dict[str, int] = {}
         for processor in self.app.graph.processors:
             for index in range(processor.parallelism):
-                data = await self.store.get_snapshot(meta.checkpoint_id, meta.epoch, (processor.id, index))
-                for step, state in split_task_state(processor, TaskSnapshot.decode(data).state).items():
+                chain = await self.store.snapshot_chain(meta.checkpoint_id, meta.epoch, (processor.id, index))
+                for step, state in split_task_state(processor, whole_snapshot(processor, chain).state).items():
                     parts[(step, index)] = pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
                     steps[step] = processor.parallelism
         record = SavepointRecord(name, self.app_id, self.app.name, meta.checkpoint_id, int(time.time() * 1000), steps)
@@ -626,7 +627,8 @@ class AppMaster(Service):
         if self.state is not None:
             await self.carry_out(self.state.checkpoint_acked(msg.checkpoint_id, msg.epoch,
                                                              (msg.task.processor, msg.task.index), msg.size_bytes,
-                                                             msg.ended, time.monotonic(), msg.alignment_ms / 1000))
+                                                             msg.ended, time.monotonic(), msg.alignment_ms / 1000,
+                                                             msg.root))
 
     async def on_declined(self, msg: CheckpointDeclined) -> None:
         if self.state is not None:

@@ -15,7 +15,7 @@ from gearbus.api.partitioners import key_owner
 from gearbus.runtime import state_query
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
-from gearbus.runtime.snapshots import TaskSnapshot
+from gearbus.runtime.savepoints import whole_snapshot
 from services.checkpoint_store import CheckpointStore
 from services.executor import lifecycle
 from services.executor.heartbeat import Heartbeat
@@ -59,6 +59,7 @@ log = structlog.get_logger()
 
 DEFAULT_APPMASTER_TIMEOUT_S = 30.0  # app config "appmaster_timeout_s": then an orphaned executor stops
 REPORT_REPEAT_S = 1.0  # a task's end (finished or failed) is reported again this often until its attempt is replaced
+REGISTER_PATIENCE_S = 15.0  # an AppMaster unreachable this long at registration (reconnecting, relaunched) is final
 
 
 class Executor(Service):
@@ -116,7 +117,7 @@ class Executor(Service):
             subjects.appmaster_executor_register(self.app_id),
             RegisterExecutor(self.app_id, self.executor_id, self.worker_id, os.getpid(),
                              tasks=hosted, finished=[task for task in hosted if self.tasks.finished(task)]),
-            expect=ExecutorRegistered,
+            expect=ExecutorRegistered, retry_s=REGISTER_PATIENCE_S, idempotent=True,
         )
         self.heartbeat_interval = registered.heartbeat_interval_s
 
@@ -217,9 +218,9 @@ class Executor(Service):
             for task_id in launch.tasks:
                 envelope = None
                 if launch.restore_checkpoint:
-                    data = await self.store.get_snapshot(launch.restore_checkpoint, launch.restore_epoch,
-                                                         (task_id.processor, task_id.index))
-                    envelope = TaskSnapshot.decode(data)
+                    chain = await self.store.snapshot_chain(launch.restore_checkpoint, launch.restore_epoch,
+                                                            (task_id.processor, task_id.index))
+                    envelope = whole_snapshot(self.app.graph.processors[task_id.processor], chain)
                 runner = TaskRunner(
                     self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
                     self.on_snapshot, self.on_task_ended, launch.start_ms, launch.epoch, envelope, self.servers,
@@ -268,12 +269,13 @@ class Executor(Service):
                 f"storing the snapshot of {runner.name} failed: {type(exc).__name__}: {exc}"))
             return
         await self._carry_out(self.tasks.snapshot_stored(store.task, store.epoch, checkpoint_id, len(data),
-                                                         store.snapshot.ended, store.alignment_s))
+                                                         store.snapshot.ended, store.alignment_s,
+                                                         store.snapshot.state.root))
 
     async def _ack(self, ack: lifecycle.AckCheckpoint) -> None:
         await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
                                TaskCheckpointed(self.executor_id, ack.task, ack.checkpoint_id, ack.epoch,
-                                                ack.size_bytes, ack.ended, int(ack.alignment_s * 1000)))
+                                                ack.size_bytes, ack.ended, int(ack.alignment_s * 1000), ack.root))
 
     async def _decline(self, decline: lifecycle.DeclineCheckpoint) -> None:
         log.warning("checkpoint_declined", task=self.runners[decline.task].name, checkpoint_id=decline.checkpoint_id,

@@ -25,7 +25,7 @@ from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import Frame, FrameReader, decode_credit, encode_credit
-from gearbus.runtime.snapshots import TaskSnapshot
+from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from services.executor.outputs import DataPlaneConfig, Outputs
 from services.histogram import Histogram
@@ -90,7 +90,8 @@ class TaskRunner:
         self.task = self.processor.task_class(self.context)
         senders = [(edge.upstream.id, i) for edge in graph.inputs_of(self.processor)
                    for i in range(edge.upstream.parallelism)]
-        self.core = TaskCore(self.task, senders, config.credit_frames, epoch)
+        self.core = TaskCore(self.task, senders, config.credit_frames, epoch,
+                             max_depth=MAX_DEPTH if config.incremental_checkpoints else 0)
         edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(self.processor)]
         self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, epoch, edges, config)
         self.inbox: asyncio.Queue = asyncio.Queue()
@@ -227,7 +228,8 @@ class TaskRunner:
 
     async def commit(self, checkpoint_id: int) -> None:
         """Commit what was sealed up to ``checkpoint_id`` (off the loop, one commit at a
-        time, in the order asked)."""
+        time, in the order asked); later snapshots build on its."""
+        self.core.completed(checkpoint_id)
         async with self._commit_lock:
             await asyncio.to_thread(self.task.checkpoint_complete, checkpoint_id)
 

@@ -236,6 +236,30 @@ def test_pruning_keeps_the_last_n_completed_checkpoints():
                        [NotifyComplete(4, 0, False), PruneCheckpoints((2,))]]
 
 
+def test_a_checkpoint_a_kept_one_builds_on_is_pruned_only_once_none_does():
+    """Snapshots are incremental: checkpoint n's chain reads every checkpoint from its root
+    on, so those stay while a kept checkpoint needs them (gearbus/runtime/snapshots.py)."""
+    roots = {1: 1, 2: 1, 3: 3, 4: 3, 5: 5, 6: 5}  # whole snapshots at 1, 3 and 5
+
+    def run(root_of) -> dict[int, list[int]]:
+        c = coordinator(interval_s=1, timeout_s=100, keep=2)
+        pruned = {}
+        for cid in roots:
+            c.tick(now=cid)
+            for task in TASKS:
+                actions = c.ack(cid, 0, task, size_bytes=1, ended=False, now=cid, root=root_of(cid, task))
+            assert actions[0].meta.needs_from == min(root_of(cid, task) for task in TASKS)
+            pruned[cid] = [i for a in c.stored(cid, now=cid) if isinstance(a, PruneCheckpoints)
+                           for i in a.checkpoint_ids]
+            c.check_invariants()
+        return pruned
+
+    # kept {3, 4} need 3 on: 1 and 2 go; kept {5, 6} need 5 on: 3 and 4 go
+    assert run(lambda cid, task: roots[cid]) == {1: [], 2: [], 3: [], 4: [1, 2], 5: [], 6: [3, 4]}
+    # one task's chain still starts at 1: nothing goes
+    assert run(lambda cid, task: 1 if task == MAP0 else roots[cid]) == {cid: [] for cid in roots}
+
+
 def test_restart_abandons_the_checkpoint_in_flight_bumps_the_epoch_and_ids_go_on():
     c = coordinator(interval_s=1, timeout_s=100)
     c.tick(now=1)

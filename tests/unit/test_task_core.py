@@ -123,7 +123,7 @@ def test_barriers_align_holding_back_the_channel_that_is_ahead():
     core.receive(B, b.frame([2]))
     actions = core.receive(B, b.frame([], barrier=7))
     snapshots = [x for x in actions if type(x) is Snapshot]
-    assert snapshots == [Snapshot(7, TaskSnapshot(7, 3, False, WATERMARK_MIN),
+    assert snapshots == [Snapshot(7, TaskSnapshot(7, 3, False, WATERMARK_MIN, epoch=0, root=7),
                                   False, [], WATERMARK_MIN)]
     assert task.total == 1003  # the held frame was processed after the snapshot
 

@@ -1,0 +1,137 @@
+"""Checkpoints of large keyed state: incremental snapshots beside whole ones, in one run.
+
+    python bench/state.py [--keys 1000000] [--seconds 40] [--interval-ms 1000]
+                          [--parallelism 2] [--rate 1000000000] [--timeout 600] [--keep]
+
+A keyed running count (bench/state_app.py: a generator source of ``n * 7919 % KEYS`` ->
+group_by -> stateful_map count -> a discarding sink) runs for ``--seconds`` on an embedded
+cluster (a nats-server with a file store, a master, two workers), three times:
+
+* ``incremental``: checkpoints every INTERVAL, snapshots holding the keys changed since the
+  last completed checkpoint (the default);
+* ``baseline``: the same with ``incremental_checkpoints: false``, every snapshot whole (how
+  gearbus checkpointed before);
+* ``off``: checkpoints off (periodic ones; nothing completes while it runs).
+
+For each: the events counted per second (every task's records in at the sink step over
+the running time), the keys held at the end, and from the AppMaster's history of the last
+20 checkpoints (``gearbus status --json``) the duration p50/p99 and bytes written p50 of
+the completed ones, with how many completed and failed. Ratios: incremental / baseline
+checkpoint duration and bytes, and throughput with checkpoints (each mode) / off.
+This is a benchmark, not a test: it fails only when a run does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from common import BenchError, in_temp_dir, parser_from_doc  # noqa: E402  (bench/, beside this file)
+from gearbus.artifact import pack  # noqa: E402
+from gearbus.client import Client  # noqa: E402
+from gearbus.cluster import LocalCluster  # noqa: E402
+from gearbus.natsserver import NatsServer  # noqa: E402
+from shared.messages import AppState  # noqa: E402
+
+APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "state_app.py")
+MODES = {"incremental": {"incremental_checkpoints": True}, "baseline": {"incremental_checkpoints": False},
+         "off": {"checkpoint_interval_ms": 0}}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+async def run_mode(client: Client, mode: str, opts) -> dict:
+    """One run of the app in ``mode``: its figures."""
+    config = {"checkpoint_interval_ms": opts.interval_ms, **MODES[mode]}
+    app_id = await client.submit(pack(APP), ["--keys", str(opts.keys), "--rate", str(opts.rate),
+                                             "--parallelism", str(opts.parallelism)], config=config)
+    deadline = time.monotonic() + opts.timeout
+    while (status := await client.status(app_id)).state != AppState.ACTIVE:
+        if status.state in AppState.TERMINAL or time.monotonic() > deadline:
+            raise BenchError(f"{mode}: the app is {status.state}: {status.error}")
+        await asyncio.sleep(0.2)
+    started, counted_at_start = time.monotonic(), counted(status)
+    await asyncio.sleep(opts.seconds)
+    status = await client.status(app_id)
+    elapsed = time.monotonic() - started
+    if status.state != AppState.ACTIVE:
+        raise BenchError(f"{mode}: the app is {status.state}: {status.error}")
+    await client.kill(app_id)
+    history = [c for c in (status.checkpoints.history if status.checkpoints else []) if c.status == "completed"]
+    failed = sum(1 for c in (status.checkpoints.history if status.checkpoints else []) if c.status == "failed")
+    durations = [c.duration_ms / 1000 for c in history]
+    sizes = [c.size_bytes for c in history]
+    return {"rate": (counted(status) - counted_at_start) / elapsed, "keys": sum(p.state_keys for p in status.processors),
+            "completed": len(history), "failed": failed, "p50": percentile(durations, 0.5),
+            "p99": percentile(durations, 0.99), "bytes": percentile(sizes, 0.5)}
+
+
+def counted(status) -> int:
+    """Records the processor holding the counts took in."""
+    return max((p.records_in for p in status.processors if p.state_keys), default=0)
+
+
+async def bench(opts, tmp: str) -> int:
+    store = os.path.join(tmp, "jetstream")
+    os.makedirs(store)
+    server = NatsServer(store_dir=store, log_path=os.path.join(tmp, "nats-server.log"))
+    server.start()
+    cluster = LocalCluster(workers=2, slots=4, log_dir=os.path.join(tmp, "logs"), nats=server)
+    try:
+        cluster.start()
+        async with Client(server.url, timeout=60) as client:
+            results = {}
+            for mode in MODES:
+                print(f"running {mode} for {opts.seconds:g} s ...", file=sys.stderr, flush=True)
+                results[mode] = await run_mode(client, mode, opts)
+    finally:
+        cluster.stop()
+        server.stop()
+    print_table(results, opts)
+    return 0
+
+
+def print_table(results: dict, opts) -> None:
+    inc, base, off = results["incremental"], results["baseline"], results["off"]
+    print(f"keyed running count over {opts.keys:,} keys, parallelism {opts.parallelism}, "
+          f"checkpoints every {opts.interval_ms} ms, {opts.seconds:g} s per run")
+    print(f"{'':34}{'incremental':>14}{'baseline':>14}{'ratio':>9}")
+    rows = [("checkpoint duration p50 (s)", "p50", "{:.3f}"), ("checkpoint duration p99 (s)", "p99", "{:.3f}"),
+            ("bytes per checkpoint p50", "bytes", "{:,.0f}")]
+    for label, key, fmt in rows:
+        ratio = inc[key] / base[key] if base[key] else float("nan")
+        print(f"{label:34}{fmt.format(inc[key]):>14}{fmt.format(base[key]):>14}{ratio:>9.2f}")
+    done = {mode: f"{results[mode]['completed']} / {results[mode]['failed']}" for mode in ("incremental", "baseline")}
+    print(f"{'checkpoints completed / failed':34}{done['incremental']:>14}{done['baseline']:>14}")
+    print(f"{'keys held at the end':34}{inc['keys']:>14,}{base['keys']:>14,}")
+    print(f"{'events/s':34}{inc['rate']:>14,.0f}{base['rate']:>14,.0f}{inc['rate'] / base['rate']:>9.2f}")
+    print(f"{'events/s, checkpoints off':34}{off['rate']:>14,.0f}")
+    print(f"{'events/s with / off':34}{inc['rate'] / off['rate']:>14.2f}{base['rate'] / off['rate']:>14.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = parser_from_doc(__doc__)
+    parser.add_argument("--keys", type=int, default=1_000_000, help="distinct keys")
+    parser.add_argument("--seconds", type=float, default=40.0, help="running time of each run")
+    parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint interval")
+    parser.add_argument("--parallelism", type=int, default=2, help="tasks per step")
+    parser.add_argument("--rate", type=float, default=1e9, help="the source's events/s (the default: flat out)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each app to start")
+    parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, store)")
+    opts = parser.parse_args(argv)
+    if opts.keys < 1 or opts.seconds <= 0 or opts.interval_ms < 1 or opts.parallelism < 1:
+        parser.error("--keys, --seconds, --interval-ms and --parallelism must be positive")
+    return in_temp_dir("gearbus-state-", opts.keep, lambda tmp: asyncio.run(bench(opts, tmp)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Incremental snapshots: any sequence of writes, removals, timers, snapshots, completions
+and restores gives, from the chain of stored snapshots, exactly the state the step held."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gearbus.api.keyed import KeyedProcessFunction
+from gearbus.runtime.keygroups import KeyedDelta
+from gearbus.runtime.keyed import KeyedProcessOp
+from gearbus.runtime.snapshots import Lineage, TaskSnapshot
+
+KEYS = st.sampled_from(["a", "b", "c", ("t", 1), 7, 3.5])
+
+
+class Remember(KeyedProcessFunction):
+    """value None: forget the key; an int: set the timer at that time; else: the state."""
+
+    def process(self, value, ctx):
+        if value is None:
+            ctx.state = None
+        elif isinstance(value, int):
+            ctx.register_event_time_timer(value)
+        elif value == "append":
+            if ctx.state is not None and isinstance(ctx.state, list):
+                ctx.state.append(1)  # changed in place, never assigned back
+        else:
+            ctx.state = value
+
+    def on_timer(self, timestamp, ctx):
+        ctx.state = ["fired", timestamp]
+
+
+class _Context:
+    epoch = 0
+    task_name = "t"
+
+    def now_ms(self):
+        return 0
+
+
+class _Task:
+    context = _Context()
+
+
+def new_op() -> KeyedProcessOp:
+    op = KeyedProcessOp("remember", Remember, None)
+    op.open(_Task())
+    return op
+
+
+def whole(op: KeyedProcessOp) -> dict:
+    """What the step holds, read without touching its change log."""
+    return {key: op._entry(key) for key in op._keys()}
+
+
+def as_entries(state: dict) -> dict:
+    return {key: tuple(entry) for group in state["groups"].values() for key, *entry in group}
+
+
+def from_chain(stored: dict[int, TaskSnapshot], checkpoint_id: int) -> dict:
+    chain, at = [], checkpoint_id
+    while at is not None:
+        chain.append(stored[at])
+        at = stored[at].base[0] if stored[at].base else None
+    state = None
+    for envelope in reversed(chain):
+        state = envelope.state.onto(state) if isinstance(envelope.state, KeyedDelta) else envelope.state
+    return state
+
+
+EVENTS = st.lists(st.one_of(
+    st.tuples(st.just("write"), KEYS, st.one_of(st.none(), st.text(max_size=3), st.just(["l"]),
+                                                st.just("append"), st.integers(0, 50))),
+    st.tuples(st.just("watermark"), st.integers(0, 60)),
+    st.tuples(st.just("snapshot")),
+    st.tuples(st.just("complete"), st.integers(0, 3)),
+    st.tuples(st.just("restore")),
+), max_size=80)
+
+
+@settings(max_examples=400, deadline=None)
+@given(events=EVENTS, max_depth=st.integers(0, 4))
+def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth):
+    op, lineage = new_op(), Lineage(max_depth)
+    stored: dict[int, TaskSnapshot] = {}
+    truth: dict[int, dict] = {}
+    completed: list[int] = []
+    taken: list[int] = []  # snapshots not yet completed
+    next_id = 1
+    for event in events:
+        kind = event[0]
+        if kind == "write":
+            op.process([(event[2], 0, event[1])])
+        elif kind == "watermark":
+            op.on_watermark(event[1])
+        elif kind == "snapshot":
+            op.prepare_checkpoint(next_id)
+            link, base = lineage.plan(next_id, 0)
+            state = op.snapshot_since(base.checkpoint_id if base else None)
+            assert (base is None) == (not isinstance(state, KeyedDelta))
+            stored[next_id] = TaskSnapshot(next_id, state, False, op.watermark, 0,
+                                           (base.checkpoint_id, 0) if base else None, link.depth, link.root)
+            assert link.depth <= max_depth
+            truth[next_id] = whole(op)
+            taken.append(next_id)
+            next_id += 1
+        elif kind == "complete" and taken:
+            checkpoint_id = taken[min(event[1], len(taken) - 1)]
+            taken = [c for c in taken if c > checkpoint_id]  # older ones were abandoned
+            completed.append(checkpoint_id)
+            lineage.completed(checkpoint_id)
+        elif kind == "restore" and completed:
+            checkpoint_id = completed[-1]
+            state = from_chain(stored, checkpoint_id)
+            op, lineage = new_op(), Lineage(max_depth)
+            op.restore(state)
+            lineage.restored(stored[checkpoint_id].link)
+            taken = []
+    for checkpoint_id in completed + taken:
+        assert as_entries(from_chain(stored, checkpoint_id)) == truth[checkpoint_id]
+
+
+def test_a_snapshot_building_on_another_holds_only_the_keys_changed_since():
+    op, lineage = new_op(), Lineage()
+    op.process([(f"v{n}", 0, n) for n in range(1000)])
+    op.prepare_checkpoint(1)
+    link, base = lineage.plan(1, 0)
+    assert base is None and len(op.snapshot_since(None)["groups"]) > 1
+    lineage.completed(1)
+    op.process([("new", 0, 5), (None, 0, 6)])
+    op.prepare_checkpoint(2)
+    _, base = lineage.plan(2, 0)
+    delta = op.snapshot_since(base.checkpoint_id)
+    assert [e[0] for entries in delta.written.values() for e in entries] == [5]
+    assert [k for keys in delta.removed.values() for k in keys] == [6]
