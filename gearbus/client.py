@@ -41,8 +41,9 @@ SUBMIT_TIMEOUT_S = 180.0  # the master may wait 60 s for a slot, then 60 s for t
 STATE_TIMEOUT_S = 20.0  # the master allows the AppMaster 15 s (it asks the task's executor)
 SAVEPOINT_TIMEOUT_S = 130.0  # the master allows the AppMaster 120 s (a checkpoint, then copying its state)
 QUERY_ATTEMPT_S = 5.0  # a status/list/info/kill not answered this fast is asked again
-#: A NATS URL that accepts no connection this fast is an error (twice this for the handshake): with
-#: the interpreter's start-up (about 1 s here) a command reports it within the 5 s it promises.
+#: A NATS URL that accepts no connection this fast is an error, and so is one whose server does not
+#: greet this fast (a NATS server greets at once): with the interpreter's start-up (1-2 s on a busy
+#: machine) a command reports it within the 5 s it promises.
 REACHABLE_WITHIN_S = 1.5
 
 

@@ -167,10 +167,10 @@ class Bus:
             self.nc = await connecting
             return
         try:  # something listens, but it may not speak NATS
-            self.nc = await asyncio.wait_for(connecting, 2 * reachable_within)
+            self.nc = await asyncio.wait_for(connecting, reachable_within)
         except asyncio.TimeoutError:
             raise ConnectionError(f"no NATS server answered at {', '.join(self.servers)} "
-                                  f"within {2 * reachable_within:g} s") from None
+                                  f"within {reachable_within:g} s") from None
 
     async def _check_reachable(self, within: float) -> None:
         errors = []

@@ -86,7 +86,7 @@ def keyed(plan, step: Step) -> None:
     """``stateful_map`` and ``process_keyed``: the step's operator per key partition."""
     operator = keyed_operator(step)
     if isinstance(operator, KeyedProcessOp):
-        operator.processing_timers = NoProcessingTime()
+        operator.processing_timers = NoProcessingTime(operator.changes.changed)
     arrivals, watermarks = _arrivals(plan, step.inputs[0])
     _drive(plan, step, operator, arrivals.map(lambda a: ((a[1], 0, a[2], a[0][2]), a[0])), watermarks)
 
