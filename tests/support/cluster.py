@@ -62,14 +62,15 @@ async def wait_state(client: Client, app_id: int, state: str, timeout: float = 3
     await wait_until(client, subjects.app_state_events(app_id), reached, timeout)
 
 
-async def kill_an_executor_after_a_checkpoint(cluster, client: Client, app_id: int, timeout: float = 60.0) -> None:
-    """SIGKILL an executor once a checkpoint of the app completed while it still runs
-    (woken by the checkpoints' completions)."""
+async def kill_an_executor_after_a_checkpoint(cluster, client: Client, app_id: int, timeout: float = 60.0,
+                                             checkpoints: int = 1) -> None:
+    """SIGKILL an executor once ``checkpoints`` checkpoints of the app completed while it
+    still runs (woken by the checkpoints' completions)."""
 
     async def checkpointed():
         status = await client.status(app_id)
         assert status.state == AppState.ACTIVE, f"the app ended before the kill: {status.state} {status.error}"
-        return status.checkpoints is not None and status.checkpoints.completed >= 1
+        return status.checkpoints is not None and status.checkpoints.completed >= checkpoints
 
     await wait_until(client, subjects.checkpoint_complete(app_id), checkpointed, timeout)
     victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
