@@ -15,8 +15,9 @@ cluster (a nats-server with a file store, a master, two workers), three times:
 
 For each: the events counted per second (every task's records in at the sink step over
 the running time), the keys held at the end, and from the AppMaster's history of the last
-20 checkpoints (``gearbus status --json``) the duration p50/p99 and bytes written p50 of
-the completed ones, with how many completed and failed. Ratios: incremental / baseline
+20 checkpoints (``gearbus status --json``) the duration p50/p99, the longest barrier
+alignment p50 (the time a barrier waited for its siblings: queueing, not snapshotting) and
+the bytes written p50 of the completed ones, with how many completed and failed. Ratios: incremental / baseline
 checkpoint duration and bytes, and throughput with checkpoints (each mode) / off.
 This is a benchmark, not a test: it fails only when a run does.
 """
@@ -69,10 +70,12 @@ async def run_mode(client: Client, mode: str, opts) -> dict:
     history = [c for c in (status.checkpoints.history if status.checkpoints else []) if c.status == "completed"]
     failed = sum(1 for c in (status.checkpoints.history if status.checkpoints else []) if c.status == "failed")
     durations = [c.duration_ms / 1000 for c in history]
+    alignments = [c.alignment_ms / 1000 for c in history]
     sizes = [c.size_bytes for c in history]
     return {"rate": (counted(status) - counted_at_start) / elapsed, "keys": sum(p.state_keys for p in status.processors),
             "completed": len(history), "failed": failed, "p50": percentile(durations, 0.5),
-            "p99": percentile(durations, 0.99), "bytes": percentile(sizes, 0.5)}
+            "p99": percentile(durations, 0.99), "alignment": percentile(alignments, 0.5),
+            "bytes": percentile(sizes, 0.5)}
 
 
 def counted(status) -> int:
@@ -106,7 +109,7 @@ def print_table(results: dict, opts) -> None:
           f"checkpoints every {opts.interval_ms} ms, {opts.seconds:g} s per run")
     print(f"{'':34}{'incremental':>14}{'baseline':>14}{'ratio':>9}")
     rows = [("checkpoint duration p50 (s)", "p50", "{:.3f}"), ("checkpoint duration p99 (s)", "p99", "{:.3f}"),
-            ("bytes per checkpoint p50", "bytes", "{:,.0f}")]
+            ("longest alignment p50 (s)", "alignment", "{:.3f}"), ("bytes per checkpoint p50", "bytes", "{:,.0f}")]
     for label, key, fmt in rows:
         ratio = inc[key] / base[key] if base[key] else float("nan")
         print(f"{label:34}{fmt.format(inc[key]):>14}{fmt.format(base[key]):>14}{ratio:>9.2f}")
