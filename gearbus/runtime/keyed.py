@@ -137,7 +137,12 @@ class KeyedOp(Op):
         self.watermark = watermark
         if self.ttl_ms is not None:
             self.states.expire(watermark)
+        self.changes.bound(self._held())
         return []
+
+    def _held(self) -> int:
+        """About how many keys the step holds (what its change log is bounded by)."""
+        return len(self.states.values)
 
     keyed_state = True
 
@@ -207,6 +212,7 @@ class StatefulMapOp(KeyedOp):
                     f"a stateful_map function must return a pair (new state, output), got {returned!r}"))
             put(key, returned[0], timestamp)
             out.append(new_record(Record, (returned[1], timestamp, key)))
+        self.changes.bound(len(values))
         return out
 
 
@@ -295,6 +301,7 @@ class KeyedProcessOp(KeyedOp):
                 process(value, ctx)
             except Exception as exc:
                 raise StepError(self.step, value, exc) from exc
+        self.changes.bound(self._held())
         return out
 
     def on_watermark(self, watermark):
@@ -330,6 +337,9 @@ class KeyedProcessOp(KeyedOp):
 
     def _holds(self, key) -> bool:
         return key in self.states.values or key in self.event_timers.by_key or key in self.processing_timers.by_key
+
+    def _held(self) -> int:
+        return len(self.states.values) + len(self.event_timers.by_key) + len(self.processing_timers.by_key)
 
     def _entry(self, key) -> tuple:
         return (*self.states.entry(key), self.event_timers.entry(key), self.processing_timers.entry(key))

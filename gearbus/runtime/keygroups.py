@@ -56,11 +56,20 @@ class ChangeLog:
 
     ``changed`` collects keys since the last snapshot; each snapshot keeps its set by
     checkpoint until its base moves past it (see :class:`gearbus.runtime.snapshots.Lineage`),
-    so a snapshot building on checkpoint b holds every key changed since b's snapshot."""
+    so a snapshot building on checkpoint b holds every key changed since b's snapshot.
+
+    What it remembers is bounded (:meth:`bound`): past a few times the keys held (many keys
+    come and go, or no checkpoint completes, or checkpoints are off) it forgets, and the
+    snapshots are whole until one taken after that becomes the base."""
+
+    #: Changed keys remembered, beyond twice the keys held, before the log forgets them.
+    SLACK = 1024
 
     def __init__(self):
         self.changed: set = set()
         self._taken: dict[int, set] = {}
+        self._forgot = False  # since the last snapshot
+        self._whole_before = 0  # snapshots building on an older base than this are whole
 
     def take(self, checkpoint_id: int | None, base: int | None) -> set | None:
         """The keys to snapshot for ``checkpoint_id`` building on ``base``'s snapshot
@@ -69,16 +78,26 @@ class ChangeLog:
         self.changed.clear()
         if checkpoint_id is not None:
             self._taken[checkpoint_id] = changed
-        if base is None:
+            if self._forgot:
+                self._forgot, self._whole_before = False, checkpoint_id
+        if base is None or base < self._whole_before or self._forgot:
             return None
         for old in [c for c in self._taken if c <= base]:
             del self._taken[old]
         return changed.union(*self._taken.values())
 
+    def bound(self, held: int) -> None:
+        """Forget the changes once they outnumber twice the ``held`` keys (plus SLACK)."""
+        if len(self.changed) + sum(map(len, self._taken.values())) > 2 * held + self.SLACK:
+            self.changed.clear()
+            self._taken.clear()
+            self._forgot = True
+
     def reset(self) -> None:
         """The step was restored: nothing changed since."""
         self.changed.clear()
         self._taken.clear()
+        self._forgot, self._whole_before = False, 0
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gearbus.api.keyed import KeyedProcessFunction
-from gearbus.runtime.keygroups import KeyedDelta
+from gearbus.runtime.keygroups import ChangeLog, KeyedDelta
 from gearbus.runtime.keyed import KeyedProcessOp
 from gearbus.runtime.snapshots import Lineage, TaskSnapshot
 
@@ -44,9 +44,10 @@ class _Task:
     context = _Context()
 
 
-def new_op() -> KeyedProcessOp:
+def new_op(slack: int = ChangeLog.SLACK) -> KeyedProcessOp:
     op = KeyedProcessOp("remember", Remember, None)
     op.open(_Task())
+    op.changes.SLACK = slack
     return op
 
 
@@ -81,9 +82,11 @@ EVENTS = st.lists(st.one_of(
 
 
 @settings(max_examples=400, deadline=None)
-@given(events=EVENTS, max_depth=st.integers(0, 4))
-def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth):
-    op, lineage = new_op(), Lineage(max_depth)
+@given(events=EVENTS, max_depth=st.integers(0, 4), slack=st.sampled_from([0, 2, 1024]))
+def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth, slack):
+    """``slack``: how many changes beyond twice the keys held the change log remembers
+    before it forgets them and snapshots whole (0 and 2 make it forget often)."""
+    op, lineage = new_op(slack), Lineage(max_depth)
     stored: dict[int, TaskSnapshot] = {}
     truth: dict[int, dict] = {}
     completed: list[int] = []
@@ -99,7 +102,7 @@ def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth):
             op.prepare_checkpoint(next_id)
             link, base = lineage.plan(next_id, 0)
             state = op.snapshot_since(base.checkpoint_id if base else None)
-            assert (base is None) == (not isinstance(state, KeyedDelta))
+            assert base is not None or not isinstance(state, KeyedDelta)
             stored[next_id] = TaskSnapshot(next_id, state, False, op.watermark, 0,
                                            (base.checkpoint_id, 0) if base else None, link.depth, link.root)
             assert link.depth <= max_depth
@@ -114,7 +117,7 @@ def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth):
         elif kind == "restore" and completed:
             checkpoint_id = completed[-1]
             state = from_chain(stored, checkpoint_id)
-            op, lineage = new_op(), Lineage(max_depth)
+            op, lineage = new_op(slack), Lineage(max_depth)
             op.restore(state)
             lineage.restored(stored[checkpoint_id].link)
             taken = []
@@ -135,3 +138,35 @@ def test_a_snapshot_building_on_another_holds_only_the_keys_changed_since():
     delta = op.snapshot_since(base.checkpoint_id)
     assert [e[0] for entries in delta.written.values() for e in entries] == [5]
     assert [k for keys in delta.removed.values() for k in keys] == [6]
+
+
+def test_changes_forgotten_past_the_bound_make_snapshots_whole_until_a_later_base():
+    """Keys come and go faster than checkpoints complete: the change log forgets, and no
+    snapshot may then build on a base from before it forgot (changes since it are lost)."""
+    op, lineage = new_op(slack=0), Lineage()
+    stored: dict[int, TaskSnapshot] = {}
+
+    def snapshot(checkpoint_id: int) -> None:
+        op.prepare_checkpoint(checkpoint_id)
+        link, base = lineage.plan(checkpoint_id, 0)
+        stored[checkpoint_id] = TaskSnapshot(checkpoint_id, op.snapshot_since(base.checkpoint_id if base else None),
+                                             False, op.watermark, 0, (base.checkpoint_id, 0) if base else None,
+                                             link.depth, link.root)
+
+    op.process([("x", 0, "keep")])
+    snapshot(1)
+    lineage.completed(1)
+    snapshot(2)  # builds on 1; completes only later
+    op.process([("changed", 0, "keep")])  # after 2's snapshot: only the log knows
+    op.process([("tmp", 0, f"k{n}") for n in range(4)] + [(None, 0, f"k{n}") for n in range(4)])  # it forgets
+    snapshot(3)
+    assert not isinstance(stored[3].state, KeyedDelta)
+    lineage.completed(2)
+    snapshot(4)  # its base is 2, from before the log forgot: whole
+    assert not isinstance(stored[4].state, KeyedDelta)
+    assert as_entries(from_chain(stored, 4))["keep"][0] == "changed"
+    lineage.completed(4)
+    op.process([("again", 0, "keep")])
+    snapshot(5)
+    assert isinstance(stored[5].state, KeyedDelta)
+    assert as_entries(from_chain(stored, 5))["keep"][0] == "again"
