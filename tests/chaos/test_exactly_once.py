@@ -24,6 +24,7 @@ import nats
 import pytest
 import structlog
 
+from gearbus.api.task import now_ms
 from gearbus.artifact import pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
@@ -156,15 +157,17 @@ class Run:
     async def status(self):
         return await self.client.status(self.app_id)
 
-    async def progressed(self, since_checkpoint: int, epoch_at_least: int, timeout: float = 60):
-        """Until a checkpoint newer than ``since_checkpoint`` completed in an epoch of at
-        least ``epoch_at_least``: the app recovered and goes on."""
+    async def progressed(self, since_ms: int, epoch_at_least: int, timeout: float = 60):
+        """Until a checkpoint triggered after ``since_ms`` (wall clock: the failure) completed,
+        the app in an epoch of at least ``epoch_at_least``: it recovered and goes on. (The
+        latest checkpoint's id alone could be one that completed just before the failure.)"""
 
         async def probe():
             status = await self.status()
             assert status.state == AppState.ACTIVE, f"the app ended {status.state}: {status.error}"
             cp = status.checkpoints
-            return status if cp and cp.last_id > since_checkpoint and cp.epoch >= epoch_at_least else None
+            after = cp is not None and any(c.status == "completed" and c.trigger_ms > since_ms for c in cp.history)
+            return status if after and cp.epoch >= epoch_at_least else None
 
         return await wait_until(self.client, subjects.appmaster_heartbeat("*"), probe, timeout)
 
@@ -174,32 +177,36 @@ class Run:
 
 async def kill_executor(run: Run, status):
     victim, _, _ = run.processes("executor")[0]
+    failed_at = now_ms()
     os.kill(victim, signal.SIGKILL)
-    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1)
+    return await run.progressed(failed_at, status.checkpoints.epoch + 1)
 
 
 async def kill_worker(run: Run, status):
     """A worker that does not host the AppMaster, with the executors it runs."""
     [(_, appmaster_worker, _)] = run.processes("appmaster")
     worker = next(w for _, w, _ in run.processes("executor") if w != appmaster_worker)
+    failed_at = now_ms()
     run.cluster.workers[worker].send_signal(signal.SIGKILL)
     await wait_exited(run.cluster.workers[worker].pid, 10)
-    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1)
+    return await run.progressed(failed_at, status.checkpoints.epoch + 1)
 
 
 async def kill_appmaster(run: Run, status):
     [(appmaster, _, _)] = run.processes("appmaster")
+    failed_at = now_ms()
     os.kill(appmaster, signal.SIGKILL)
-    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1)
+    return await run.progressed(failed_at, status.checkpoints.epoch + 1)
 
 
 async def kill_master(run: Run, status):
     """The leading master: the app runs on without it (no rollback needed)."""
     leader = (await run.client.info()).leader
     elected = await next_election(run.client, exclude=leader)
+    failed_at = now_ms()
     run.cluster.masters[leader].send_signal(signal.SIGKILL)
     await asyncio.wait_for(elected, 30)
-    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch)
+    return await run.progressed(failed_at, status.checkpoints.epoch)
 
 
 async def stop_executor(run: Run, status):
@@ -209,10 +216,11 @@ async def stop_executor(run: Run, status):
     [(_, appmaster_worker, _)] = run.processes("appmaster")
     zombie, zombie_worker, _ = next(p for p in run.processes("executor") if p[1] != appmaster_worker)
     worker_pid = run.cluster.workers[zombie_worker].pid
+    failed_at = now_ms()
     os.kill(worker_pid, signal.SIGSTOP)
     os.kill(zombie, signal.SIGSTOP)
     try:
-        status = await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1)
+        status = await run.progressed(failed_at, status.checkpoints.epoch + 1)
     finally:
         os.kill(zombie, signal.SIGCONT)
         os.kill(worker_pid, signal.SIGCONT)
@@ -225,12 +233,13 @@ async def restart_nats(run: Run, status):
     publisher waits meanwhile): frames, credit and control messages in flight are lost."""
     await run.publishing.pause()
     loop = asyncio.get_running_loop()
+    failed_at = now_ms()
     try:
         await loop.run_in_executor(None, run.server.stop)
         await loop.run_in_executor(None, run.server.start)
     finally:
         run.publishing.resume()
-    return await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch)
+    return await run.progressed(failed_at, status.checkpoints.epoch)
 
 
 FAILURES = {"executor": kill_executor, "worker": kill_worker, "appmaster": kill_appmaster, "master": kill_master,
@@ -305,16 +314,17 @@ async def test_a_power_cut_resumes_the_app_by_itself_exactly(tmp_path):
     (its worker came back without it), so a new one resumes from the last completed
     checkpoint, and every output is exact."""
     async with chaos_run(tmp_path, {}) as run:
-        status = await run.progressed(0, 0)
-        status = await run.progressed(status.checkpoints.last_id, 0)  # well under way
+        await run.progressed(0, 0)
+        status = await run.progressed(now_ms(), 0)  # well under way
         await run.publishing.pause()
+        failed_at = now_ms()
         run.server.process.kill()
         run.cluster.power_cut()
         loop = asyncio.get_running_loop()
         restarted = loop.time()
         await loop.run_in_executor(None, run.server.start)
         run.cluster.restart()
-        await run.progressed(status.checkpoints.last_id, status.checkpoints.epoch + 1, timeout=90)
+        await run.progressed(failed_at, status.checkpoints.epoch + 1, timeout=90)
         print(f"power cut: committed output again {loop.time() - restarted:.2f} s after the restart")
         run.publishing.resume()
     assert_exact(run.windows, tmp_path / "out")
