@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
-from gearbus.api.partitioners import HashPartitioner, Partitioner
+from gearbus.api.partitioners import MAX_PARALLELISM, HashPartitioner, Partitioner
 from gearbus.api.task import DataSink, DataSource, Task
 from gearbus.api.watermarks import WatermarkGenerator
 
@@ -120,6 +120,11 @@ class Graph:
                 raise GraphError(
                     f"edge {edge.upstream.name} -> {edge.downstream.name}: {edge.partitioner.describe()} needs "
                     f"equal parallelism, got {edge.upstream.parallelism} and {edge.downstream.parallelism}"
+                )
+            if isinstance(edge.partitioner, HashPartitioner) and edge.downstream.parallelism > MAX_PARALLELISM:
+                raise GraphError(
+                    f"processor {edge.downstream.name!r}: parallelism {edge.downstream.parallelism} is more than its "
+                    f"{MAX_PARALLELISM} key groups; a hash-partitioned processor can have at most {MAX_PARALLELISM} tasks"
                 )
         for p in self.processors:
             if not p.is_source and not inputs[id(p)]:

@@ -26,10 +26,39 @@ def _fixed_seed_hash(key) -> int:
 stable_hash = _crc_hash if sys.flags.hash_randomization else _fixed_seed_hash
 
 
+#: The number of key groups, and so the largest parallelism of a hash-partitioned
+#: processor. Part of every checkpoint's layout: it must never change.
+MAX_PARALLELISM = 128
+
+
+def key_group(key) -> int:
+    """The key group of ``key``, in ``range(MAX_PARALLELISM)``: the unit in which keyed
+    state is routed, snapshotted and handed between tasks (as in Flink).
+
+    It must never change (nor may :func:`stable_hash`), or the state of restored
+    checkpoints lands in the wrong group. It agrees across processes where
+    ``stable_hash`` does: executors run with PYTHONHASHSEED=0.
+    """
+    return stable_hash(key) % MAX_PARALLELISM
+
+
+def group_owner(group: int, num_partitions: int) -> int:
+    """The task of ``num_partitions`` owning key group ``group``: each task owns one
+    contiguous range of groups (:func:`owned_groups`), so a task restored at another
+    parallelism reads the snapshots of at most a few old tasks."""
+    return group * num_partitions // MAX_PARALLELISM
+
+
+def owned_groups(index: int, num_partitions: int) -> range:
+    """The key groups task ``index`` of ``num_partitions`` owns (the inverse of
+    :func:`group_owner`)."""
+    return range(-(-index * MAX_PARALLELISM // num_partitions), -(-(index + 1) * MAX_PARALLELISM // num_partitions))
+
+
 def key_owner(key, num_partitions: int) -> int:
     """The task of ``num_partitions`` that a hash edge sends ``key`` to (and that so holds
-    its state downstream of a ``group_by``)."""
-    return stable_hash(key) % num_partitions
+    its state downstream of a ``group_by``): the owner of its key group."""
+    return group_owner(key_group(key), num_partitions)
 
 
 class Partitioner:
@@ -79,15 +108,15 @@ class HashPartitioner(Partitioner):
         if num_partitions == 1:
             return [records]
         buckets: list[list[Record]] = [[] for _ in range(num_partitions)]
-        appends = [b.append for b in buckets]
-        h = stable_hash
+        appends = [buckets[group_owner(group, num_partitions)].append for group in range(MAX_PARALLELISM)]
+        h, groups = stable_hash, MAX_PARALLELISM
         if self.by_key:
             for record in records:
-                appends[h(record[2]) % num_partitions](record)
+                appends[h(record[2]) % groups](record)
             return buckets
         for record in records:
             key = record[2]
-            appends[h(record[0] if key is None else key) % num_partitions](record)
+            appends[h(record[0] if key is None else key) % groups](record)
         return buckets
 
 

@@ -8,6 +8,19 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 
+class NotRescalable(ValueError):
+    """A step's state cannot be split over another number of tasks (it is not grouped
+    by key, and its class does not say how to divide it)."""
+
+
+def not_rescalable(states: list, what: str) -> None:
+    """None when no old task held state (there is nothing to divide); else NotRescalable
+    naming ``what``."""
+    if any(state is not None for state in states):
+        raise NotRescalable(f"{what} holds state that is not grouped by key, so it cannot be divided "
+                            "over another number of tasks")
+
+
 class Record(NamedTuple):
     """One record: a value, its event time (epoch ms) and an optional key.
 
@@ -222,6 +235,12 @@ class DataSource:
     def restore(self, state: Any) -> None:
         """Go back to a position :meth:`snapshot` returned; called after :meth:`open`."""
 
+    def rescale(self, states: list, index: int, parallelism: int) -> Any:
+        """The position task ``index`` of ``parallelism`` restores from, when a savepoint
+        taken with another parallelism is restored (see :meth:`DataSink.rescale`)."""
+        not_rescalable(states, f"source {type(self).__name__}")
+        return None
+
     def close(self) -> None:
         """Release what :meth:`open` acquired."""
 
@@ -261,6 +280,13 @@ class DataSink:
         """Resume from a completed checkpoint's state; called after :meth:`open`. Its
         sealed transactions belong to a completed checkpoint: commit them (idempotently)
         and discard anything written after it."""
+
+    def rescale(self, states: list, index: int, parallelism: int) -> Any:
+        """The state task ``index`` of ``parallelism`` restores from, when a savepoint
+        taken with another parallelism is restored: ``states`` are every old task's
+        :meth:`snapshot`, in task order. Raises NotRescalable unless no task held any."""
+        not_rescalable(states, f"sink {type(self).__name__}")
+        return None
 
     def close(self) -> None:
         """Flush and release; called when the input has ended."""

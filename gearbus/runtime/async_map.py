@@ -19,7 +19,7 @@ import collections
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gearbus.api.task import Record, Task, new_record
+from gearbus.api.task import NotRescalable, Record, Task, new_record
 from gearbus.runtime.chain import Op, StepError
 
 
@@ -178,6 +178,14 @@ class AsyncMapOp(Op):
                            for c in segment.calls.values()], segment.watermark) for segment in self.segments],
             "released": self.released,
         }
+
+    def rescale(self, states, index, parallelism):
+        """Records still in flight keep their order only on their own task: a savepoint
+        holding any cannot be divided."""
+        if any(calls for state in states for calls, _ in state["segments"]):
+            raise NotRescalable(f"step {self.step!r} holds records in flight, so its state cannot be divided "
+                                "over another number of tasks")
+        return {"segments": [], "released": min(state["released"] for state in states)}
 
     def restore(self, state) -> None:
         """Rebuild the queue; the unfinished records are called again once the loop turns

@@ -14,8 +14,8 @@ from operator import itemgetter
 from typing import Any
 
 from gearbus.api.io_tasks import DataSourceTask
-from gearbus.api.partitioners import Partitioner
-from gearbus.api.task import Record, Task, new_record
+from gearbus.api.partitioners import Partitioner, key_group, owned_groups
+from gearbus.api.task import Record, Task, new_record, not_rescalable
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.windows import WindowOperator
@@ -133,6 +133,15 @@ class Op:
 
     def restore(self, state) -> None:
         """Continue from :meth:`snapshot`'s state."""
+
+    def rescale(self, states: list, index: int, parallelism: int):
+        """The state task ``index`` of ``parallelism`` restores from, when a savepoint
+        taken with another parallelism is restored: ``states`` are every old task's whole
+        :meth:`snapshot`, in task order. A step whose state is grouped by key hands each
+        task its key groups (:func:`~gearbus.api.partitioners.owned_groups`), and the first
+        task what belongs to no key (counts); any other raises NotRescalable."""
+        not_rescalable(states, f"step {self.step!r}")
+        return None
 
     def prepare_checkpoint(self, checkpoint_id: int) -> None:
         """A sink step seals its transaction (see DataSink.pre_commit)."""
@@ -328,6 +337,13 @@ class CombineOp(Op):
         self.partials = dict(state["partials"])
         self.newest = state["newest"]
 
+    def rescale(self, states, index, parallelism):
+        """Partials by key group: they cross the shuffle by key whichever task sends them."""
+        groups = owned_groups(index, parallelism)
+        return {"partials": [(key, held) for state in states for key, held in state["partials"]
+                             if key_group(key) in groups],
+                "newest": max(state["newest"] for state in states)}
+
     def _emit(self) -> list[Record]:
         ts = self.newest
         out = [new_record(Record, (held, ts, key)) for key, held in self.partials.items()]
@@ -387,6 +403,12 @@ class WindowAggregateOp(Op):
         if self.late is not None:
             self.late.restore(state["late"])
 
+    def rescale(self, states, index, parallelism):
+        late = [state["late"] for state in states]
+        return {"operator": WindowOperator.rescale([state["operator"] for state in states], index, parallelism),
+                "watermark": min(state["watermark"] for state in states),
+                "late": self.late.rescale(late, index, parallelism) if self.late is not None else None}
+
     def prepare_checkpoint(self, checkpoint_id):
         if self.late is not None:
             self.late.prepare_checkpoint(checkpoint_id)
@@ -441,6 +463,9 @@ class SinkOp(Op):
 
     def restore(self, state) -> None:
         self.sink.restore(state)
+
+    def rescale(self, states, index, parallelism):
+        return self.data_sink.rescale(states, index, parallelism)
 
     def prepare_checkpoint(self, checkpoint_id):
         self.sink.pre_commit(checkpoint_id)

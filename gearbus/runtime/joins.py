@@ -21,7 +21,8 @@ from gearbus.api.joins import Joined
 from gearbus.api.task import Record, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
-from gearbus.runtime.keygroups import estimated_bytes, key_group
+from gearbus.api.partitioners import key_group, owned_groups
+from gearbus.runtime.keygroups import estimated_bytes, regrouped
 
 LEFT, RIGHT = 0, 1
 _value = itemgetter(0)
@@ -218,6 +219,9 @@ class IntervalJoinOp(Op):
                 for timestamp in times:
                     heappush(self._expiry, (self._kept_until(side, timestamp), next(self._order), side, key))
 
+    def rescale(self, states, index, parallelism):
+        return _rescaled(states, index, parallelism)
+
     def state_size(self) -> tuple[int, int]:
         """(records held, their estimated bytes)."""
         values = (v for buffers in self.sides for b in buffers.values() for v in b.values)
@@ -365,9 +369,24 @@ class TableJoinOp(Op):
         for timestamp, key, value in state["waiting"]:
             heappush(self.waiting, (timestamp, next(self._order), key, value))
 
+    def rescale(self, states, index, parallelism):
+        """Versions by key group; records waiting for their version go with their key."""
+        groups = owned_groups(index, parallelism)
+        return {**_rescaled(states, index, parallelism),
+                "waiting": sorted((waiting for state in states for waiting in state["waiting"]
+                                   if key_group(waiting[1]) in groups), key=itemgetter(0))}
+
     def state_size(self) -> tuple[int, int]:
         """(versions and waiting records, their estimated bytes)."""
         entries = self.held + len(self.waiting)
         values = itertools.chain((v for b in self.versions.values() for v in b.values),
                                  (w[3] for w in self.waiting))
         return entries, estimated_bytes(values, entries)
+
+
+def _rescaled(states: list[dict], index: int, parallelism: int) -> dict:
+    """A join's buffers of the key groups task ``index`` of ``parallelism`` owns; the
+    first task keeps the count of late records."""
+    return {"watermark": min(state["watermark"] for state in states),
+            "late": sum(state["late"] for state in states) if index == 0 else 0,
+            "groups": regrouped(states, owned_groups(index, parallelism))}

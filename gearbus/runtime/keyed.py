@@ -16,8 +16,9 @@ from gearbus.api.keyed import KeyedContext
 from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
+from gearbus.api.partitioners import key_group, owned_groups
 from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, KeyedDelta, detached, estimated_bytes, grouped,
-                                       key_group)
+                                       regrouped)
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
@@ -186,6 +187,10 @@ class KeyedOp(Op):
             for key, *entry in state["groups"][group]:
                 self._restore_entry(key, tuple(entry))
         self.changes.reset()
+
+    def rescale(self, states, index, parallelism):
+        return {"watermark": min(state["watermark"] for state in states),
+                "groups": regrouped(states, owned_groups(index, parallelism))}
 
     def state_size(self) -> tuple[int, int]:
         return self.states.size

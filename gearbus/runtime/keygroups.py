@@ -12,21 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gearbus.api.partitioners import stable_hash
-
-#: The number of key groups, and so the largest parallelism keyed state can be restored
-#: to. Part of every checkpoint's layout: it must never change.
-MAX_PARALLELISM = 128
-
-
-def key_group(key: Any) -> int:
-    """The key group of ``key``, in ``range(MAX_PARALLELISM)``.
-
-    It must never change (nor may :func:`stable_hash`), or the state of restored
-    checkpoints lands in the wrong group. It agrees across processes where
-    ``stable_hash`` does: executors run with PYTHONHASHSEED=0.
-    """
-    return stable_hash(key) % MAX_PARALLELISM
+from gearbus.api.partitioners import key_group
 
 
 #: Types a snapshot can share with live state instead of copying it.
@@ -137,3 +123,11 @@ def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], 
         else:
             removed.setdefault(key_group(key), []).append(key)
     return written, removed
+
+
+def regrouped(states: list[dict], groups: range | set) -> dict[int, list]:
+    """The entries of key groups ``groups`` in ``states`` (whole snapshots of one step,
+    ``{"groups": {group: entries}, ...}``, by several tasks): one task's share of them at
+    another parallelism. A task holds one contiguous range of groups, so at most a few of
+    ``states`` contribute."""
+    return {group: entries for state in states for group, entries in state["groups"].items() if group in groups}

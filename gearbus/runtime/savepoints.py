@@ -5,6 +5,9 @@ sink, a custom task); planning may chain the same steps differently in another v
 of the pipeline. A savepoint therefore keeps each stateful step's state on its own,
 ``{step: {task index: state}}``, and a new plan claims it step by step. Auto-derived
 step names are fragile for this: they change when steps are added or reordered.
+
+A step may be claimed at another parallelism: state grouped by key goes to the tasks
+owning its key groups, and each step says how to divide the rest (``rescale``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from gearbus.api.graph import Application, Processor
 from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
-from gearbus.api.task import Task
+from gearbus.api.task import NotRescalable, Task, not_rescalable
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
 from gearbus.runtime.keygroups import KeyedDelta
 from gearbus.runtime.snapshots import TaskSnapshot
@@ -100,29 +103,56 @@ def whole_snapshot(processor: Processor, chain: list[TaskSnapshot]) -> TaskSnaps
     return chain[-1].whole(join_task_state(processor, steps))
 
 
+def rescaled_state(processor: Processor, step: str, states: list, index: int) -> Any:
+    """Step ``step``'s state for task ``index`` of ``processor``, from ``states``: every
+    task's state of the step in a savepoint taken with another parallelism. Raises
+    SavepointMismatch when the step's state cannot be divided that way."""
+    task_class, parallelism = processor.task_class, processor.parallelism
+    try:
+        if issubclass(task_class, ChainSourceTask) and step == processor.config["steps"][0] or \
+                issubclass(task_class, DataSourceTask) and not issubclass(task_class, ChainTask):
+            return processor.data_source.rescale(states, index, parallelism)
+        if issubclass(task_class, ChainTask):
+            return next(op for op in _ops(processor) if op.step == step).rescale(states, index, parallelism)
+        if issubclass(task_class, DataSinkTask):
+            return processor.data_sink.rescale(states, index, parallelism)
+        not_rescalable(states, f"task {task_class.__name__}")
+        return None
+    except NotRescalable as exc:
+        raise SavepointMismatch(f"the parallelism of step {step!r} changed (saved with {len(states)}, now "
+                                f"{processor.parallelism}): {exc}") from None
+
+
+def task_states(processor: Processor, saved: dict[str, list]) -> list[Any]:
+    """Each task's state of ``processor`` (None: nothing to restore) from the steps it
+    claimed, ``saved``: ``{step: [state of each saved task]}``. A step saved with another
+    parallelism is divided over the tasks (:func:`rescaled_state`)."""
+    tasks = []
+    for index in range(processor.parallelism):
+        steps = {step: states[index] if len(states) == processor.parallelism else
+                 rescaled_state(processor, step, states, index) for step, states in saved.items()}
+        tasks.append(join_task_state(processor, steps) if steps else None)
+    return tasks
+
+
 def claim(app: Application, saved: dict[str, int], allow_unclaimed: bool) -> dict[str, Processor]:
     """Match the savepoint's steps (``{step: parallelism}``) to the stateful steps of
-    ``app``; return which processor claims each saved step. Raises SavepointMismatch
-    naming the steps when a stateful step finds no state or a saved step is claimed by
-    nobody (unless ``allow_unclaimed``: such steps start empty, such state is dropped),
-    or when a parallelism differs."""
+    ``app``; return which processor claims each saved step (at its parallelism, or another:
+    see :func:`rescaled_state`). Raises SavepointMismatch naming the steps when a stateful
+    step finds no state or a saved step is claimed by nobody (unless ``allow_unclaimed``:
+    such steps start empty, such state is dropped)."""
     claimed: dict[str, Processor] = {}
-    missing, resized = [], []
+    missing = []
     for processor in app.graph.processors:
         for step in stateful_steps(processor):
             if step not in saved:
                 missing.append(step)
-            elif saved[step] != processor.parallelism:
-                resized.append(f"{step!r} (saved with parallelism {saved[step]}, now {processor.parallelism})")
             else:
                 claimed[step] = processor
     problems = []
     if missing and not allow_unclaimed:
         problems.append(f"stateful step(s) {', '.join(map(repr, missing))} have no state in the savepoint "
                         "(renamed? name your steps explicitly); pass --allow-unclaimed-state to start them empty")
-    if resized:
-        problems.append(f"the parallelism of {', '.join(resized)} changed; restoring with another "
-                        "parallelism is not supported yet")
     unclaimed = sorted(set(saved) - set(claimed) - set(missing))
     if unclaimed and not allow_unclaimed:
         problems.append(f"the savepoint holds state of step(s) {', '.join(map(repr, unclaimed))} that this "

@@ -29,7 +29,8 @@ from gearbus.api.windows import (
     WindowResult,
     checked_millis,
 )
-from gearbus.runtime.keygroups import detached, estimated_bytes, key_group
+from gearbus.api.partitioners import key_group, owned_groups
+from gearbus.runtime.keygroups import detached, estimated_bytes, regrouped
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
 _tuple = tuple.__new__
@@ -292,6 +293,19 @@ class WindowOperator:
                     self._sessions.setdefault(key, []).append(window)
         for sessions in self._sessions.values():
             sessions.sort()
+
+    @staticmethod
+    def rescale(states: list[dict], index: int, parallelism: int) -> dict:
+        """Task ``index`` of ``parallelism``'s share of several tasks' snapshots: the panes
+        and late records of its key groups; the first task keeps the counts."""
+        groups, first = owned_groups(index, parallelism), index == 0
+        return {
+            "watermark": min(state["watermark"] for state in states),
+            "late_dropped": sum(state["late_dropped"] for state in states) if first else 0,
+            "late_side_output": sum(state["late_side_output"] for state in states) if first else 0,
+            "late": [late for state in states for late in state["late"] if key_group(late[0]) in groups],
+            "groups": regrouped(states, groups),
+        }
 
     # --- internals -------------------------------------------------------------------
 

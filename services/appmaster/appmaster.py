@@ -20,7 +20,7 @@ from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
-from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, join_task_state, split_task_state,
+from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, split_task_state, task_states,
                                         whole_snapshot)
 from gearbus.runtime.snapshots import TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
@@ -541,23 +541,28 @@ class AppMaster(Service):
             raise AppFailure(AppError("SavepointNotFound", f"no savepoint named {name!r}", "restoring a savepoint"))
         try:
             claimed = claim(self.app, record.steps, allow_unclaimed)
+            size, tasks = await self._seed(record, claimed)
         except SavepointMismatch as exc:
             raise AppFailure(AppError("SavepointMismatch", f"savepoint {name!r}: {exc}",
                                       "restoring a savepoint")) from None
-        size, tasks = 0, []
-        for processor in self.app.graph.processors:
-            mine = [step for step, owner in claimed.items() if owner is processor]
-            for index in range(processor.parallelism):
-                states = {step: pickle.loads(await self.store.savepoint_part(record, step, index)) for step in mine}
-                data = TaskSnapshot.seeded(SAVEPOINT_CHECKPOINT_ID,
-                                           join_task_state(processor, states) if states else None).encode()
-                await self.store.put_snapshot(SAVEPOINT_CHECKPOINT_ID, self.epoch, (processor.id, index), data)
-                size += len(data)
-                tasks.append((processor.id, index))
         meta = cp.CheckpointMeta(SAVEPOINT_CHECKPOINT_ID, self.epoch, time.monotonic(), 0.0, size, tuple(tasks), False)
         await self.store.put_record(meta.to_dict())
         log.info("restoring_savepoint", name=name, steps=sorted(claimed), from_app=record.app_id)
         return meta
+
+    async def _seed(self, record: SavepointRecord, claimed: dict) -> tuple[int, list[tuple[int, int]]]:
+        """Store each task's seeded snapshot of the savepoint's claimed steps."""
+        size, tasks = 0, []
+        for processor in self.app.graph.processors:
+            saved = {step: [pickle.loads(await self.store.savepoint_part(record, step, index))
+                            for index in range(record.steps[step])]
+                     for step, owner in claimed.items() if owner is processor}
+            for index, state in enumerate(task_states(processor, saved)):
+                data = TaskSnapshot.seeded(SAVEPOINT_CHECKPOINT_ID, state).encode()
+                await self.store.put_snapshot(SAVEPOINT_CHECKPOINT_ID, self.epoch, (processor.id, index), data)
+                size += len(data)
+                tasks.append((processor.id, index))
+        return size, tasks
 
     # --- handlers --------------------------------------------------------------
 

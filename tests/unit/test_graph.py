@@ -2,7 +2,8 @@
 
 import pytest
 
-from gearbus import Application, CoLocationPartitioner, CollectionSource, Graph, GraphError, Processor, Task
+from gearbus import (Application, CoLocationPartitioner, CollectionSource, Graph, GraphError, Processor,
+                     ShufflePartitioner, Task)
 
 
 class Noop(Task):
@@ -44,6 +45,17 @@ def test_colocation_needs_equal_parallelism():
     graph = Graph()
     graph.connect(source(parallelism=2), Processor(Noop, parallelism=3, name="n"), CoLocationPartitioner())
     with pytest.raises(GraphError, match="equal parallelism, got 2 and 3"):
+        graph.freeze()
+
+
+def test_a_hash_partitioned_processor_has_at_most_one_task_per_key_group():
+    graph = Graph()
+    graph.connect(source(), Processor(Noop, parallelism=128, name="most"))
+    graph.connect(source("other"), Processor(Noop, parallelism=129, name="spread"), ShufflePartitioner())
+    graph.freeze()
+    graph = Graph()
+    graph.connect(source(), Processor(Noop, parallelism=129, name="keyed"))
+    with pytest.raises(GraphError, match="'keyed': parallelism 129 is more than its 128 key groups"):
         graph.freeze()
 
 

@@ -14,6 +14,7 @@ from gearbus.connectors.files import CollectSink
 from gearbus.runners.inprocess import PipelineFailed, SimulatedCrash
 from gearbus.runtime.appmaster_state import Phase
 from shared.messages import AppState
+from tests.support.rescale import rescaled
 
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu"]
 LINES = [" ".join(WORDS[(i * j) % len(WORDS)] for j in range(1, 1 + i % 5)) for i in range(120)]
@@ -69,12 +70,51 @@ def committed_counts(path) -> collections.Counter:
     return counts
 
 
-def jsonl_wordcount(path, config: dict | None = None, **source) -> Pipeline:
-    """The wordcount into a JSON-lines file: a two-phase sink, exactly-once across recoveries."""
+def jsonl_wordcount(path, config: dict | None = None, counters: int | None = None, **source) -> Pipeline:
+    """The wordcount into a JSON-lines file: a two-phase sink, exactly-once across recoveries.
+    ``counters``: the counting step's parallelism (the source's, 3, by default)."""
     p = Pipeline("wordcount", config={**CONFIG, **(config or {})}, parallelism=3)
     (p.from_collection(LINES, name="read", parallelism=3, **source).flat_map(str.split, name="split")
-        .group_by(word, name="by_word").count(name="count").map(row, name="format").write_jsonl(str(path), name="write"))
+        .group_by(word, name="by_word", parallelism=counters).count(name="count").map(row, name="format")
+        .write_jsonl(str(path), name="write"))
     return p
+
+
+def running_counts(path, counters: int | None = None) -> Pipeline:
+    """Each word's running count, emitted at every occurrence (``stateful_map``)."""
+    p = Pipeline("running", config=CONFIG, parallelism=3)
+    (p.from_collection(LINES, name="read", parallelism=3).flat_map(str.split, name="split")
+        .group_by(word, name="by_word", parallelism=counters)
+        .stateful_map(lambda seen, w: ((seen or 0) + 1, {"word": w, "count": (seen or 0) + 1}), name="running")
+        .write_jsonl(str(path), name="write"))
+    return p
+
+
+def combined_counts(path, counters: int | None = None) -> Pipeline:
+    """The wordcount, its map-side combine sending on every two keys: the counts are held
+    by the counting step, not upstream."""
+    return jsonl_wordcount(path, {"combine_keys": 2}, counters)
+
+
+@pytest.mark.parametrize("counters", [1, 2, 5])
+@pytest.mark.parametrize("build", [combined_counts, running_counts])
+def test_keyed_state_divides_over_another_parallelism_by_key_group(inprocess, tmp_path, build, counters):
+    """Crashed with the counting step in 3 tasks, resumed with it in ``counters``: each
+    task restores the state of its key groups (as from a savepoint), and the output is exact."""
+    out = tmp_path / "counts.jsonl"
+    first = inprocess(build(out), seed=1, checkpoint_every=2)
+    with pytest.raises(SimulatedCrash):
+        first.run(crash_after_frames=120)
+    checkpoint = first.latest_checkpoint()
+    assert checkpoint is not None
+    again = inprocess(build(out, counters=counters), seed=2, checkpoint_every=2, epoch=1)
+    again.run(restore=rescaled(checkpoint, first.app, again.app))
+    if build is combined_counts:
+        assert committed_counts(out) == COUNTS
+    else:
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert sorted((r["word"], r["count"]) for r in rows) == sorted((w, n) for w, c in COUNTS.items()
+                                                                       for n in range(1, c + 1))
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -17,9 +17,11 @@ from gearbus import CollectSink, GraphError, Pipeline, SessionWindows, SlidingWi
 from gearbus.api.joins import Joined
 from gearbus.planner import describe, plan
 from gearbus.runners import PipelineFailed, TestRunner
+from gearbus.runners.inprocess import SimulatedCrash
 from gearbus.runtime.joins import IntervalJoinOp, TableJoinOp
 from gearbus.runtime.windows import WindowOperator
 from tests.support.files import read_jsonl
+from tests.support.rescale import rescaled
 from tests.support.joins import (
     as_of_reference,
     bounded_order,
@@ -239,33 +241,55 @@ def test_the_plan_co_partitions_both_inputs_by_key_with_the_joins_parallelism():
 
 
 RECOVERING = {
-    "interval": (lambda a, b: a.interval_join(b, left_key=k, right_key=k, lower_ms=-20, upper_ms=20, name="j"),
+    "interval": (lambda a, b, n=None: a.interval_join(b, left_key=k, right_key=k, lower_ms=-20, upper_ms=20, name="j",
+                                                      parallelism=n),
                  lambda left, right: interval_reference(left, right, -20, 20)),
-    "window": (lambda a, b: a.join(b, left_key=k, right_key=k, window=SlidingWindows(60, 20), how="outer", name="j"),
+    "window": (lambda a, b, n=None: a.join(b, left_key=k, right_key=k, window=SlidingWindows(60, 20), how="outer",
+                                           name="j", parallelism=n),
                lambda left, right: window_reference(left, right, SlidingWindows(60, 20), "outer")),
-    "as_of": (lambda a, b: a.join_table(b, key=k, table_key=k, as_of="event_time", ttl_ms=100, name="j"),
+    "as_of": (lambda a, b, n=None: a.join_table(b, key=k, table_key=k, as_of="event_time", ttl_ms=100, name="j",
+                                                parallelism=n),
               lambda left, right: as_of_reference(left, right, 100)),
 }
+LEFT = numbered([(i % 5, i * 7) for i in range(300)], "l")
+RIGHT = numbered([(i % 5, i * 9) for i in range(200)], "r")
+
+
+def recovering(kind: str, seed: int, output, parallelism: int | None = None) -> Pipeline:
+    """Two shuffled sources of two tasks each, joined (in ``parallelism`` tasks), into ``output``."""
+    pipeline = Pipeline("recovery", parallelism=2)
+    a = pipeline.from_collection(shuffled(LEFT, seed, DELAY), timestamp_fn=t, max_out_of_orderness_ms=DELAY,
+                                 name="left")
+    b = pipeline.from_collection(shuffled(RIGHT, seed, DELAY), timestamp_fn=t, max_out_of_orderness_ms=DELAY,
+                                 name="right")
+    (RECOVERING[kind][0](a, b, parallelism)
+      .map(lambda pair: [pair.left and pair.left["id"], pair.right and pair.right["id"]], name="ids")
+      .write_jsonl(str(output), name="out"))
+    return pipeline
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("kind", RECOVERING)
 def test_joins_are_exact_through_executor_losses(inprocess, tmp_path, seed, kind):
-    build, reference = RECOVERING[kind]
-    left = numbered([(i % 5, i * 7) for i in range(300)], "l")
-    right = numbered([(i % 5, i * 9) for i in range(200)], "r")
-    pipeline = Pipeline("recovery", parallelism=2)
-    a = pipeline.from_collection(shuffled(left, seed, DELAY), timestamp_fn=t, max_out_of_orderness_ms=DELAY,
-                                 name="left")
-    b = pipeline.from_collection(shuffled(right, seed, DELAY), timestamp_fn=t, max_out_of_orderness_ms=DELAY,
-                                 name="right")
-    (build(a, b)
-      .map(lambda pair: [pair.left and pair.left["id"], pair.right and pair.right["id"]], name="ids")
-      .write_jsonl(str(tmp_path / "pairs.jsonl"), name="out"))
-    engine = inprocess(pipeline, seed=seed, checkpoint_every=3, batch_records=5)
+    engine = inprocess(recovering(kind, seed, tmp_path / "pairs.jsonl"), seed=seed, checkpoint_every=3,
+                       batch_records=5)
     engine.run(kill_executor_after_frames=[40, 120])
     assert engine.epoch == 2
-    assert Counter(map(tuple, read_jsonl(tmp_path / "pairs.jsonl"))) == reference(left, right)
+    assert Counter(map(tuple, read_jsonl(tmp_path / "pairs.jsonl"))) == RECOVERING[kind][1](LEFT, RIGHT)
+
+
+@pytest.mark.parametrize("parallelism", [1, 3])
+@pytest.mark.parametrize("kind", RECOVERING)
+def test_a_joins_state_divides_over_another_parallelism_by_key_group(inprocess, tmp_path, kind, parallelism):
+    """Crashed with the join in 2 tasks, resumed with it in 1 or 3: each task restores the
+    buffers of its key groups, and the output is exact."""
+    output = tmp_path / "pairs.jsonl"
+    first = inprocess(recovering(kind, 1, output), seed=1, checkpoint_every=3, batch_records=5)
+    with pytest.raises(SimulatedCrash):
+        first.run(crash_after_frames=100)
+    again = inprocess(recovering(kind, 1, output, parallelism), seed=2, checkpoint_every=3, batch_records=5, epoch=1)
+    again.run(restore=rescaled(first.latest_checkpoint(), first.app, again.app))
+    assert Counter(map(tuple, read_jsonl(output))) == RECOVERING[kind][1](LEFT, RIGHT)
 
 
 # --- bad joins ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from gearbus import BroadcastPartitioner, CoLocationPartitioner, HashPartitioner, Partitioner, Record, ShufflePartitioner
+from gearbus.api.partitioners import MAX_PARALLELISM, group_owner, key_owner, owned_groups
 
 
 def records(values, keyed=False):
@@ -17,6 +18,26 @@ def test_hash_sends_equal_keys_to_one_task():
     buckets = HashPartitioner().route(batch, 3, 0)
     owner = {r.key: i for i, bucket in enumerate(buckets) for r in bucket}
     assert all(owner[r.key] == i for i, bucket in enumerate(buckets) for r in bucket)
+    assert sum(map(len, buckets)) == len(batch)
+
+
+@pytest.mark.parametrize("parallelism", range(1, MAX_PARALLELISM + 1))
+def test_each_task_owns_one_contiguous_range_of_key_groups(parallelism):
+    """Every key group has one owner, and task i owns groups ceil(i*128/n) .. ceil((i+1)*128/n) - 1:
+    so a task restored at another parallelism reads the state of a few neighbours only."""
+    ranges = [owned_groups(index, parallelism) for index in range(parallelism)]
+    assert [group for groups in ranges for group in groups] == list(range(MAX_PARALLELISM))
+    assert all(group_owner(group, parallelism) == index for index, groups in enumerate(ranges) for group in groups)
+    assert {len(groups) for groups in ranges} <= {MAX_PARALLELISM // parallelism, -(-MAX_PARALLELISM // parallelism)}
+
+
+@pytest.mark.parametrize("by_key", [False, True])
+def test_hash_routing_sends_a_key_to_the_owner_of_its_key_group(by_key):
+    batch = [Record(v, 0, None if v % 3 == 0 else ("k", v)) for v in range(500)]
+    partitioner = HashPartitioner(by_key)
+    buckets = partitioner.route(batch, 5, 0)
+    assert all(key_owner(r.key if r.key is not None or by_key else r.value, 5) == i == partitioner.partition(r, 5, 0)
+               for i, bucket in enumerate(buckets) for r in bucket)
     assert sum(map(len, buckets)) == len(batch)
 
 

@@ -19,7 +19,7 @@ from gearbus.api.windows import (
     Triggers,
     TumblingWindows,
 )
-from gearbus.runtime.keygroups import MAX_PARALLELISM, key_group
+from gearbus.api.partitioners import MAX_PARALLELISM, key_group
 from gearbus.runtime.windows import WindowOperator
 
 FAST = settings(max_examples=150, deadline=None)
