@@ -8,6 +8,8 @@ AppMasters and executors only open them.
 
 from __future__ import annotations
 
+import asyncio
+
 import msgpack
 import nats.js.errors
 
@@ -99,11 +101,11 @@ class CheckpointStore:
 
     async def snapshot_chain(self, checkpoint_id: int, epoch: int, task: tuple[int, int]) -> list[TaskSnapshot]:
         """A task's snapshot of a checkpoint and those it builds on, oldest first (see
-        gearbus/runtime/snapshots.py); LookupError when one is missing."""
+        gearbus/runtime/snapshots.py), decoded off the loop; LookupError when one is missing."""
         chain: list[TaskSnapshot] = []
         at: tuple[int, int] | None = (checkpoint_id, epoch)
         while at is not None:
-            envelope = TaskSnapshot.decode(await self.get_snapshot(*at, task))
+            envelope = await asyncio.to_thread(TaskSnapshot.decode, await self.get_snapshot(*at, task))
             chain.append(envelope)
             if envelope.base is not None and envelope.base[0] >= envelope.checkpoint_id:
                 raise LookupError(f"the snapshot of task {task} in checkpoint {envelope.checkpoint_id} builds on a "

@@ -824,6 +824,7 @@ class TaskCheckpointed(Message):
     ended: bool = False
     alignment_ms: int = 0  # from its first input's barrier to its last's
     root: int = 0  # the checkpoint whose whole snapshot its chain starts from (0: this one)
+    depth: int = 0  # snapshots between this one and its root
 
 
 class CheckpointDeclined(Message):
@@ -843,3 +844,4 @@ class CheckpointComplete(Message):
     checkpoint_id: int
     epoch: int
     final: bool = False
+    compacted: int = 0  # the last checkpoint whose snapshots the AppMaster compacted (0: none)

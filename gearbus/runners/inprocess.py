@@ -55,7 +55,7 @@ from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
 from gearbus.runtime.savepoints import whole_snapshot
-from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
+from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from shared.messages import AppError
 
@@ -395,14 +395,16 @@ class InProcessEngine:
         """The AppMaster's coordinator, on this engine's clock; nothing times out in memory."""
         return cp.CheckpointCoordinator(
             self.tasks, self.sources, interval_s=self.checkpoint_every, timeout_s=math.inf, keep=KEEP_CHECKPOINTS,
-            max_consecutive_failures=0, epoch=self.first_epoch, restored_from=restored_from)
+            max_consecutive_failures=0, epoch=self.first_epoch, restored_from=restored_from,
+            compact_depth=COMPACT_DEPTH)
 
     def _snapshotted(self, node: _Node, snapshot: Snapshot) -> None:
         data = self._guard(node, snapshot.state.encode)
         if snapshot.checkpoint_id == self.state.coordinator.in_flight:
             self._taken.setdefault(snapshot.checkpoint_id, {})[node.key] = data
         self._carry_out(self.state.checkpoint_acked(snapshot.checkpoint_id, self.epoch, node.key, len(data),
-                                                    snapshot.ended, self.clock, root=snapshot.state.root))
+                                                    snapshot.ended, self.clock, root=snapshot.state.root,
+                                                    depth=snapshot.state.depth))
 
     def _checkpoint_action(self, action: cp.Action) -> None:
         """Carry out what the checkpoint coordinator decided."""
@@ -418,9 +420,16 @@ class InProcessEngine:
         elif kind is cp.NotifyComplete:
             for node in list(self.nodes.values()):
                 node.core.completed(action.checkpoint_id)
+                if action.compacted:
+                    node.core.compacted(action.compacted)
                 self._guard(node, node.task.checkpoint_complete, action.checkpoint_id)
                 if action.final:  # committed: the task is done, as an executor reports it
                     self._carry_out(self.state.task_finished(node.key, action.epoch))
+        elif kind is cp.CompactCheckpoint:  # at once: the AppMaster does it beside the tasks
+            snapshots = self.completed[action.checkpoint_id]
+            for key in action.tasks:
+                snapshots[key] = self._whole(action.checkpoint_id, key).self_contained().encode()
+            self._carry_out(self.state.checkpoint_compacted(action.checkpoint_id, True))
         elif kind is cp.PruneCheckpoints:
             for checkpoint_id in action.checkpoint_ids:
                 self.completed.pop(checkpoint_id, None)

@@ -388,9 +388,12 @@ class AppMasterState:
     # -- checkpoints and savepoints --------------------------------------------------------
 
     def checkpoint_acked(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int, ended: bool,
-                         now: float, alignment_s: float = 0.0, root: int = 0) -> list[Instruction]:
+                         now: float, alignment_s: float = 0.0, root: int = 0, depth: int = 0) -> list[Instruction]:
         return self._checkpointing(self.coordinator.ack(checkpoint_id, epoch, task, size_bytes, ended, now,
-                                                        alignment_s, root))
+                                                        alignment_s, root, depth))
+
+    def checkpoint_compacted(self, checkpoint_id: int, ok: bool) -> list[Instruction]:
+        return self._checkpointing(self.coordinator.compacted(checkpoint_id, ok))
 
     def checkpoint_declined(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
                             now: float) -> list[Instruction]:

@@ -20,6 +20,15 @@ enforces it)::
     STORING    store_failed                         IDLE        AbandonCheckpoint [+ FailApplication]
     any        restart (global recovery)            IDLE        AbandonCheckpoint("recovery") if one was in flight
 
+Beside that table, one compaction at a time: a stored checkpoint where a task's snapshot
+chain is ``compact_depth`` deep or more, at least ``compact_depth`` checkpoints after the
+last compaction (the acks of those taken before the tasks heard of it still count the
+chains it cut), gets CompactCheckpoint for every task whose
+snapshot builds on another (the shell replaces those snapshots with whole ones, off the
+tasks' path); ``compacted`` ends it, and every later NotifyComplete names it so the
+tasks build shorter chains: their acks then name it as their root, and what is older goes
+once no kept checkpoint names an older one. A checkpoint being compacted is never pruned.
+
 Every triggered checkpoint therefore ends in exactly one NotifyComplete or one
 AbandonCheckpoint, so the shell has a single place to commit or discard what was written
 for it. Whenever the coordinator returns to IDLE while every task has ended and no final
@@ -142,10 +151,21 @@ class StoreCheckpoint:
 
 @dataclass(frozen=True)
 class NotifyComplete:
-    """The checkpoint is durable: tell the tasks (sinks commit); ``final`` lets the app finish."""
+    """The checkpoint is durable: tell the tasks (sinks commit); ``final`` lets the app
+    finish; ``compacted``: the last checkpoint whose snapshots were compacted (0: none)."""
     checkpoint_id: int
     epoch: int
     final: bool
+    compacted: int = 0
+
+
+@dataclass(frozen=True)
+class CompactCheckpoint:
+    """Replace the snapshots of ``tasks`` in a completed checkpoint with the whole state
+    their chains add up to; then call ``compacted``."""
+    checkpoint_id: int
+    epoch: int
+    tasks: tuple[TaskKey, ...]  # sorted
 
 
 @dataclass(frozen=True)
@@ -161,7 +181,8 @@ class FailApplication:
     reason: str
 
 
-Action = TriggerCheckpoint | AbandonCheckpoint | StoreCheckpoint | NotifyComplete | PruneCheckpoints | FailApplication
+Action = (TriggerCheckpoint | AbandonCheckpoint | StoreCheckpoint | NotifyComplete | PruneCheckpoints | FailApplication
+          | CompactCheckpoint)
 
 
 class Phase(enum.Enum):
@@ -187,6 +208,8 @@ class _Pending:
     meta: CheckpointMeta | None = None  # set on entering STORING
     alignment_s: float = 0.0  # the longest alignment among the acks so far
     root: int = 0  # the oldest root among the acks so far (0: none yet)
+    chained: list[TaskKey] = dataclasses.field(default_factory=list)  # tasks whose snapshot builds on another
+    depth: int = 0  # the deepest of their chains
 
 
 @dataclass(frozen=True)
@@ -220,7 +243,9 @@ class CheckpointCoordinator:
         epoch: int = 0,
         next_id: int = 1,
         restored_from: CheckpointMeta | None = None,
+        compact_depth: int = 0,
     ) -> None:
+        """``compact_depth``: compact a checkpoint once a task's chain is that deep (0: never)."""
         self.tasks: frozenset[TaskKey] = frozenset(tasks)
         self.sources: tuple[TaskKey, ...] = tuple(sorted(set(sources)))
         if not self.tasks:
@@ -233,6 +258,7 @@ class CheckpointCoordinator:
         self.timeout_s = timeout_s
         self.keep = keep
         self.max_consecutive_failures = max_consecutive_failures
+        self.compact_depth = compact_depth
         self.epoch = epoch
         self.ignored: collections.Counter[str] = collections.Counter()
         self._next_id = next_id
@@ -241,6 +267,8 @@ class CheckpointCoordinator:
         self._completed: list[int] = []  # ids still kept, oldest first
         self._needs_from: dict[int, int] = {}  # kept id -> the oldest checkpoint it builds on
         self._dropped: list[int] = []  # ids no longer kept whose objects a kept one still needs
+        self._compacting: int | None = None  # the checkpoint being compacted
+        self._compacted = 0  # the last checkpoint compacted
         self._latest: CheckpointMeta | None = None
         self._latest_completed_at: float | None = None
         self._timer_from: float | None = None  # when the interval started counting
@@ -315,10 +343,10 @@ class CheckpointCoordinator:
         return []
 
     def ack(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int,
-            ended: bool, now: float, alignment_s: float = 0.0, root: int = 0) -> list[Action]:
+            ended: bool, now: float, alignment_s: float = 0.0, root: int = 0, depth: int = 0) -> list[Action]:
         """A task stored its snapshot for ``checkpoint_id`` (after ``alignment_s`` of
         barrier alignment), building on the chain that starts at checkpoint ``root`` (0:
-        a whole snapshot); the last ack moves to STORING."""
+        a whole snapshot), ``depth`` snapshots long; the last ack moves to STORING."""
         p = self._accepts("ack", checkpoint_id, epoch, task)
         if p is None:
             return []
@@ -329,6 +357,9 @@ class CheckpointCoordinator:
         p.alignment_s = max(p.alignment_s, alignment_s)
         if 0 < root < checkpoint_id:
             p.root = min(p.root or root, root)
+        if depth > 0:
+            p.chained.append(task)
+            p.depth = max(p.depth, depth)
         self._record(p, Outcome.IN_PROGRESS, None)
         if len(p.acks) < len(self.tasks):
             return []
@@ -363,18 +394,39 @@ class CheckpointCoordinator:
         self._completed_count += 1
         self._consecutive_failures = 0
         self._finished = self._finished or meta.final
-        actions: list[Action] = [NotifyComplete(meta.checkpoint_id, meta.epoch, meta.final)]
+        actions: list[Action] = [NotifyComplete(meta.checkpoint_id, meta.epoch, meta.final, self._compacted)]
         if len(self._completed) > self.keep:
             old, self._completed = self._completed[:-self.keep], self._completed[-self.keep:]
             self._dropped.extend(old)
             for checkpoint_id in old:
                 del self._needs_from[checkpoint_id]
+        if 0 < self.compact_depth <= min(p.depth, meta.checkpoint_id - self._compacted) \
+                and self._compacting is None and not meta.final:
+            self._compacting = meta.checkpoint_id
+            actions.append(CompactCheckpoint(meta.checkpoint_id, meta.epoch, tuple(sorted(p.chained))))
+        return actions + self._prune() + self._final_if_due(now)
+
+    def compacted(self, checkpoint_id: int, ok: bool) -> list[Action]:
+        """The shell compacted ``checkpoint_id`` (or failed to, ``ok`` False: its chains
+        stay as they were). What it needed stays while it is kept: a task that has not
+        heard of it yet may still build on an older chain, which its acks name; checkpoints
+        whose snapshots all build on it need nothing older."""
+        if checkpoint_id != self._compacting:
+            self.ignored["compacted_unknown"] += 1
+            return []
+        self._compacting = None
+        if ok:
+            self._compacted = checkpoint_id
+        return self._prune()
+
+    def _prune(self) -> list[Action]:
+        """Prune the checkpoints no kept one needs (but the one being compacted)."""
         needed = min(self._needs_from.values())
-        prunable = tuple(c for c in self._dropped if c < needed)
-        if prunable:
-            self._dropped = [c for c in self._dropped if c >= needed]
-            actions.append(PruneCheckpoints(prunable))
-        return actions + self._final_if_due(now)
+        prunable = tuple(c for c in self._dropped if c < needed and c != self._compacting)
+        if not prunable:
+            return []
+        self._dropped = [c for c in self._dropped if c not in prunable]
+        return [PruneCheckpoints(prunable)]
 
     def store_failed(self, checkpoint_id: int, reason: str, now: float) -> list[Action]:
         """The shell could not write the meta: abandoned, a failure."""
@@ -432,9 +484,12 @@ class CheckpointCoordinator:
         assert self._latest is None or self._latest.checkpoint_id in self._completed
         assert set(self._needs_from) == set(self._completed), (self._needs_from, self._completed)
         assert all(self._needs_from[c] <= c for c in self._completed), self._needs_from
-        assert not self._dropped or min(self._dropped) >= min(self._needs_from.values()), \
+        assert all(c >= min(self._needs_from.values()) or c == self._compacting for c in self._dropped), \
             (self._dropped, self._needs_from)  # a checkpoint nothing kept needs is pruned at once
         assert not set(self._dropped) & set(self._completed)
+        assert self._compacting is None or self._compacting in self._completed or self._compacting in self._dropped, \
+            self._compacting  # never pruned while being compacted
+        assert self._compacted <= (self._latest.checkpoint_id if self._latest else 0)
 
     # -- transitions ---------------------------------------------------------------------
 

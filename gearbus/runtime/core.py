@@ -317,6 +317,10 @@ class TaskCore:
         """Checkpoint ``checkpoint_id`` completed: later snapshots build on its."""
         self.lineage.completed(checkpoint_id)
 
+    def compacted(self, checkpoint_id: int) -> None:
+        """The AppMaster made the snapshots of ``checkpoint_id`` whole: later chains are shorter."""
+        self.lineage.compacted(checkpoint_id)
+
     def _snapshot(self, checkpoint_id: int) -> Snapshot:
         """The task's state for ``checkpoint_id``: as what changed since the base
         :class:`Lineage` picks, where the task keeps track (``snapshot_since``)."""

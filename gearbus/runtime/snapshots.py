@@ -7,8 +7,11 @@ user's objects, whatever pickle can carry.
 
 Snapshots are incremental: a keyed step's state in an envelope may hold only what changed
 since the snapshot of the task's last completed checkpoint (``base``), which may itself
-build on an older one. The chain back to a snapshot without a base (its ``root``) is at
-most :data:`MAX_DEPTH` long: a task whose base is that deep takes a whole snapshot again.
+build on an older one. The AppMaster compacts a completed checkpoint's deep chains in the
+background: it replaces the snapshot with the whole state its chain adds up to (same
+object, same state, no base), and tells the tasks, whose later snapshots then have a
+shorter chain rooted there. A chain is never longer than :data:`MAX_DEPTH`: a task whose
+base is that deep (its compaction fell behind) takes a whole snapshot itself.
 :class:`Lineage` decides, per task and without I/O, what each snapshot builds on.
 """
 
@@ -24,6 +27,8 @@ FORMAT = 2
 #: The longest chain of snapshots building on each other; a restore reads at most this
 #: many plus one per task.
 MAX_DEPTH = 8
+#: The depth at which the AppMaster compacts a completed checkpoint's snapshot.
+COMPACT_DEPTH = MAX_DEPTH // 2
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ class TaskSnapshot:
     def link(self) -> Link | None:
         """What a later snapshot of the task may build on, if anything."""
         return None if self.epoch is None else \
-            Link(self.checkpoint_id, self.epoch, self.depth, self.root or self.checkpoint_id)
+            Link(self.checkpoint_id, self.epoch, self.depth, self.root or self.checkpoint_id,
+                 self.base[0] if self.base is not None else None)
 
     def encode(self) -> bytes:
         """Bytes to store; raises whatever pickle raises when the state cannot be serialised."""
@@ -82,30 +88,36 @@ class TaskSnapshot:
         return replace(self, state=state)
 
     def self_contained(self) -> TaskSnapshot:
-        """This (whole) envelope as one that needs no other: to hand to another engine."""
+        """This (whole) envelope as one that needs no other: to hand to another engine, or
+        to store in place of a chain's newest snapshot (a compaction)."""
         return replace(self, base=None, depth=0, root=0)
 
 
 @dataclass(frozen=True)
 class Link:
-    """A stored snapshot of a task, as a later one may build on it."""
+    """A stored snapshot of a task, as a later one may build on it: its chain is ``depth``
+    snapshots long down to ``root``, through the snapshot of checkpoint ``base``."""
 
     checkpoint_id: int
     epoch: int
     depth: int
     root: int
+    base: int | None = None
 
 
 class Lineage:
     """Which stored snapshot a task's next snapshot builds on: the one of the last
     checkpoint that completed (or was restored), unless its chain is :data:`MAX_DEPTH`
     deep. A snapshot builds only on a completed checkpoint's: an abandoned checkpoint's
-    objects are discarded, a completed one's are kept while a kept checkpoint needs them."""
+    objects are discarded, a completed one's are kept while a kept checkpoint needs them.
+
+    It keeps the links of the base's chain and of the snapshots taken since, so that a
+    compaction (:meth:`compacted`) shortens exactly the chains that pass through it."""
 
     def __init__(self, max_depth: int = MAX_DEPTH):
         self.max_depth = max_depth
         self.base: Link | None = None
-        self._taken: dict[int, Link] = {}  # snapshots taken since the base, by checkpoint
+        self._links: dict[int, Link] = {}  # the base's chain and the snapshots taken since, by checkpoint
 
     def plan(self, checkpoint_id: int, epoch: int) -> tuple[Link, Link | None]:
         """The snapshot of ``checkpoint_id`` about to be taken: its link, and the base it
@@ -114,19 +126,39 @@ class Lineage:
         if base is not None and base.depth >= self.max_depth:
             base = None
         link = Link(checkpoint_id, epoch, 0, checkpoint_id) if base is None else \
-            Link(checkpoint_id, epoch, base.depth + 1, base.root)
-        self._taken[checkpoint_id] = link
+            Link(checkpoint_id, epoch, base.depth + 1, base.root, base.checkpoint_id)
+        self._links[checkpoint_id] = link
         return link, base
 
     def completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: later snapshots build on its."""
-        link = self._taken.get(checkpoint_id)
+        link = self._links.get(checkpoint_id)
         if link is None or (self.base is not None and checkpoint_id <= self.base.checkpoint_id):
             return
         self.base = link
-        self._taken = {c: taken for c, taken in self._taken.items() if c > checkpoint_id}
+        chain, at = set(), link
+        while at is not None:
+            chain.add(at.checkpoint_id)
+            at = self._links.get(at.base) if at.base is not None else None
+        self._links = {c: kept for c, kept in self._links.items() if c in chain or c > checkpoint_id}
+
+    def compacted(self, checkpoint_id: int) -> None:
+        """The stored snapshot of ``checkpoint_id`` now holds the whole state: every chain
+        through it ends there (the stored envelopes of later snapshots keep their older
+        root, which only keeps more stored)."""
+        link = self._links.get(checkpoint_id)
+        if link is None or link.base is None:
+            return
+        self._links[checkpoint_id] = Link(checkpoint_id, link.epoch, 0, checkpoint_id)
+        for later in sorted(c for c in self._links if c > checkpoint_id):
+            kept = self._links[later]
+            base = self._links.get(kept.base) if kept.base is not None else None
+            if base is not None:
+                self._links[later] = Link(later, kept.epoch, base.depth + 1, base.root, base.checkpoint_id)
+        if self.base is not None:
+            self.base = self._links.get(self.base.checkpoint_id, self.base)
 
     def restored(self, link: Link | None) -> None:
         """The task was restored from the snapshot ``link`` (None: one nothing builds on)."""
         self.base = link
-        self._taken = {}
+        self._links = {link.checkpoint_id: link} if link is not None else {}

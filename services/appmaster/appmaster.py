@@ -22,7 +22,7 @@ from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, split_task_state, task_states,
                                         whole_snapshot)
-from gearbus.runtime.snapshots import TaskSnapshot
+from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
@@ -128,6 +128,7 @@ class AppMaster(Service):
         self.guarantee = ("", "")
         self._checkpoint_epochs: dict[int, int] = {}  # checkpoint id -> the epoch it was taken in
         self._last_trigger_sent = self._last_final_sent = 0.0
+        self._compaction: asyncio.Task | None = None  # the last checkpoint compaction started
         self._savepoint_requests = itertools.count(1)
         self._savepoints: dict[int, asyncio.Future] = {}  # request id -> its checkpoint's meta
 
@@ -253,7 +254,7 @@ class AppMaster(Service):
                 timeout_s=int(config.get("checkpoint_timeout_ms", DEFAULT_CHECKPOINT_TIMEOUT_MS)) / 1000,
                 keep=int(config.get("checkpoints_kept", DEFAULT_CHECKPOINTS_KEPT)),
                 max_consecutive_failures=int(config.get("checkpoint_failures_tolerated", DEFAULT_CHECKPOINT_FAILURES)),
-                epoch=epoch, restored_from=latest)
+                epoch=epoch, restored_from=latest, compact_depth=COMPACT_DEPTH)
         except (TypeError, ValueError) as exc:
             raise AppFailure(AppError("ConfigError", f"checkpoint configuration: {exc}", "planning tasks")) from None
 
@@ -350,6 +351,8 @@ class AppMaster(Service):
         """Launch every executor's tasks in the deployment's epoch (replacing older ones),
         then start them all once all are subscribed."""
         restore = deploy.restore
+        if self._compaction is not None:  # fenced: a restore never reads a snapshot being replaced
+            await asyncio.wait([self._compaction])
         try:
             await asyncio.gather(*(self.bus.request(
                 subjects.executor_control(self.app_id, executor_id),
@@ -434,8 +437,11 @@ class AppMaster(Service):
             self._last_completed_ms = int(time.time() * 1000)
             self._last_final_sent = time.monotonic()
             self.spawn(self.bus.publish(subjects.checkpoint_complete(self.app_id),
-                                        CheckpointComplete(action.checkpoint_id, action.epoch, action.final)),
+                                        CheckpointComplete(action.checkpoint_id, action.epoch, action.final,
+                                                           action.compacted)),
                        f"complete-{action.checkpoint_id}")
+        elif kind is cp.CompactCheckpoint:
+            self._compaction = self.spawn(self._compact(action), f"compact-{action.checkpoint_id}")
         elif kind is cp.PruneCheckpoints:
             self.spawn(self._prune(action.checkpoint_ids), "prune-checkpoints")
         elif kind is cp.AbandonCheckpoint:
@@ -451,6 +457,25 @@ class AppMaster(Service):
                                                                     f"{type(exc).__name__}: {exc}", time.monotonic()))
             return
         await self.carry_out(self.state.checkpoint_stored(meta.checkpoint_id, time.monotonic()))
+
+    async def _compact(self, compact: cp.CompactCheckpoint) -> None:
+        """Replace each deep snapshot of a completed checkpoint with the whole state its
+        chain adds up to, one task at a time, the CPU work off the loop. Same object, same
+        state: a restore reads either; :meth:`_deploy` waits for this to finish first."""
+        started, ok = time.monotonic(), True
+        try:
+            for task in compact.tasks:
+                chain = await self.store.snapshot_chain(compact.checkpoint_id, compact.epoch, task)
+                processor = self.app.graph.processors[task[0]]
+                data = await asyncio.to_thread(lambda: whole_snapshot(processor, chain).self_contained().encode())
+                await self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data)
+        except Exception as exc:
+            ok = False
+            log.warning("checkpoint_compaction_failed", checkpoint_id=compact.checkpoint_id, error=repr(exc))
+        else:
+            log.info("checkpoint_compacted", checkpoint_id=compact.checkpoint_id, tasks=len(compact.tasks),
+                     seconds=round(time.monotonic() - started, 3))
+        await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, ok))
 
     async def _prune(self, checkpoint_ids) -> None:
         tasks = [(t.processor, t.index) for t in self._plan_tasks()]
@@ -633,7 +658,7 @@ class AppMaster(Service):
             await self.carry_out(self.state.checkpoint_acked(msg.checkpoint_id, msg.epoch,
                                                              (msg.task.processor, msg.task.index), msg.size_bytes,
                                                              msg.ended, time.monotonic(), msg.alignment_ms / 1000,
-                                                             msg.root))
+                                                             msg.root, msg.depth))
 
     async def on_declined(self, msg: CheckpointDeclined) -> None:
         if self.state is not None:

@@ -164,6 +164,9 @@ class Executor(Service):
 
     async def on_complete(self, msg: CheckpointComplete) -> None:
         await self._carry_out(self.tasks.checkpoint_complete(msg.epoch, msg.checkpoint_id, msg.final))
+        if msg.compacted:
+            for runner in self.runners.values():
+                runner.core.compacted(msg.compacted)
 
     async def on_state_query(self, msg: QueryTaskState) -> StateValue:
         """Read a running task's state of one key, between two of its batches."""
@@ -270,12 +273,13 @@ class Executor(Service):
             return
         await self._carry_out(self.tasks.snapshot_stored(store.task, store.epoch, checkpoint_id, len(data),
                                                          store.snapshot.ended, store.alignment_s,
-                                                         store.snapshot.state.root))
+                                                         store.snapshot.state.root, store.snapshot.state.depth))
 
     async def _ack(self, ack: lifecycle.AckCheckpoint) -> None:
         await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
                                TaskCheckpointed(self.executor_id, ack.task, ack.checkpoint_id, ack.epoch,
-                                                ack.size_bytes, ack.ended, int(ack.alignment_s * 1000), ack.root))
+                                                ack.size_bytes, ack.ended, int(ack.alignment_s * 1000), ack.root,
+                                                ack.depth))
 
     async def _decline(self, decline: lifecycle.DeclineCheckpoint) -> None:
         log.warning("checkpoint_declined", task=self.runners[decline.task].name, checkpoint_id=decline.checkpoint_id,

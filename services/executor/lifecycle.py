@@ -125,6 +125,7 @@ class AckCheckpoint:
     ended: bool
     alignment_s: float = 0.0
     root: int = 0  # the checkpoint whose whole snapshot the stored one's chain starts from
+    depth: int = 0  # snapshots between the stored one and its root
 
 
 @dataclass(frozen=True)
@@ -274,12 +275,12 @@ class ExecutorTasks:
         return [StoreSnapshot(task, epoch, snapshot, alignment_s)]
 
     def snapshot_stored(self, task: TaskId, epoch: int, checkpoint_id: int, size_bytes: int,
-                        ended: bool, alignment_s: float = 0.0, root: int = 0) -> list[Instruction]:
+                        ended: bool, alignment_s: float = 0.0, root: int = 0, depth: int = 0) -> list[Instruction]:
         state = self._live(task, epoch)
         if state is None:
             return []
         state.acked = max(state.acked, checkpoint_id)
-        ack = AckCheckpoint(task, epoch, checkpoint_id, size_bytes, ended, alignment_s, root)
+        ack = AckCheckpoint(task, epoch, checkpoint_id, size_bytes, ended, alignment_s, root, depth)
         self._acks.setdefault(checkpoint_id, []).append(ack)
         for old in sorted(self._acks)[:-ACKS_KEPT]:
             del self._acks[old]

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from gearbus.client import Client
 from shared import subjects
-from shared.messages import AppState, ClusterInfo, MasterElected, decode
+from shared.messages import AppState, CheckpointComplete, ClusterInfo, MasterElected, decode
 
 
 async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable], timeout: float = 30.0,
@@ -75,6 +75,23 @@ async def kill_an_executor_after_a_checkpoint(cluster, client: Client, app_id: i
     await wait_until(client, subjects.checkpoint_complete(app_id), checkpointed, timeout)
     victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
     os.kill(victim, signal.SIGKILL)
+
+
+async def wait_for_compaction(client: Client, app_id: int, timeout: float = 60.0) -> int:
+    """The first checkpoint the app's AppMaster compacted, as the checkpoint completions it
+    publishes name it."""
+    found = asyncio.get_running_loop().create_future()
+
+    async def on_complete(msg):
+        complete = decode(msg.data)
+        if isinstance(complete, CheckpointComplete) and complete.compacted and not found.done():
+            found.set_result(complete.compacted)
+
+    sub = await client.bus.nc.subscribe(subjects.checkpoint_complete(app_id), cb=on_complete)
+    try:
+        return await asyncio.wait_for(found, timeout)
+    finally:
+        await sub.unsubscribe()
 
 
 async def wait_exited(pid: int, timeout: float) -> None:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from gearbus.runtime.checkpoints import (
     AbandonCheckpoint,
+    CompactCheckpoint,
     CheckpointCoordinator,
     CheckpointMeta,
     HISTORY_KEPT,
@@ -260,6 +261,39 @@ def test_a_checkpoint_a_kept_one_builds_on_is_pruned_only_once_none_does():
     assert run(lambda cid, task: 1 if task == MAP0 else roots[cid]) == {cid: [] for cid in roots}
 
 
+def test_one_compaction_at_a_time_of_deep_chains_moves_the_root_and_is_never_pruned_under_it():
+    """Chains rooted at 1 grow a snapshot per checkpoint; the coordinator asks for the
+    deep ones to be compacted, keeps what the compaction reads, then needs nothing older."""
+    c = coordinator(interval_s=1, timeout_s=100, keep=1, compact_depth=2)
+
+    def checkpoint(cid: int, root: int, depth_of) -> list:
+        c.tick(now=cid)
+        for task in TASKS:
+            c.ack(cid, 0, task, size_bytes=1, ended=False, now=cid, root=root, depth=depth_of(task))
+        actions = c.stored(cid, now=cid)
+        c.check_invariants()
+        return actions
+
+    assert checkpoint(1, 0, lambda task: 0) == [NotifyComplete(1, 0, False)]
+    assert checkpoint(2, 1, lambda task: 0 if task == SRC else 1) == [NotifyComplete(2, 0, False)]
+    # MAP0's chain is deep enough: every task whose snapshot builds on another is compacted
+    assert checkpoint(3, 1, lambda task: 0 if task == SRC else 2 if task == MAP0 else 1) == [
+        NotifyComplete(3, 0, False), CompactCheckpoint(3, 0, (MAP0, MAP1))]
+    assert c.compacted(99, ok=True) == [] and c.ignored["compacted_unknown"] == 1
+    assert c.compacted(3, ok=True) == []  # 3 stays kept, and with it what it read
+    c.check_invariants()
+    # 4 was taken before the tasks heard of it: its chains count from 1 (through 3, which
+    # is not compacted again so soon); it reaches back to 1, so nothing goes
+    assert checkpoint(4, 1, lambda task: 3) == [NotifyComplete(4, 0, False, 3)]
+    # the tasks learn of it and their chains start at 3: 1 and 2 go (4 stays while 5 needs 3)
+    assert checkpoint(5, 3, lambda task: 2) == [NotifyComplete(5, 0, False, 3), CompactCheckpoint(5, 0, tuple(sorted(TASKS))),
+                                                PruneCheckpoints((1, 2))]
+    assert c.compacted(5, ok=False) == []  # a failed compaction leaves the chains as they are
+    assert checkpoint(6, 3, lambda task: 1) == [NotifyComplete(6, 0, False, 3)]  # 6 -> 5 -> 4 -> 3
+    assert checkpoint(7, 0, lambda task: 0) == [NotifyComplete(7, 0, False, 3), PruneCheckpoints((3, 4, 5, 6))]
+    c.check_invariants()
+
+
 def test_restart_abandons_the_checkpoint_in_flight_bumps_the_epoch_and_ids_go_on():
     c = coordinator(interval_s=1, timeout_s=100)
     c.tick(now=1)
@@ -309,7 +343,7 @@ _task = st.sampled_from(TASKS + [(9, 9)])
 # how often each event comes: weighted towards those that move a checkpoint along,
 # so that many checkpoints complete; restarts and failures are rarer
 _KINDS = ["tick"] * 6 + ["ack"] * 8 + ["ack_every_task"] * 2 + ["stored"] * 3 + [
-    "decline", "store_failed", "task_ended", "task_ended", "restart"]
+    "decline", "store_failed", "task_ended", "task_ended", "restart", "compacted", "compacted"]
 
 
 @st.composite
@@ -318,7 +352,10 @@ def _event(draw):
     if kind == "tick":
         return kind, draw(st.floats(0, 4))
     if kind == "ack":
-        return kind, draw(_task), draw(_id_sel), draw(_epoch_sel), draw(st.booleans()), draw(st.integers(0, 100))
+        return (kind, draw(_task), draw(_id_sel), draw(_epoch_sel), draw(st.booleans()), draw(st.integers(0, 100)),
+                draw(st.integers(0, 3)))
+    if kind == "compacted":
+        return kind, draw(st.booleans())
     if kind == "ack_every_task":  # one ack per task, in a row
         return kind, draw(_epoch_sel), draw(st.booleans())
     if kind == "decline":
@@ -340,8 +377,9 @@ def _event(draw):
 )
 def test_properties_over_random_event_sequences(events, interval_s, timeout_s, keep, max_failures):
     c = CheckpointCoordinator(TASKS, [SRC], interval_s=interval_s, timeout_s=timeout_s, keep=keep,
-                              max_consecutive_failures=max_failures)
+                              max_consecutive_failures=max_failures, compact_depth=2)
     now = 0.0
+    compacting: int | None = None
     c.start(now)
     triggered: dict[int, int] = {}  # id -> epoch
     open_id: int | None = None  # the checkpoint between its Trigger and its Notify/Abandon
@@ -361,10 +399,10 @@ def test_properties_over_random_event_sequences(events, interval_s, timeout_s, k
             now += event[1]
             actions = c.tick(now)
         elif kind == "ack":
-            _, task, id_sel, epoch_sel, ended, size = event
+            _, task, id_sel, epoch_sel, ended, size, depth = event
             cid, ep = pick(id_sel), epoch if epoch_sel == "current" else epoch - 1
             acks_sent.add((cid, ep, task))
-            actions = c.ack(cid, ep, task, size, ended, now)
+            actions = c.ack(cid, ep, task, size, ended, now, depth=depth)
         elif kind == "ack_every_task":
             _, epoch_sel, ended = event
             cid, ep, actions = pick("current"), epoch if epoch_sel == "current" else epoch - 1, []
@@ -380,6 +418,9 @@ def test_properties_over_random_event_sequences(events, interval_s, timeout_s, k
             actions = c.store_failed(pick(event[1]), "x", now)
         elif kind == "task_ended":
             actions = c.task_ended(event[1], now)
+        elif kind == "compacted":
+            actions = c.compacted(compacting if compacting is not None else 99, event[1])
+            compacting = None
         else:
             actions = c.restart(epoch + 1, now)
             assert c.epoch == epoch + 1
@@ -405,8 +446,12 @@ def test_properties_over_random_event_sequences(events, interval_s, timeout_s, k
             elif isinstance(action, AbandonCheckpoint):
                 assert action.checkpoint_id == open_id
                 open_id = None
+            elif isinstance(action, CompactCheckpoint):
+                assert compacting is None and action.checkpoint_id == completed[-1]
+                compacting = action.checkpoint_id
             elif isinstance(action, PruneCheckpoints):
                 assert set(action.checkpoint_ids) <= set(completed[:-keep])
+                assert compacting not in action.checkpoint_ids
             elif isinstance(action, FailApplication):
                 fails += 1
         assert c.in_flight == open_id

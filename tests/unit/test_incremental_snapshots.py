@@ -1,7 +1,10 @@
-"""Incremental snapshots: any sequence of writes, removals, timers, snapshots, completions
-and restores gives, from the chain of stored snapshots, exactly the state the step held."""
+"""Incremental snapshots: any sequence of writes, removals, timers, snapshots, completions,
+compactions and restores gives, from the chain of stored snapshots, exactly the state the
+step held; and no chain reaches below the root its snapshot names (what pruning trusts)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -60,11 +63,17 @@ def as_entries(state: dict) -> dict:
     return {key: tuple(entry) for group in state["groups"].values() for key, *entry in group}
 
 
-def from_chain(stored: dict[int, TaskSnapshot], checkpoint_id: int) -> dict:
+def chain_of(stored: dict[int, TaskSnapshot], checkpoint_id: int) -> list[TaskSnapshot]:
+    """The snapshot and those it builds on, newest first."""
     chain, at = [], checkpoint_id
     while at is not None:
         chain.append(stored[at])
         at = stored[at].base[0] if stored[at].base else None
+    return chain
+
+
+def from_chain(stored: dict[int, TaskSnapshot], checkpoint_id: int) -> dict:
+    chain = chain_of(stored, checkpoint_id)
     state = None
     for envelope in reversed(chain):
         state = envelope.state.onto(state) if isinstance(envelope.state, KeyedDelta) else envelope.state
@@ -78,6 +87,7 @@ EVENTS = st.lists(st.one_of(
     st.tuples(st.just("snapshot")),
     st.tuples(st.just("complete"), st.integers(0, 3)),
     st.tuples(st.just("restore")),
+    st.tuples(st.just("compact"), st.integers(0, 3)),
 ), max_size=80)
 
 
@@ -114,6 +124,11 @@ def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth, s
             taken = [c for c in taken if c > checkpoint_id]  # older ones were abandoned
             completed.append(checkpoint_id)
             lineage.completed(checkpoint_id)
+        elif kind == "compact" and completed:  # as the AppMaster does: same object, whole state
+            checkpoint_id = completed[-1 - min(event[1], len(completed) - 1)]
+            stored[checkpoint_id] = replace(stored[checkpoint_id], state=from_chain(stored, checkpoint_id),
+                                            base=None, depth=0, root=0)
+            lineage.compacted(checkpoint_id)
         elif kind == "restore" and completed:
             checkpoint_id = completed[-1]
             state = from_chain(stored, checkpoint_id)
@@ -123,6 +138,27 @@ def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth, s
             taken = []
     for checkpoint_id in completed + taken:
         assert as_entries(from_chain(stored, checkpoint_id)) == truth[checkpoint_id]
+        chain = chain_of(stored, checkpoint_id)
+        assert len(chain) <= max_depth + 1
+        assert chain[-1].checkpoint_id >= (stored[checkpoint_id].root or checkpoint_id)
+
+
+def test_a_compaction_shortens_exactly_the_chains_through_it():
+    lineage = Lineage()
+    for checkpoint_id in (1, 2, 3):
+        lineage.plan(checkpoint_id, 0)
+        lineage.completed(checkpoint_id)
+    four, base = lineage.plan(4, 0)  # taken on 3; 3's completion message is late for 5
+    five, _ = lineage.plan(5, 0)
+    assert (four.depth, four.root, base.checkpoint_id) == (3, 1, 3)
+    lineage.compacted(2)
+    lineage.completed(4)
+    six, base = lineage.plan(6, 0)
+    assert (base.checkpoint_id, six.depth, six.root) == (4, 3, 2)  # 6 -> 4 -> 3 -> 2, whole now
+    lineage.compacted(5)  # 5 was abandoned: no chain passes through it
+    lineage.completed(6)
+    seven, _ = lineage.plan(7, 0)
+    assert (seven.depth, seven.root) == (4, 2)
 
 
 def test_a_snapshot_building_on_another_holds_only_the_keys_changed_since():
