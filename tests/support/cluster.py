@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 
 from gearbus.client import Client
 from shared import subjects
-from shared.messages import AppState, CheckpointComplete, ClusterInfo, MasterElected, decode
+from gearbus.runtime.snapshots import COMPACT_DEPTH
+from shared.messages import AppState, CheckpointComplete, ClusterInfo, MasterElected, TaskCheckpointed, decode
 
 
 async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable], timeout: float = 30.0,
@@ -77,21 +78,30 @@ async def kill_an_executor_after_a_checkpoint(cluster, client: Client, app_id: i
     os.kill(victim, signal.SIGKILL)
 
 
-async def wait_for_compaction(client: Client, app_id: int, timeout: float = 60.0) -> int:
-    """The first checkpoint the app's AppMaster compacted, as the checkpoint completions it
-    publishes name it."""
+async def a_compaction_starts(client: Client, app_id: int, timeout: float = 60.0) -> int:
+    """Return as the app's first compaction starts: at the completion of the first
+    checkpoint a task acknowledged with a chain COMPACT_DEPTH deep (the AppMaster compacts
+    it right after it publishes that completion). Its id."""
+    deep: set[int] = set()
     found = asyncio.get_running_loop().create_future()
+
+    async def on_ack(msg):
+        ack = decode(msg.data)
+        if isinstance(ack, TaskCheckpointed) and ack.depth >= COMPACT_DEPTH:
+            deep.add(ack.checkpoint_id)
 
     async def on_complete(msg):
         complete = decode(msg.data)
-        if isinstance(complete, CheckpointComplete) and complete.compacted and not found.done():
-            found.set_result(complete.compacted)
+        if isinstance(complete, CheckpointComplete) and complete.checkpoint_id in deep and not found.done():
+            found.set_result(complete.checkpoint_id)
 
-    sub = await client.bus.nc.subscribe(subjects.checkpoint_complete(app_id), cb=on_complete)
+    subs = [await client.bus.nc.subscribe(subjects.appmaster_checkpoint_ack(app_id), cb=on_ack),
+            await client.bus.nc.subscribe(subjects.checkpoint_complete(app_id), cb=on_complete)]
     try:
         return await asyncio.wait_for(found, timeout)
     finally:
-        await sub.unsubscribe()
+        for sub in subs:
+            await sub.unsubscribe()
 
 
 async def wait_exited(pid: int, timeout: float) -> None:
