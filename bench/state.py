@@ -2,6 +2,7 @@
 
     python bench/state.py [--keys 1000000] [--seconds 40] [--interval-ms 1000]
                           [--parallelism 2] [--rate 1000000000] [--timeout 600] [--keep]
+    python bench/state.py --store-seconds 600 [--keys 1000000] [--rate 200000]
 
 A keyed running count (bench/state_app.py: a generator source of ``n * 7919 % KEYS`` ->
 group_by -> stateful_map count -> a discarding sink) runs for ``--seconds`` on an embedded
@@ -19,6 +20,12 @@ the running time), the keys held at the end, and from the AppMaster's history of
 alignment p50 (the time a barrier waited for its siblings: queueing, not snapshotting) and
 the bytes written p50 of the completed ones, with how many completed and failed. Ratios: incremental / baseline
 checkpoint duration and bytes, and throughput with checkpoints (each mode) / off.
+
+``--store-seconds S`` instead runs the incremental mode alone for S seconds and samples,
+every 10 s, the bytes the app's checkpoint object store holds (its JetStream stream: every
+kept snapshot, whole, incremental or compacted, and the chunks of any object being
+replaced), printed beside the size of one whole snapshot of the state (the app's first
+checkpoint's) as a ratio: what pruning and compaction keep stored over a long run.
 This is a benchmark, not a test: it fails only when a run does.
 """
 
@@ -38,6 +45,7 @@ from gearbus.artifact import pack  # noqa: E402
 from gearbus.client import Client  # noqa: E402
 from gearbus.cluster import LocalCluster  # noqa: E402
 from gearbus.natsserver import NatsServer  # noqa: E402
+from shared import subjects  # noqa: E402
 from shared.messages import AppState  # noqa: E402
 
 APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "state_app.py")
@@ -82,6 +90,30 @@ def counted(status) -> int:
     return max((p.records_in for p in status.processors if p.state_keys), default=0)
 
 
+async def store_run(client: Client, opts) -> tuple[list[tuple[float, int, int]], int]:
+    """The incremental mode for ``--store-seconds``: (seconds, store bytes, checkpoints
+    completed) every 10 s, and the first checkpoint's (a whole snapshot's) size."""
+    app_id = await client.submit(pack(APP), ["--keys", str(opts.keys), "--rate", str(opts.rate),
+                                             "--parallelism", str(opts.parallelism)],
+                                 config={"checkpoint_interval_ms": opts.interval_ms})
+    started, samples, whole = time.monotonic(), [], 0
+    while (elapsed := time.monotonic() - started) < opts.store_seconds:
+        await asyncio.sleep(10)
+        status = await client.status(app_id)
+        if status.state in AppState.TERMINAL:
+            raise BenchError(f"the app is {status.state}: {status.error}")
+        history = status.checkpoints.history if status.checkpoints else []
+        whole = whole or next((c.size_bytes for c in history if c.checkpoint_id == 1 and c.status == "completed"), 0)
+        info = await client.bus.js.stream_info(f"OBJ_{subjects.snapshot_bucket(app_id)}")
+        samples.append((time.monotonic() - started, info.state.bytes, status.checkpoints.completed))
+        print(f"{samples[-1][0]:7.0f} s  store {info.state.bytes:>14,} bytes  {samples[-1][2]} checkpoints",
+              file=sys.stderr, flush=True)
+    await client.kill(app_id)
+    if not whole:
+        raise BenchError("the first checkpoint's size was never seen (is it in the history?)")
+    return samples, whole
+
+
 async def bench(opts, tmp: str) -> int:
     store = os.path.join(tmp, "jetstream")
     os.makedirs(store)
@@ -91,15 +123,32 @@ async def bench(opts, tmp: str) -> int:
     try:
         cluster.start()
         async with Client(server.url, timeout=60) as client:
-            results = {}
-            for mode in MODES:
-                print(f"running {mode} for {opts.seconds:g} s ...", file=sys.stderr, flush=True)
-                results[mode] = await run_mode(client, mode, opts)
+            if opts.store_seconds:
+                samples, whole = await store_run(client, opts)
+            else:
+                results = {}
+                for mode in MODES:
+                    print(f"running {mode} for {opts.seconds:g} s ...", file=sys.stderr, flush=True)
+                    results[mode] = await run_mode(client, mode, opts)
     finally:
         cluster.stop()
         server.stop()
-    print_table(results, opts)
+    if opts.store_seconds:
+        print_store(samples, whole, opts)
+    else:
+        print_table(results, opts)
     return 0
+
+
+def print_store(samples: list[tuple[float, int, int]], whole: int, opts) -> None:
+    largest = max(samples, key=lambda sample: sample[1])
+    print(f"checkpoint store of a keyed running count over {opts.keys:,} keys, incremental checkpoints every "
+          f"{opts.interval_ms} ms, {opts.store_seconds:g} s, sampled every 10 s")
+    print(f"{'one whole snapshot (checkpoint 1)':40}{whole:>16,} bytes")
+    print(f"{'store, largest sample':40}{largest[1]:>16,} bytes  at {largest[0]:.0f} s{largest[1] / whole:>8.2f}x")
+    print(f"{'store, last sample':40}{samples[-1][1]:>16,} bytes  at {samples[-1][0]:.0f} s"
+          f"{samples[-1][1] / whole:>8.2f}x")
+    print(f"{'checkpoints completed':40}{samples[-1][2]:>16,}")
 
 
 def print_table(results: dict, opts) -> None:
@@ -129,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1e9, help="the source's events/s (the default: flat out)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each app to start")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, store)")
+    parser.add_argument("--store-seconds", type=float, default=0.0,
+                        help="run the incremental mode alone this long, sampling the checkpoint store's size")
     opts = parser.parse_args(argv)
     if opts.keys < 1 or opts.seconds <= 0 or opts.interval_ms < 1 or opts.parallelism < 1:
         parser.error("--keys, --seconds, --interval-ms and --parallelism must be positive")
