@@ -3,15 +3,19 @@
 Every rule is the cluster's own: each task's :class:`~gearbus.runtime.core.TaskCore`
 (sequences, watermarks, end-of-stream, barrier alignment, snapshots), its
 :class:`~gearbus.runtime.sender.Sender` (partitioning, batching, credit), the
-:class:`~gearbus.runtime.source.SourceLoop` of source tasks, and the app's life decided
-by the AppMaster's own :class:`~gearbus.runtime.appmaster_state.AppMasterState` (slots,
-executors, deployments, rollbacks to the last checkpoint in a new epoch, the restart
-budget, the outcome), whose :class:`~gearbus.runtime.checkpoints.CheckpointCoordinator`
-triggers and completes checkpoints. This engine supplies only what a cluster gets from
-NATS and the OS:
+:class:`~gearbus.runtime.source.SourceLoop` of source tasks, the tasks' lives in each
+executor decided by the executor's own
+:class:`~gearbus.runtime.executor_tasks.ExecutorTasks` (launch, start, snapshots stored
+or declined, acknowledgements, commits, failures and their reports), and the app's life
+decided by the AppMaster's own :class:`~gearbus.runtime.appmaster_state.AppMasterState`
+(slots, executors, deployments, rollbacks to the last checkpoint in a new epoch, the
+restart budget, the outcome), whose :class:`~gearbus.runtime.checkpoints.CheckpointCoordinator`
+triggers, completes and compacts checkpoints. This engine supplies only what a cluster
+gets from NATS and the OS:
 
 - in-memory workers and executors: a slot is a made-up worker id, an executor registers
-  as soon as it is launched and heartbeats on every tick, a deployment builds its tasks;
+  as soon as it is launched and heartbeats on every tick, a deployment launches its tasks
+  on each executor's machine, a snapshot is "stored" in memory, a commit runs at once;
 - an in-memory transport: every frame is encoded and decoded by the wire codec; a
   frame within its channel's credit is in flight, the rest wait in order at their
   sender, which meanwhile reads no input (back-pressure, as in an executor);
@@ -50,6 +54,7 @@ from gearbus.api.task import Task, TaskContext, now_ms
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
+from gearbus.runtime import executor_tasks as lifecycle
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
@@ -57,7 +62,7 @@ from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
 from gearbus.runtime.savepoints import whole_snapshot
 from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
-from shared.messages import AppError
+from shared.messages import AppError, LaunchTasks, TaskId
 
 log = logging.getLogger(__name__)  # as the connectors log: quiet unless the user sets logging up
 
@@ -117,6 +122,17 @@ class InProcessEngine:
         self.state: st.AppMasterState | None = None  # the app's life, from run() on
         self.nodes: dict[TaskKey, _Node] = {}  # the deployed tasks
         self.hosts: dict[TaskKey, int] = {}  # task -> the in-memory executor it runs on
+        self.executors: dict[int, lifecycle.ExecutorTasks] = {}  # each in-memory executor's tasks
+        self._restoring: cp.CheckpointMeta | None = None  # what the deployment's tasks restore from
+        #: how each executor's instruction is carried out: one handler per kind, as the executor's
+        self._instructions = {
+            lifecycle.RetireTasks: self._retire, lifecycle.OpenTasks: self._open, lifecycle.StartTasks: self._start,
+            lifecycle.InjectBarrier: self._inject, lifecycle.StoreSnapshot: self._store_snapshot,
+            lifecycle.AckCheckpoint: self._ack, lifecycle.DeclineCheckpoint: self._decline,
+            lifecycle.Commit: self._commit, lifecycle.StopTask: self._stop_task,
+            lifecycle.ReportEnded: self._report_ended, lifecycle.ReportFinished: self._report_finished,
+            lifecycle.ReportFailed: self._report_failed, lifecycle.Exit: self._exit,
+        }
         #: (sender, receiver) -> frames in flight, for every channel, in a fixed order
         self.wire: dict[tuple[TaskKey, TaskKey], collections.deque[Outgoing]] = {}
         self.inboxes: collections.Counter[TaskKey] = collections.Counter()  # frames in flight per receiver
@@ -175,7 +191,10 @@ class InProcessEngine:
         self.state = st.AppMasterState(self.tasks, self._coordinator(meta), self.settings, self.first_epoch)
         self.results = asyncio.Event()
         try:
-            self._carry_out(self.state.start(self.clock, meta))
+            try:
+                self._carry_out(self.state.start(self.clock, meta))
+            except _Interrupted:
+                pass  # a task failed as it started: the app rolled back
             await self._loop(crash_after_frames, kills)
             if self.state.outcome is None:
                 unfinished = [n.name for n in self.nodes.values() if not n.core.ended]
@@ -210,8 +229,9 @@ class InProcessEngine:
             elif kind is st.Deploy:
                 self._deploy(instruction)
             elif kind is st.Fence:
-                for key in [k for k, executor_id in self.hosts.items() if executor_id == instruction.executor_id]:
-                    self._stop(self.nodes.pop(key))
+                machine = self.executors.get(instruction.executor_id)
+                if machine is not None:
+                    self._do(instruction.executor_id, machine.fenced(instruction.reason))
             elif kind is st.ReportState:
                 pass  # no master to tell
             elif kind is st.End:
@@ -224,42 +244,144 @@ class InProcessEngine:
         return f"memory-worker-{next(self._workers)}"
 
     def _deploy(self, deploy: st.Deploy) -> None:
-        """Replace every task with one of the deployment's epoch, restored from its
-        checkpoint (or fresh); tasks that had ended tell their receivers again."""
-        for node in self.nodes.values():
-            self._stop(node)
-        self.nodes = self._build(deploy.epoch)
+        """Launch the deployment's tasks on each executor (their machines retire the older
+        epoch's), as the AppMaster does: then the tasks start, restored from its checkpoint
+        (or fresh); tasks that had ended tell their receivers again."""
         self.hosts = {task: executor_id for executor_id, tasks in deploy.assignments for task in tasks}
+        restore = self._restoring = deploy.restore
+        for executor_id, tasks in deploy.assignments:
+            launch = LaunchTasks([TaskId(*task) for task in tasks], self.app.graph.digest(), 0, deploy.epoch,
+                                 restore.checkpoint_id if restore else 0, restore.epoch if restore else 0)
+            machine = self.executors.setdefault(executor_id, lifecycle.ExecutorTasks())
+            self._do(executor_id, machine.launch(launch, [TaskId(*task) for task in tasks if task in self.sources]))
         self.wire = {(node.key, receiver): collections.deque() for node in self.nodes.values()
                      for receiver in node.sender.channels}
         self.inboxes.clear()
         self.reader = FrameReader()
-        for node in self.nodes.values():
-            self._guard(node, node.task.on_start)
-            node.started = True
-        if deploy.restore is not None:
-            for key, node in self.nodes.items():
-                self._guard(node, node.core.restore, self._whole(deploy.restore.checkpoint_id, key))
         self._carry_out(self.state.deployed(deploy.epoch, self.clock))
-        for node in self.nodes.values():
-            if node.core.ended:  # it ended before the checkpoint: its receivers hear the end again
-                self._send(node, node.sender.finish(WATERMARK_MAX))
-                self._carry_out(self.state.task_ended(node.key, deploy.epoch, self.clock))
+        for executor_id, machine in list(self.executors.items()):
+            self._do(executor_id, machine.start_all())
 
-    def _build(self, epoch: int) -> dict[TaskKey, _Node]:
+    def _build(self, epoch: int, keys: list[TaskKey]) -> dict[TaskKey, _Node]:
         graph, nodes = self.app.graph, {}
-        for p in graph.processors:
+        for processor_id, index in keys:
+            p = graph.processors[processor_id]
             senders = [(e.upstream.id, i) for e in graph.inputs_of(p) for i in range(e.upstream.parallelism)]
             edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
-            for index in range(p.parallelism):
-                task = p.task_class(TaskContext(0, self.app.name, p, index, 0, epoch=epoch, clock=self.now_ms,
-                                                request_poll=functools.partial(self._request_poll, (p.id, index))))
-                core = TaskCore(task, senders, self.config.credit_frames, epoch,
-                                max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0)
-                source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
-                nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges, self.config),
-                                             source, collections.deque())
+            task = p.task_class(TaskContext(0, self.app.name, p, index, 0, epoch=epoch, clock=self.now_ms,
+                                            request_poll=functools.partial(self._request_poll, (p.id, index))))
+            core = TaskCore(task, senders, self.config.credit_frames, epoch,
+                            max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0)
+            source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
+            nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges, self.config),
+                                         source, collections.deque())
         return nodes
+
+    # --- each executor's instructions, carried out in memory -----------------------------
+
+    def _do(self, executor_id: int, instructions: list) -> None:
+        """Carry out what an executor's machine asked, in order; an instruction of a kind
+        this engine does not know is a bug, and fails loudly."""
+        for instruction in instructions:
+            handler = self._instructions.get(type(instruction))
+            if handler is None:
+                raise RuntimeError(f"not carried out in-process: {instruction}")
+            handler(executor_id, instruction)
+
+    def _machine(self, node: _Node) -> tuple[int, lifecycle.ExecutorTasks]:
+        executor_id = self.hosts[node.key]
+        return executor_id, self.executors[executor_id]
+
+    def _retire(self, executor_id: int, retire: lifecycle.RetireTasks) -> None:
+        for task in retire.tasks:
+            node = self.nodes.pop((task.processor, task.index), None)
+            if node is not None:
+                self._stop(node)
+
+    def _open(self, executor_id: int, open_tasks: lifecycle.OpenTasks) -> None:
+        launch = open_tasks.launch
+        self.nodes.update(self._build(launch.epoch, [(task.processor, task.index) for task in launch.tasks]))
+        self.executors[executor_id].opened(launch.epoch)
+
+    def _start(self, executor_id: int, start: lifecycle.StartTasks) -> None:
+        """Each task starts, as an executor's task loop does: on_start, then its restore."""
+        restore = self._restoring
+        for task in start.tasks:
+            node = self.nodes[(task.processor, task.index)]
+            self._guard(node, node.task.on_start)
+            node.started = True
+            if restore is not None:
+                self._guard(node, node.core.restore, self._whole(restore.checkpoint_id, node.key))
+                if node.core.ended:  # it ended before the checkpoint: its receivers hear the end again
+                    self._send(node, node.sender.finish(WATERMARK_MAX))
+                    self._do(executor_id, self.executors[executor_id].task_ended(task, node.core.epoch))
+
+    def _inject(self, executor_id: int, inject: lifecycle.InjectBarrier) -> None:
+        for task in inject.tasks:
+            node = self.nodes[(task.processor, task.index)]
+            node.source.inject(inject.checkpoint_id)
+            self._act(node, self._guard(node, node.source.pending_barriers))
+
+    def _store_snapshot(self, executor_id: int, store: lifecycle.StoreSnapshot) -> None:
+        """Serialise now, as the executor does; a state that cannot be serialised declines
+        the checkpoint (the app goes on, and fails once too many fail in a row)."""
+        node, snapshot, machine = self.nodes[(store.task.processor, store.task.index)], store.snapshot, \
+            self.executors[executor_id]
+        try:
+            data = snapshot.state.encode()
+        except Exception as exc:
+            self._do(executor_id, machine.snapshot_declined(store.task, store.epoch, snapshot.checkpoint_id,
+                                                            lifecycle.unserialisable(node.name, exc,
+                                                                                     snapshot.state.state)))
+            return
+        if snapshot.checkpoint_id == self.state.coordinator.in_flight:
+            self._taken.setdefault(snapshot.checkpoint_id, {})[node.key] = data
+        self._do(executor_id, machine.snapshot_stored(store.task, store.epoch, snapshot.checkpoint_id, len(data),
+                                                      snapshot.ended, store.alignment_s, snapshot.state.root,
+                                                      snapshot.state.depth))
+
+    def _ack(self, executor_id: int, ack: lifecycle.AckCheckpoint) -> None:
+        self._carry_out(self.state.checkpoint_acked(ack.checkpoint_id, ack.epoch, (ack.task.processor, ack.task.index),
+                                                    ack.size_bytes, ack.ended, self.clock, ack.alignment_s, ack.root,
+                                                    ack.depth))
+
+    def _decline(self, executor_id: int, decline: lifecycle.DeclineCheckpoint) -> None:
+        log.warning("checkpoint %s declined: %s", decline.checkpoint_id, decline.reason)
+        self._carry_out(self.state.checkpoint_declined(decline.checkpoint_id, decline.epoch,
+                                                       (decline.task.processor, decline.task.index), decline.reason,
+                                                       self.clock))
+
+    def _commit(self, executor_id: int, commit: lifecycle.Commit) -> None:
+        """Commit at once (an executor does it off the task's loop); a failed commit fails
+        the task recoverably: the app rolls back and commits again."""
+        node, machine = self.nodes[(commit.task.processor, commit.task.index)], self.executors[executor_id]
+        node.core.completed(commit.checkpoint_id)
+        try:
+            node.task.checkpoint_complete(commit.checkpoint_id)
+        except Exception as exc:
+            self._do(executor_id, machine.commit_failed(commit.task, node.core.epoch,
+                                                        failure_report(exc, node.task.context)))
+            return
+        self._do(executor_id, machine.committed(commit.task, node.core.epoch, commit.checkpoint_id, commit.final))
+
+    def _stop_task(self, executor_id: int, stop: lifecycle.StopTask) -> None:
+        """The task's loop returns at once, without an error."""
+        node = self.nodes.get((stop.task.processor, stop.task.index))
+        if node is not None:
+            self._do(executor_id, self.executors[executor_id].task_done(stop.task, node.core.epoch, None, False))
+
+    def _report_ended(self, executor_id: int, report: lifecycle.ReportEnded) -> None:
+        self._carry_out(self.state.task_ended((report.task.processor, report.task.index), report.epoch, self.clock))
+
+    def _report_finished(self, executor_id: int, report: lifecycle.ReportFinished) -> None:
+        self._carry_out(self.state.task_finished((report.task.processor, report.task.index), report.epoch))
+
+    def _report_failed(self, executor_id: int, report: lifecycle.ReportFailed) -> None:
+        self._carry_out(self.state.task_failed((report.task.processor, report.task.index), report.epoch,
+                                               report.error, report.recoverable, executor_id, self.clock))
+
+    def _exit(self, executor_id: int, exit_: lifecycle.Exit) -> None:
+        self.executors.pop(executor_id, None)
 
     @staticmethod
     def _stop(node: _Node) -> None:
@@ -272,51 +394,65 @@ class InProcessEngine:
                 pass
 
     def _kill_executor(self) -> None:
-        """One live executor, picked by the seed, exits: the AppMaster hears it stopped."""
+        """One live executor, picked by the seed, exits (its tasks die with it): the
+        AppMaster hears it stopped."""
         executors = sorted(e.executor_id for e in self.state.live_executors())
         executor = self.state.executors[executors[self.random.randrange(len(executors))]]
+        machine = self.executors.pop(executor.executor_id, None)
+        if machine is not None:
+            self._do(executor.executor_id, machine.stop())
         self._carry_out(self.state.executor_stopped(executor.executor_id, executor.worker_id, "was killed", False,
                                                     self.clock))
 
     # --- driving -----------------------------------------------------------------------
 
     async def _loop(self, crash_after_frames: int | None, kills: list[int]) -> None:
-        """Deliver frames while any can go; else a round of source reads; else wait for the
-        first async call to finish; until the app's outcome is decided or nothing can move.
-        A full task takes no frames and reads nothing."""
+        """Step until the app's outcome is decided or nothing can move; a step a rollback
+        interrupted is over, and the next one drives the new attempt."""
         while self.state.outcome is None:
-            ready = [channel for channel, frames in self.wire.items()
-                     if frames and not self.nodes[channel[1]].waiting and self.nodes[channel[1]].core.accepting]
-            if ready:
-                if crash_after_frames is not None and self._delivered >= crash_after_frames:
-                    raise SimulatedCrash(f"stopped after {self._delivered} frames")
-                if kills and self._delivered >= kills[0]:
-                    kills.pop(0)
-                    self._kill_executor()
-                    continue
-                self._deliver(*ready[self.random.randrange(len(ready))])
-                continue
-            readable = [node for node in self.nodes.values() if node.source is not None
-                        and not node.core.input_ended and not node.waiting and node.core.accepting]
-            if not readable:
-                if not any(node.core.pending for node in self.nodes.values()):
+            try:
+                if not await self._step(crash_after_frames, kills):
                     return
-                self.results.clear()
-                await self.results.wait()
-                self._poll()
+            except _Interrupted:
                 continue
-            self._tick()
-            self.random.shuffle(readable)
-            idle = True
-            for node in readable:
-                actions, count = self._guard(node, node.source.step)
-                self._act(node, actions)
-                idle = idle and count == 0
-                if any(self.inboxes.values()):
-                    break
-            if idle:  # every source is waiting for data: sleep (calls go on meanwhile), do not spin
-                await asyncio.sleep(min(n.task.source.idle_wait_s() for n in readable))
-                self._poll()
+
+    async def _step(self, crash_after_frames: int | None, kills: list[int]) -> bool:
+        """Deliver a frame if any can go; else a round of source reads; else wait for the
+        first async call to finish. False when nothing can move. A full task takes no
+        frames and reads nothing."""
+        ready = [channel for channel, frames in self.wire.items()
+                 if frames and not self.nodes[channel[1]].waiting and self.nodes[channel[1]].core.accepting]
+        if ready:
+            if crash_after_frames is not None and self._delivered >= crash_after_frames:
+                raise SimulatedCrash(f"stopped after {self._delivered} frames")
+            if kills and self._delivered >= kills[0]:
+                kills.pop(0)
+                self._kill_executor()
+                return True
+            self._deliver(*ready[self.random.randrange(len(ready))])
+            return True
+        readable = [node for node in self.nodes.values() if node.source is not None
+                    and not node.core.input_ended and not node.waiting and node.core.accepting]
+        if not readable:
+            if not any(node.core.pending for node in self.nodes.values()):
+                return False
+            self.results.clear()
+            await self.results.wait()
+            self._poll()
+            return True
+        self._tick()
+        self.random.shuffle(readable)
+        idle = True
+        for node in readable:
+            actions, count = self._guard(node, node.source.step)
+            self._act(node, actions)
+            idle = idle and count == 0
+            if any(self.inboxes.values()):
+                break
+        if idle:  # every source is waiting for data: sleep (calls go on meanwhile), do not spin
+            await asyncio.sleep(min(n.task.source.idle_wait_s() for n in readable))
+            self._poll()
+        return True
 
     def _tick(self) -> None:
         """The clock moves on: every live executor heartbeats, the AppMaster ticks, then
@@ -356,6 +492,8 @@ class InProcessEngine:
 
     def _act(self, node: _Node, actions: list) -> None:
         for action in actions:
+            if self.nodes.get(node.key) is not node:
+                return  # retired meanwhile (a rollback): what it was doing dies with it
             kind = type(action)
             if kind is Grant:
                 upstream = self.nodes[action.sender]
@@ -364,9 +502,11 @@ class InProcessEngine:
                 continue
             self._send(node, self._guard(node, node.sender.act, action))
             if kind is End:
-                self._carry_out(self.state.task_ended(node.key, self.epoch, self.clock))
+                executor_id, machine = self._machine(node)
+                self._do(executor_id, machine.task_ended(TaskId(*node.key), node.core.epoch))
             elif kind is Snapshot:
-                self._snapshotted(node, action)
+                executor_id, machine = self._machine(node)
+                self._do(executor_id, machine.snapshot_taken(TaskId(*node.key), node.core.epoch, action))
 
     def _send(self, node: _Node, outgoing: list[Outgoing]) -> None:
         node.waiting.extend(outgoing)
@@ -398,33 +538,21 @@ class InProcessEngine:
             max_consecutive_failures=0, epoch=self.first_epoch, restored_from=restored_from,
             compact_depth=COMPACT_DEPTH)
 
-    def _snapshotted(self, node: _Node, snapshot: Snapshot) -> None:
-        data = self._guard(node, snapshot.state.encode)
-        if snapshot.checkpoint_id == self.state.coordinator.in_flight:
-            self._taken.setdefault(snapshot.checkpoint_id, {})[node.key] = data
-        self._carry_out(self.state.checkpoint_acked(snapshot.checkpoint_id, self.epoch, node.key, len(data),
-                                                    snapshot.ended, self.clock, root=snapshot.state.root,
-                                                    depth=snapshot.state.depth))
-
     def _checkpoint_action(self, action: cp.Action) -> None:
         """Carry out what the checkpoint coordinator decided."""
         kind = type(action)
         if kind is cp.TriggerCheckpoint:
-            for key in action.sources:
-                node = self.nodes[key]
-                node.source.inject(action.checkpoint_id)
-                self._act(node, self._guard(node, node.source.pending_barriers))
+            for executor_id, machine in list(self.executors.items()):
+                self._do(executor_id, machine.trigger(action.epoch, action.checkpoint_id))
         elif kind is cp.StoreCheckpoint:
             self.completed[action.meta.checkpoint_id] = self._taken.pop(action.meta.checkpoint_id)
             self._carry_out(self.state.checkpoint_stored(action.meta.checkpoint_id, self.clock))
         elif kind is cp.NotifyComplete:
-            for node in list(self.nodes.values()):
-                node.core.completed(action.checkpoint_id)
-                if action.compacted:
+            for executor_id, machine in list(self.executors.items()):
+                self._do(executor_id, machine.checkpoint_complete(action.epoch, action.checkpoint_id, action.final))
+            if action.compacted:
+                for node in self.nodes.values():
                     node.core.compacted(action.compacted)
-                self._guard(node, node.task.checkpoint_complete, action.checkpoint_id)
-                if action.final:  # committed: the task is done, as an executor reports it
-                    self._carry_out(self.state.task_finished(node.key, action.epoch))
         elif kind is cp.CompactCheckpoint:  # at once: the AppMaster does it beside the tasks
             snapshots = self.completed[action.checkpoint_id]
             for key in action.tasks:
@@ -439,17 +567,27 @@ class InProcessEngine:
             raise RuntimeError(f"not carried out in-process: {action}")
 
     def _guard(self, node: _Node, fn, *args):
-        """Run a task's step; an exception fails the task: the AppMaster ends the app (its
-        End raises PipelineFailed), and this run stops here whatever it decided."""
+        """Run a task's step; an exception fails the task, as its loop on an executor: the
+        user's error ends the app (its End raises PipelineFailed); one a rollback can
+        repair (lifecycle.RECOVERABLE) rolls the app back, and what was under way stops
+        (_Interrupted, caught where the engine drives the next step)."""
         try:
             return fn(*args)
-        except PipelineFailed:
+        except (PipelineFailed, _Interrupted):
             raise
         except Exception as exc:
             error = failure_report(exc, node.task.context)
-            self._carry_out(self.state.task_failed(node.key, self.epoch, error, False, self.hosts[node.key],
-                                                   self.clock))
+            recoverable = isinstance(exc, lifecycle.RECOVERABLE)
+            executor_id, machine = self._machine(node)
+            self._do(executor_id, machine.task_done(TaskId(*node.key), node.core.epoch, error, recoverable))
+            if recoverable:
+                raise _Interrupted(error.message) from exc
             raise PipelineFailed(error) from exc
+
+
+class _Interrupted(Exception):
+    """A task failed in a way a rollback repairs, and the app rolled back: what the engine
+    was doing belongs to the replaced attempt."""
 
 
 def _on_a_loop(coro: Coroutine) -> None:

@@ -394,7 +394,7 @@ class WindowAggregateOp(Op):
             self.late.close()
 
     def snapshot(self):
-        return {"operator": self.operator.snapshot(), "watermark": self.watermark,
+        return {"operator": self.operator.snapshot(self.step), "watermark": self.watermark,
                 "late": self.late.snapshot() if self.late is not None else None}
 
     def restore(self, state) -> None:

@@ -29,7 +29,8 @@ class KeyedStates:
     not written for ``ttl_ms`` is forgotten once the watermark reaches the last write +
     ``ttl_ms``. Every key written or forgotten goes into ``changed``."""
 
-    def __init__(self, ttl_ms: int | None, changed: set):
+    def __init__(self, step: str, ttl_ms: int | None, changed: set):
+        self.step = step
         self.ttl_ms = ttl_ms
         self.changed = changed
         self.values: dict[Any, Any] = {}
@@ -60,7 +61,7 @@ class KeyedStates:
 
     def entry(self, key) -> tuple:
         """What a snapshot keeps of ``key``: its state and the time of its last write."""
-        return detached(self.values.get(key)), self.written.get(key)
+        return detached(self.values.get(key), self.step, key), self.written.get(key)
 
     def restore(self, key, value, written: int | None, watermark: int) -> None:
         """Put back a snapshot's entry; one taken without a TTL counts as written at ``watermark``."""
@@ -130,7 +131,7 @@ class KeyedOp(Op):
         super().__init__(step)
         self.ttl_ms = ttl_ms
         self.changes = ChangeLog()
-        self.states = KeyedStates(ttl_ms, self.changes.changed)
+        self.states = KeyedStates(step, ttl_ms, self.changes.changed)
         self.watermark = WATERMARK_MIN
         self._checkpoint: int | None = None
 
@@ -181,7 +182,7 @@ class KeyedOp(Op):
         return KeyedDelta(self.watermark, *grouped(keys, self._holds, self._entry))
 
     def restore(self, state) -> None:
-        self.states = KeyedStates(self.ttl_ms, self.changes.changed)
+        self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed)
         self.watermark = state["watermark"]
         for group in sorted(state["groups"]):
             for key, *entry in state["groups"][group]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import itertools
 import pickle
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +22,57 @@ IMMUTABLE_TYPES = frozenset({int, float, bool, str, bytes, type(None)})
 SIZE_SAMPLE = 32
 
 
-def detached(value: Any) -> Any:
+class UnserialisableState(TypeError):
+    """A step holds a value that a checkpoint can neither copy nor serialise."""
+
+
+def detached(value: Any, step: str, key: Any) -> Any:
     """``value`` itself when it cannot change, else a deep copy: a snapshot stays valid
-    while the step goes on (user code may update its state in place)."""
-    return value if type(value) in IMMUTABLE_TYPES else copy.deepcopy(value)
+    while the step goes on (user code may update its state in place). A value that cannot
+    be copied fails the step, naming it, the key and the value's type."""
+    if type(value) in IMMUTABLE_TYPES:
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception as exc:
+        raise UnserialisableState(f"step {step!r} holds a {type(value).__name__} for key {key!r}, which a "
+                                  f"checkpoint cannot copy: {type(exc).__name__}: {exc}") from exc
+
+
+def unserialisable_part(state: Any) -> str:
+    """Where in a task's snapshot state (steps' states: dicts, KeyedDeltas, key groups of
+    entries) is the first entry pickle refuses, and the type of its value that it refuses:
+    what a declined checkpoint names. Empty when none is found."""
+    def search(node, step):
+        if isinstance(node, KeyedDelta):
+            node = node.written
+        if isinstance(node, dict):
+            for name, value in node.items():
+                found = search(value, name if step is None and isinstance(name, str) else step)
+                if found:
+                    return found
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                if not _pickles(item):
+                    if not isinstance(item, tuple):
+                        return search(item, step) or f"step {step!r}: a {type(item).__name__}"
+                    bad = next((v for v in item if not _pickles(v)), item)
+                    return f"step {step!r}, entry {_short(item)}: a {type(bad).__name__}"
+        return ""
+    return search(state, None)
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return False
+    return True
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def estimated_bytes(entries: Iterable[Any], count: int) -> int:
@@ -33,7 +81,12 @@ def estimated_bytes(entries: Iterable[Any], count: int) -> int:
     sample = list(itertools.islice(entries, SIZE_SAMPLE))
     if not sample:
         return 0
-    return len(pickle.dumps(sample, pickle.HIGHEST_PROTOCOL)) * count // len(sample)
+    try:
+        size = len(pickle.dumps(sample, pickle.HIGHEST_PROTOCOL))
+    except Exception:  # state pickle refuses (a checkpoint names it): its size in memory instead
+        size = sum(map(sys.getsizeof, itertools.chain.from_iterable(
+            entry if isinstance(entry, tuple) else (entry,) for entry in sample)))
+    return size * count // len(sample)
 
 
 class ChangeLog:

@@ -244,8 +244,9 @@ class WindowOperator:
         return sorted((start, end, self._result(panes[key].acc))
                       for (start, end), panes in self._windows.items() if key in panes)
 
-    def snapshot(self) -> dict:
-        """The operator's state at a checkpoint barrier, as plain picklable data::
+    def snapshot(self, step: str = "window") -> dict:
+        """The operator's state at a checkpoint barrier (of step ``step``, which an
+        accumulator that cannot be copied is reported by), as plain picklable data::
 
             {"watermark": int, "late_dropped": int, "late_side_output": int,
              "late": [(key, value, timestamp), ...],   # not yet drained
@@ -259,7 +260,8 @@ class WindowOperator:
         groups: dict[int, list[tuple]] = {}
         for (start, end), panes in self._windows.items():
             for key, pane in panes.items():
-                groups.setdefault(key_group(key), []).append((start, end, key, detached(pane.acc), pane.count))
+                groups.setdefault(key_group(key), []).append((start, end, key, detached(pane.acc, step, key),
+                                                              pane.count))
         return {
             "watermark": self._watermark,
             "late_dropped": self.late_dropped,

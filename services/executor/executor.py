@@ -17,9 +17,9 @@ from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
 from gearbus.runtime.savepoints import whole_snapshot
 from services.checkpoint_store import CheckpointStore
-from services.executor import lifecycle
+from gearbus.runtime import executor_tasks as lifecycle
 from services.executor.heartbeat import Heartbeat
-from services.executor.lifecycle import EXIT_FENCED, EXIT_WORKER_GONE, ExecutorTasks, LaunchRefused
+from gearbus.runtime.executor_tasks import EXIT_FENCED, EXIT_WORKER_GONE, ExecutorTasks, LaunchRefused
 from services.executor.outputs import DataPlaneConfig
 from services.executor.task_runner import TaskRunner
 from services.launch import (WORKER_ENV, WORKER_GONE_SIGNAL, fetch_application, launch_from_env,
@@ -256,9 +256,9 @@ class Executor(Service):
         try:
             data = snapshot.state.encode()
         except Exception as exc:
-            await self._carry_out(self.tasks.snapshot_declined(
-                store.task, store.epoch, snapshot.checkpoint_id,
-                f"the state of {runner.name} cannot be serialised: {type(exc).__name__}: {exc}"))
+            await self._carry_out(self.tasks.snapshot_declined(store.task, store.epoch, snapshot.checkpoint_id,
+                                                               lifecycle.unserialisable(runner.name, exc,
+                                                                                        snapshot.state.state)))
             return
         self.spawn(self._put_snapshot(runner, store, data), f"snapshot-{runner.name}")
 

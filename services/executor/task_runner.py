@@ -7,7 +7,7 @@ frames, the loop waits for the task's async calls (which ask for a poll) and for
 processing-time wakeups (the wait on the inbox ends at the next one); while the task is
 full it leaves the inbox unread, so its senders run out of credit. What its
 events mean (reports, finishing, failing) the executor's task machine decides
-(services/executor/lifecycle.py); the runner tells it what happened.
+(gearbus/runtime/executor_tasks.py); the runner tells it what happened.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gearbus.api.task import TaskContext, now_ms
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
+from gearbus.runtime.executor_tasks import RECOVERABLE
 from gearbus.runtime.frames import Frame, FrameReader, decode_credit, encode_credit
 from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
@@ -35,8 +36,6 @@ from shared.messages import AppError, TaskCounters, TaskId
 
 log = structlog.get_logger()
 
-#: Errors that a rollback to the last checkpoint can repair (the rest are the user's).
-RECOVERABLE = (DataPlaneError, ConnectionError, TimeoutError, OSError)
 INBOX_SLACK_BYTES = 8 << 20  # beyond what the credit granted allows, before an inbox drops
 IDLE_GRANT_S = 0.5  # an idle task repeats its credit grants this often
 PROBE_S = 1.0  # a task probes its channels whose last frames are unconfirmed this often

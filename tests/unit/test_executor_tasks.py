@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gearbus.runtime.core import Snapshot
-from services.executor.lifecycle import (
+from gearbus.runtime.executor_tasks import (
     ACKS_KEPT,
     EXIT_APPMASTER_GONE,
     EXIT_FENCED,

@@ -15,6 +15,7 @@ from gearbus import CollectSink, GraphError, Pipeline
 from gearbus.api.keyed import KeyedProcessFunction
 from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runners import PipelineFailed, TestRunner
+from gearbus.runtime.keygroups import unserialisable_part
 from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
 from tests.support.files import read_jsonl
 from tests.support.joins import Buckets, buckets_reference, shuffled
@@ -189,3 +190,15 @@ def test_processing_time_timers_fire_on_the_test_runners_clock():
         .group_by(lambda e: e["k"], name="by_key").process_keyed(Later, name="later").sink(out, name="out"))
     TestRunner().run(pipeline)
     assert ("fired", 1) in out.values
+
+
+def test_state_pickle_refuses_is_named_by_its_step_entry_and_type_and_still_sized():
+    """What a declined checkpoint says, and the state size metric, which must not fail on it."""
+    op = StatefulMapOp("hold", lambda state, value: (state or (lambda: value), value), None)
+    op.process([(1, 0, "k")])
+    state = {"hold": op.snapshot()}
+    assert unserialisable_part(state).startswith("step 'hold', entry ('k', <function ") and \
+        unserialisable_part(state).endswith(": a function")
+    assert unserialisable_part({"hold": {"groups": {1: [("k", 5, None)]}}}) == ""
+    keys, size = op.state_size()
+    assert keys == 1 and size > 0

@@ -1,4 +1,6 @@
-"""The tasks an executor hosts, and their lives: a state machine without I/O.
+"""The tasks an executor hosts, and their lives: a state machine without I/O, driven by
+the executor process (services/executor/executor.py) and by the TestRunner's in-process
+engine's in-memory executors alike, so a task fails, declines or commits the same way in both.
 
 The executor's async shell feeds it events (the AppMaster launches the tasks of an epoch,
 starts them, triggers and completes checkpoints; a task snapshots, its snapshot is stored
@@ -44,7 +46,8 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gearbus.runtime.core import Snapshot
+from gearbus.runtime.core import DataPlaneError, Snapshot
+from gearbus.runtime.keygroups import unserialisable_part
 from shared.messages import AppError, LaunchTasks, TaskId
 
 ACKS_KEPT = 4  # checkpoints whose acks an executor can repeat
@@ -52,6 +55,16 @@ EXIT_APPMASTER_GONE = 3  # the process's exit codes, one per cause (docs/protoco
 EXIT_FENCED = 4
 EXIT_WORKER_GONE = 5
 NO_EPOCH = -1  # no task launched yet
+#: Errors of a task that a rollback to the last checkpoint can repair (the rest are the user's).
+RECOVERABLE = (DataPlaneError, ConnectionError, TimeoutError, OSError)
+
+
+def unserialisable(task_name: str, exc: BaseException, state) -> str:
+    """Why a task declines a checkpoint whose snapshot ``state`` it cannot serialise: the
+    step, the entry (its key) and the type, where they can be found."""
+    where = unserialisable_part(state)
+    return f"the state of {task_name} cannot be serialised{f' ({where})' if where else ''}: " \
+           f"{type(exc).__name__}: {exc}"
 
 
 class Phase(enum.Enum):
