@@ -10,6 +10,7 @@ import json
 import pytest
 
 from gearbus import Pipeline
+from gearbus.api.task import DataSink
 from gearbus.connectors.files import CollectSink
 from gearbus.runners.inprocess import PipelineFailed, SimulatedCrash
 from gearbus.runtime.appmaster_state import Phase
@@ -171,3 +172,59 @@ def test_a_run_that_keeps_losing_executors_fails_past_its_restart_budget(inproce
     assert engine.state.outcome.state == AppState.FAILED and engine.state.restarts == 2
     assert all(not node.started for node in engine.nodes.values())
     assert sum(committed_counts(out).values()) < sum(COUNTS.values())  # the final checkpoint never completed
+
+
+class FlakyCommits(DataSink):
+    """A two-phase sink into a shared list whose first ``failures`` commits fail (as a
+    lost connection would); commits repeated after a rollback are idempotent."""
+
+    transactional = True
+    failures = 0
+
+    def __init__(self, committed: dict):
+        self.committed = committed  # (task index, checkpoint id) -> its values, shared by every task
+
+    def __deepcopy__(self, memo):
+        return FlakyCommits(self.committed)  # one per task, all into the shared dict
+
+    def open(self, context):
+        self.index, self.pending, self.sealed = context.index, [], {}
+
+    def write(self, records):
+        self.pending.extend(r.value for r in records)
+
+    def pre_commit(self, checkpoint_id):
+        self.sealed[checkpoint_id], self.pending = self.pending, []
+
+    def commit(self, checkpoint_id):
+        if FlakyCommits.failures:
+            FlakyCommits.failures -= 1
+            raise ConnectionError("the sink's server went away")
+        for sealed in [c for c in self.sealed if c <= checkpoint_id]:
+            self.committed[(self.index, sealed)] = self.sealed.pop(sealed)
+
+    def snapshot(self):
+        return dict(self.sealed)
+
+    def restore(self, state):
+        self.sealed = dict(state)
+        self.commit(max(self.sealed, default=0))
+
+
+def test_a_failed_commit_rolls_the_app_back_as_on_the_cluster_and_the_output_is_exact(inprocess):
+    """A commit that raises fails its task recoverably (the executor's task lifecycle): the
+    app rolls back to its last checkpoint and commits again."""
+    committed: dict = {}
+    FlakyCommits.failures = 2
+    p = Pipeline("flaky", config=CONFIG, parallelism=3)
+    (p.from_collection(LINES, name="read", parallelism=3).flat_map(str.split, name="split")
+        .group_by(word, name="by_word").count(name="count").map(row, name="format")
+        .sink(FlakyCommits(committed), name="write"))
+    engine = inprocess(p, seed=1, checkpoint_every=2)
+    engine.run()
+    assert FlakyCommits.failures == 0 and engine.state.restarts >= 1
+    counts = collections.Counter()
+    for values in committed.values():
+        for value in values:
+            counts[value["word"]] += value["count"]
+    assert counts == COUNTS
