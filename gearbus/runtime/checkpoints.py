@@ -25,9 +25,11 @@ chain is ``compact_depth`` deep or more, at least ``compact_depth`` checkpoints 
 last compaction (the acks of those taken before the tasks heard of it still count the
 chains it cut), gets CompactCheckpoint for every task whose
 snapshot builds on another (the shell replaces those snapshots with whole ones, off the
-tasks' path); ``compacted`` ends it, and every later NotifyComplete names it so the
-tasks build shorter chains: their acks then name it as their root, and what is older goes
-once no kept checkpoint names an older one. A checkpoint being compacted is never pruned.
+tasks' path); ``compacted`` ends it: the checkpoint now needs nothing older, and every
+later NotifyComplete names it so the tasks build shorter chains. What is older goes once
+no kept checkpoint reads it and no task's last ack names an older root (a task's roots
+never go down: one that has not heard of the compaction yet may still build on the older
+chain). A checkpoint being compacted is never pruned.
 
 Every triggered checkpoint therefore ends in exactly one NotifyComplete or one
 AbandonCheckpoint, so the shell has a single place to commit or discard what was written
@@ -269,6 +271,9 @@ class CheckpointCoordinator:
         self._dropped: list[int] = []  # ids no longer kept whose objects a kept one still needs
         self._compacting: int | None = None  # the checkpoint being compacted
         self._compacted = 0  # the last checkpoint compacted
+        #: each task's root in its last acknowledgement: a task's roots never go down, so
+        #: nothing it may still build on is older than this
+        self._task_roots: dict[TaskKey, int] = {}
         self._latest: CheckpointMeta | None = None
         self._latest_completed_at: float | None = None
         self._timer_from: float | None = None  # when the interval started counting
@@ -354,6 +359,7 @@ class CheckpointCoordinator:
             self.ignored["ack_duplicate"] += 1
             return []
         p.acks[task] = (size_bytes, ended)
+        self._task_roots[task] = root if 0 < root < checkpoint_id else checkpoint_id
         p.alignment_s = max(p.alignment_s, alignment_s)
         if 0 < root < checkpoint_id:
             p.root = min(p.root or root, root)
@@ -408,20 +414,22 @@ class CheckpointCoordinator:
 
     def compacted(self, checkpoint_id: int, ok: bool) -> list[Action]:
         """The shell compacted ``checkpoint_id`` (or failed to, ``ok`` False: its chains
-        stay as they were). What it needed stays while it is kept: a task that has not
-        heard of it yet may still build on an older chain, which its acks name; checkpoints
-        whose snapshots all build on it need nothing older."""
+        stay as they were): a restore from it reads nothing older. A task that has not
+        heard of it may still build on an older chain: its last ack's root keeps that."""
         if checkpoint_id != self._compacting:
             self.ignored["compacted_unknown"] += 1
             return []
         self._compacting = None
         if ok:
             self._compacted = checkpoint_id
+            if checkpoint_id in self._needs_from:
+                self._needs_from[checkpoint_id] = checkpoint_id
         return self._prune()
 
     def _prune(self) -> list[Action]:
-        """Prune the checkpoints no kept one needs (but the one being compacted)."""
-        needed = min(self._needs_from.values())
+        """Prune the checkpoints no kept one needs and no task may still build on (but the
+        one being compacted)."""
+        needed = self._needed()
         prunable = tuple(c for c in self._dropped if c < needed and c != self._compacting)
         if not prunable:
             return []
@@ -484,14 +492,18 @@ class CheckpointCoordinator:
         assert self._latest is None or self._latest.checkpoint_id in self._completed
         assert set(self._needs_from) == set(self._completed), (self._needs_from, self._completed)
         assert all(self._needs_from[c] <= c for c in self._completed), self._needs_from
-        assert all(c >= min(self._needs_from.values()) or c == self._compacting for c in self._dropped), \
-            (self._dropped, self._needs_from)  # a checkpoint nothing kept needs is pruned at once
+        assert all(c >= self._needed() or c == self._compacting for c in self._dropped), \
+            (self._dropped, self._needs_from, self._task_roots)  # one nothing needs is pruned at once
         assert not set(self._dropped) & set(self._completed)
         assert self._compacting is None or self._compacting in self._completed or self._compacting in self._dropped, \
             self._compacting  # never pruned while being compacted
         assert self._compacted <= (self._latest.checkpoint_id if self._latest else 0)
 
     # -- transitions ---------------------------------------------------------------------
+
+    def _needed(self) -> int:
+        """The oldest checkpoint a kept one reads, or a task may still build on."""
+        return min(min(self._needs_from.values()), min(self._task_roots.values(), default=self._next_id))
 
     def _enter(self, phase: Phase) -> None:
         if phase not in _ALLOWED[self._phase]:

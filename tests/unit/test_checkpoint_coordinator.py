@@ -525,3 +525,23 @@ def test_the_history_keeps_the_newest_checkpoints_only():
     ids = [record.checkpoint_id for record in c.history()]
     assert ids == list(range(6, HISTORY_KEPT + 6))
     c.check_invariants()
+
+
+def test_a_compacted_checkpoint_needs_nothing_older_once_no_task_builds_on_an_older_chain():
+    c = coordinator(interval_s=1, timeout_s=100, keep=3, compact_depth=2)
+
+    def checkpoint(cid: int, root: int, depth: int) -> list:
+        c.tick(now=cid)
+        for task in TASKS:
+            c.ack(cid, 0, task, size_bytes=1, ended=False, now=cid, root=root, depth=depth)
+        actions = c.stored(cid, now=cid)
+        c.check_invariants()
+        return actions
+
+    checkpoint(1, 0, 0)
+    checkpoint(2, 1, 1)
+    assert CompactCheckpoint(3, 0, tuple(sorted(TASKS))) in checkpoint(3, 1, 2)
+    assert c.compacted(3, ok=True) == []  # 1 and 2 are kept, and every task's chain starts at 1
+    assert checkpoint(4, 3, 1) == [NotifyComplete(4, 0, False, 3)]  # 2 is still kept, and needs 1
+    # kept 3 (whole now), 4 and 5, every task building on 3: 1 and 2 go, before 3 leaves
+    assert checkpoint(5, 3, 1) == [NotifyComplete(5, 0, False, 3), PruneCheckpoints((1, 2))]
