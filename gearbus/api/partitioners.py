@@ -31,6 +31,11 @@ stable_hash = _crc_hash if sys.flags.hash_randomization else _fixed_seed_hash
 MAX_PARALLELISM = 128
 
 
+#: How keys map to tasks, recorded with each savepoint: 1, ``stable_hash(key) % n`` (before
+#: gearbus routed by key-group ranges); 2, the owner of the key's group (:func:`group_owner`).
+KEY_LAYOUT = 2
+
+
 def key_group(key) -> int:
     """The key group of ``key``, in ``range(MAX_PARALLELISM)``: the unit in which keyed
     state is routed, snapshotted and handed between tasks (as in Flink).

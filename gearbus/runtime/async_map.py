@@ -185,7 +185,7 @@ class AsyncMapOp(Op):
         if any(calls for state in states for calls, _ in state["segments"]):
             raise NotRescalable(f"step {self.step!r} holds records in flight, so its state cannot be divided "
                                 "over another number of tasks")
-        return {"segments": [], "released": min(state["released"] for state in states)}
+        return {"segments": [([], None)], "released": min(state["released"] for state in states)}
 
     def restore(self, state) -> None:
         """Rebuild the queue; the unfinished records are called again once the loop turns

@@ -338,11 +338,16 @@ class CombineOp(Op):
         self.newest = state["newest"]
 
     def rescale(self, states, index, parallelism):
-        """Partials by key group: they cross the shuffle by key whichever task sends them."""
-        groups = owned_groups(index, parallelism)
-        return {"partials": [(key, held) for state in states for key, held in state["partials"]
-                             if key_group(key) in groups],
-                "newest": max(state["newest"] for state in states)}
+        """Partials by key group (they cross the shuffle by key whichever task sends them);
+        several old tasks' partials of one key merge into one."""
+        groups, merged = owned_groups(index, parallelism), {}
+        for state in states:
+            for key, (acc, weight) in state["partials"]:
+                if key_group(key) in groups:
+                    held = merged.get(key)
+                    merged[key] = [acc, weight] if held is None else \
+                        [self.aggregator.merge(held[0], acc), held[1] + weight]
+        return {"partials": list(merged.items()), "newest": max(state["newest"] for state in states)}
 
     def _emit(self) -> list[Record]:
         ts = self.newest

@@ -367,15 +367,16 @@ class CheckpointCoordinator:
             p.chained.append(task)
             p.depth = max(p.depth, depth)
         self._record(p, Outcome.IN_PROGRESS, None)
+        pruned = self._prune()  # the task's root may have moved up
         if len(p.acks) < len(self.tasks):
-            return []
+            return pruned
         p.meta = CheckpointMeta(
             checkpoint_id=p.checkpoint_id, epoch=p.epoch, started_at=p.started_at,
             duration_s=now - p.started_at, size_bytes=sum(size for size, _ in p.acks.values()),
             tasks=tuple(sorted(p.acks)), final=all(end for _, end in p.acks.values()), root=p.root,
         )
         self._enter(Phase.STORING)
-        return [StoreCheckpoint(p.meta)]
+        return pruned + [StoreCheckpoint(p.meta)]
 
     def decline(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
                 now: float) -> list[Action]:
@@ -503,7 +504,8 @@ class CheckpointCoordinator:
 
     def _needed(self) -> int:
         """The oldest checkpoint a kept one reads, or a task may still build on."""
-        return min(min(self._needs_from.values()), min(self._task_roots.values(), default=self._next_id))
+        return min(min(self._needs_from.values(), default=self._next_id),
+                   min(self._task_roots.values(), default=self._next_id))
 
     def _enter(self, phase: Phase) -> None:
         if phase not in _ALLOWED[self._phase]:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gearbus.api.graph import Application, Processor
+from gearbus.api.partitioners import KEY_LAYOUT
 from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
 from gearbus.api.task import NotRescalable, Task, not_rescalable
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
@@ -39,6 +40,7 @@ class SavepointRecord:
     checkpoint_id: int
     created_ms: int
     steps: dict[str, int]  # step -> parallelism
+    layout: int = KEY_LAYOUT  # how keys mapped to the tasks that saved it (gearbus.api.partitioners)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for msgpack."""
@@ -49,7 +51,8 @@ class SavepointRecord:
         """The inverse of :meth:`to_dict`."""
         return cls(name=str(data["name"]), app_id=int(data["app_id"]), app_name=str(data["app_name"]),
                    checkpoint_id=int(data["checkpoint_id"]), created_ms=int(data["created_ms"]),
-                   steps={str(step): int(n) for step, n in data["steps"].items()})
+                   steps={str(step): int(n) for step, n in data["steps"].items()},
+                   layout=int(data.get("layout", 1)))
 
 
 def _ops(processor: Processor) -> list[Op]:
@@ -123,16 +126,28 @@ def rescaled_state(processor: Processor, step: str, states: list, index: int) ->
                                 f"{processor.parallelism}): {exc}") from None
 
 
-def task_states(processor: Processor, saved: dict[str, list]) -> list[Any]:
+def task_states(processor: Processor, saved: dict[str, list], layout: int = KEY_LAYOUT) -> list[Any]:
     """Each task's state of ``processor`` (None: nothing to restore) from the steps it
-    claimed, ``saved``: ``{step: [state of each saved task]}``. A step saved with another
-    parallelism is divided over the tasks (:func:`rescaled_state`)."""
+    claimed, ``saved``: ``{step: [state of each saved task]}``, saved with keys mapped to
+    tasks by ``layout``. A step saved with another parallelism is divided over the tasks
+    (:func:`rescaled_state`); so is a keyed step saved with another layout (its keys are
+    not where they now go), while any other goes to the task of its index."""
     tasks = []
     for index in range(processor.parallelism):
-        steps = {step: states[index] if len(states) == processor.parallelism else
-                 rescaled_state(processor, step, states, index) for step, states in saved.items()}
+        steps = {step: _task_state(processor, step, states, index, layout) for step, states in saved.items()}
         tasks.append(join_task_state(processor, steps) if steps else None)
     return tasks
+
+
+def _task_state(processor: Processor, step: str, states: list, index: int, layout: int) -> Any:
+    if len(states) != processor.parallelism:
+        return rescaled_state(processor, step, states, index)
+    if layout != KEY_LAYOUT:
+        try:
+            return rescaled_state(processor, step, states, index)
+        except SavepointMismatch:  # not keyed: by task index, as it was saved
+            pass
+    return states[index]
 
 
 def claim(app: Application, saved: dict[str, int], allow_unclaimed: bool) -> dict[str, Processor]:

@@ -118,6 +118,9 @@ class Lineage:
         self.max_depth = max_depth
         self.base: Link | None = None
         self._links: dict[int, Link] = {}  # the base's chain and the snapshots taken since, by checkpoint
+        #: the last whole snapshot taken: a completion of an older checkpoint, come late, is
+        #: not a base any more (what it read may be pruned once the whole one completed)
+        self._floor = 0
 
     def plan(self, checkpoint_id: int, epoch: int) -> tuple[Link, Link | None]:
         """The snapshot of ``checkpoint_id`` about to be taken: its link, and the base it
@@ -128,12 +131,15 @@ class Lineage:
         link = Link(checkpoint_id, epoch, 0, checkpoint_id) if base is None else \
             Link(checkpoint_id, epoch, base.depth + 1, base.root, base.checkpoint_id)
         self._links[checkpoint_id] = link
+        if base is None:
+            self._floor = checkpoint_id
         return link, base
 
     def completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: later snapshots build on its."""
         link = self._links.get(checkpoint_id)
-        if link is None or (self.base is not None and checkpoint_id <= self.base.checkpoint_id):
+        if link is None or checkpoint_id < self._floor or \
+                (self.base is not None and checkpoint_id <= self.base.checkpoint_id):
             return
         self.base = link
         chain, at = set(), link
@@ -162,3 +168,4 @@ class Lineage:
         """The task was restored from the snapshot ``link`` (None: one nothing builds on)."""
         self.base = link
         self._links = {link.checkpoint_id: link} if link is not None else {}
+        self._floor = 0

@@ -545,7 +545,10 @@ class AppMaster(Service):
         return SavepointTaken(self.app_id, name, meta.checkpoint_id, meta.size_bytes, sorted(steps))
 
     async def _write_savepoint(self, name: str, meta: cp.CheckpointMeta) -> dict[str, int]:
-        """Copy a completed checkpoint's state, step by step, under the savepoint's name."""
+        """Copy a completed checkpoint's state, step by step, under the savepoint's name
+        (once a compaction of it, which replaces its objects, is done)."""
+        if self._compaction is not None:
+            await asyncio.wait([self._compaction])
         parts: dict[tuple[str, int], bytes] = {}
         steps: dict[str, int] = {}
         for processor in self.app.graph.processors:
@@ -582,7 +585,7 @@ class AppMaster(Service):
             saved = {step: [pickle.loads(await self.store.savepoint_part(record, step, index))
                             for index in range(record.steps[step])]
                      for step, owner in claimed.items() if owner is processor}
-            for index, state in enumerate(task_states(processor, saved)):
+            for index, state in enumerate(task_states(processor, saved, record.layout)):
                 data = TaskSnapshot.seeded(SAVEPOINT_CHECKPOINT_ID, state).encode()
                 await self.store.put_snapshot(SAVEPOINT_CHECKPOINT_ID, self.epoch, (processor.id, index), data)
                 size += len(data)

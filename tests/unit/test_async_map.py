@@ -14,7 +14,7 @@ import pytest
 
 from gearbus import CollectSink, DataSource, Pipeline, Record, TumblingWindows
 from gearbus.api.graph import GraphError, Processor
-from gearbus.api.task import TaskContext
+from gearbus.api.task import NotRescalable, TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.planner import describe, plan
 from gearbus.runners import PipelineFailed, TestRunner
@@ -183,6 +183,24 @@ def numbers(n: int, fn, out: list, parallelism: int = 1, **step) -> Pipeline:
     (p.from_collection(range(n), name="read", parallelism=parallelism)
         .map_async(fn, name="lookup", **step).sink(CollectSink(out), name="out"))
     return p
+
+
+async def test_a_drained_queue_divides_over_other_tasks_and_one_with_calls_in_flight_does_not():
+    fn = Gated()
+    old = [Driver(fn), Driver(fn)]
+    old[0].frame([1], watermark=5)
+    fn.open(1)
+    await old[0].poll()
+    drained = [d.task.ops[0].snapshot() for d in old]
+    fresh = Driver(fn)
+    fresh.task.ops[0].restore(fresh.task.ops[0].rescale(drained, 0, 3))
+    fresh.frame([2], watermark=7)
+    fn.open(2)
+    await fresh.poll()
+    assert fresh.seen == [[20], 7]  # the divided queue runs on
+    old[1].frame([3])  # a call in flight
+    with pytest.raises(NotRescalable, match="step 'lookup' holds records in flight"):
+        fresh.task.ops[0].rescale([d.task.ops[0].snapshot() for d in old], 0, 3)
 
 
 def test_ordered_output_keeps_the_input_order():

@@ -206,3 +206,21 @@ def test_changes_forgotten_past_the_bound_make_snapshots_whole_until_a_later_bas
     snapshot(5)
     assert isinstance(stored[5].state, KeyedDelta)
     assert as_entries(from_chain(stored, 5))["keep"][0] == "again"
+
+
+def test_a_completion_come_late_is_no_base_once_a_later_whole_snapshot_was_taken():
+    """Checkpoint 1's completion arrives after checkpoint 2's whole snapshot: once 2
+    completes, 1 may be pruned, so nothing may build on it."""
+    lineage = Lineage()
+    lineage.plan(1, 0)
+    _, base = lineage.plan(2, 0)  # 1's completion not heard yet: whole
+    assert base is None
+    lineage.completed(1)  # late
+    link, base = lineage.plan(3, 0)
+    assert base is None and link.root == 3
+    lineage.completed(2)  # older than 3's whole snapshot too: a task's roots never go down
+    _, base = lineage.plan(4, 0)
+    assert base is None
+    lineage.completed(4)
+    link, base = lineage.plan(5, 0)
+    assert base.checkpoint_id == 4 and link.root == 4

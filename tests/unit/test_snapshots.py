@@ -4,8 +4,10 @@ import pickle
 
 import pytest
 
+from gearbus import CollectSink, Pipeline
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.runtime.savepoints import SavepointRecord
+from gearbus.planner import plan
+from gearbus.runtime.savepoints import SavepointRecord, stateful_steps, task_states
 from gearbus.runtime.snapshots import TaskSnapshot
 
 
@@ -27,3 +29,23 @@ def test_an_envelope_of_another_format_is_refused_clearly():
 def test_a_savepoint_record_survives_plain_data():
     record = SavepointRecord("half", 3, "wordcount", 12, 1_700_000_000_000, {"count": 2, "read": 1})
     assert SavepointRecord.from_dict(record.to_dict()) == record
+
+
+def test_a_savepoint_saved_with_keys_routed_by_hash_modulo_moves_them_to_their_key_groups_owners():
+    """Before key-group ranges a key went to task ``hash % n``: such a savepoint (its record
+    has no layout) hands each key to the task that now owns its group, even at the same
+    parallelism; other state stays with its task index."""
+    data = SavepointRecord("old", 1, "a", 5, 0, {"running": 2}).to_dict()
+    del data["layout"]
+    assert SavepointRecord.from_dict(data).layout == 1
+    pipeline = Pipeline("p", parallelism=2)
+    (pipeline.from_collection([], name="read", parallelism=1).group_by(lambda n: n, name="by")
+        .stateful_map(lambda s, n: (n, n), name="running").sink(CollectSink([]), name="write"))
+    [processor] = [p for p in plan(pipeline, "test").graph.processors if "running" in stateful_steps(p)]
+    keys = [3, 64, 65, 127]  # ints hash to themselves here: key group = key % 128
+    by_modulo = [{"watermark": 0, "groups": {k % 128: [(k, f"v{k}", None)] for k in keys if k % 2 == index}}
+                 for index in range(2)]
+    moved = task_states(processor, {"running": by_modulo}, layout=1)
+    held = [sorted(k for entries in state["running"]["groups"].values() for k, *_ in entries) for state in moved]
+    assert held == [[3], [64, 65, 127]]  # groups 0..63 to task 0, 64..127 to task 1
+    assert task_states(processor, {"running": by_modulo}) == [{"running": state} for state in by_modulo]
