@@ -140,9 +140,12 @@ class TriggerCheckpoint:
 
 @dataclass(frozen=True)
 class AbandonCheckpoint:
-    """Give up ``checkpoint_id``: discard whatever was written for it (snapshots, meta)."""
+    """Give up ``checkpoint_id``: discard whatever was written for it (snapshots, meta),
+    unless not ``discard``: its record may already be written, and name it the app's latest
+    (abandoned while being stored); it is then pruned later, as a completed one is."""
     checkpoint_id: int
     reason: str
+    discard: bool = True
 
 
 @dataclass(frozen=True)
@@ -431,7 +434,7 @@ class CheckpointCoordinator:
         """Prune the checkpoints no kept one needs and no task may still build on (but the
         one being compacted)."""
         needed = self._needed()
-        prunable = tuple(c for c in self._dropped if c < needed and c != self._compacting)
+        prunable = tuple(sorted(c for c in self._dropped if c < needed and c != self._compacting))
         if not prunable:
             return []
         self._dropped = [c for c in self._dropped if c not in prunable]
@@ -542,7 +545,10 @@ class CheckpointCoordinator:
     def _abandon(self, reason: str, *, failure: bool, now: float) -> list[Action]:
         assert self._pending is not None
         self._record(self._pending, Outcome.FAILED, now, reason)
-        actions: list[Action] = [AbandonCheckpoint(self._pending.checkpoint_id, reason)]
+        storing = self._phase is Phase.STORING
+        actions: list[Action] = [AbandonCheckpoint(self._pending.checkpoint_id, reason, discard=not storing)]
+        if storing:  # a relaunched AppMaster may restore it: its objects go once nothing needs them
+            self._dropped.append(self._pending.checkpoint_id)
         self._pending = None
         self._enter(Phase.IDLE)
         if failure:

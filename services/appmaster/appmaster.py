@@ -447,7 +447,8 @@ class AppMaster(Service):
         elif kind is cp.AbandonCheckpoint:
             self._checkpoint_failure = f"checkpoint {action.checkpoint_id}: {action.reason}"
             log.warning("checkpoint_abandoned", checkpoint_id=action.checkpoint_id, reason=action.reason)
-            self.spawn(self._prune((action.checkpoint_id,)), f"discard-{action.checkpoint_id}")
+            if action.discard:
+                self.spawn(self._prune((action.checkpoint_id,)), f"discard-{action.checkpoint_id}")
 
     async def _store_checkpoint(self, meta: cp.CheckpointMeta) -> None:
         try:

@@ -149,7 +149,8 @@ def test_a_failed_store_abandons_the_checkpoint():
     c = coordinator()
     c.tick(now=10)
     ack_all(c, 1, now=11)
-    assert c.store_failed(1, "kv timeout", now=12) == [AbandonCheckpoint(1, "store failed: kv timeout")]
+    # the record may be written all the same (a timeout): its snapshots stay until pruned
+    assert c.store_failed(1, "kv timeout", now=12) == [AbandonCheckpoint(1, "store failed: kv timeout", False)]
     assert c.stored(1, now=13) == [] and c.latest() is None
     assert c.stats().failed == 1
 
@@ -380,6 +381,7 @@ def test_properties_over_random_event_sequences(events, interval_s, timeout_s, k
                               max_consecutive_failures=max_failures, compact_depth=2)
     now = 0.0
     compacting: int | None = None
+    undiscarded: set[int] = set()  # abandoned while being stored: kept, pruned later
     c.start(now)
     triggered: dict[int, int] = {}  # id -> epoch
     open_id: int | None = None  # the checkpoint between its Trigger and its Notify/Abandon
@@ -445,12 +447,15 @@ def test_properties_over_random_event_sequences(events, interval_s, timeout_s, k
                 open_id = None
             elif isinstance(action, AbandonCheckpoint):
                 assert action.checkpoint_id == open_id
+                assert action.discard == (action.checkpoint_id not in stored_ids)  # its record may be written
+                if not action.discard:
+                    undiscarded.add(action.checkpoint_id)
                 open_id = None
             elif isinstance(action, CompactCheckpoint):
                 assert compacting is None and action.checkpoint_id == completed[-1]
                 compacting = action.checkpoint_id
             elif isinstance(action, PruneCheckpoints):
-                assert set(action.checkpoint_ids) <= set(completed[:-keep])
+                assert set(action.checkpoint_ids) <= set(completed[:-keep]) | undiscarded
                 assert compacting not in action.checkpoint_ids
             elif isinstance(action, FailApplication):
                 fails += 1
@@ -545,3 +550,19 @@ def test_a_compacted_checkpoint_needs_nothing_older_once_no_task_builds_on_an_ol
     assert checkpoint(4, 3, 1) == [NotifyComplete(4, 0, False, 3)]  # 2 is still kept, and needs 1
     # kept 3 (whole now), 4 and 5, every task building on 3: 1 and 2 go, before 3 leaves
     assert checkpoint(5, 3, 1) == [NotifyComplete(5, 0, False, 3), PruneCheckpoints((1, 2))]
+
+
+def test_a_checkpoint_abandoned_while_its_record_is_written_keeps_its_snapshots_until_pruned():
+    """The record may already name it the app's latest (a relaunched AppMaster restores
+    from it): a rollback then must not delete its snapshots at once."""
+    c = coordinator(interval_s=1, timeout_s=100, keep=1)
+    c.tick(now=1)
+    complete(c, 1, now=1)
+    c.tick(now=2)
+    assert isinstance(ack_all(c, 2, now=2)[-1], StoreCheckpoint)  # its record is being written
+    assert c.restart(epoch=1, now=3) == [AbandonCheckpoint(2, "recovery", discard=False)]
+    assert c.stored(2, now=3) == [] and c.latest().checkpoint_id == 1
+    c.check_invariants()
+    c.tick(now=4)
+    assert complete(c, 3, now=4) == [NotifyComplete(3, 1, False), PruneCheckpoints((1, 2))]
+    c.check_invariants()
