@@ -55,11 +55,16 @@ MODES = {"incremental": {"incremental_checkpoints": True}, "baseline": {"increme
          "off": {"checkpoint_interval_ms": 0}}
 
 
+async def submit(client: Client, opts, config: dict) -> int:
+    """The counting app, checkpointing every ``--interval-ms`` unless ``config`` says otherwise."""
+    return await client.submit(pack(APP), ["--keys", str(opts.keys), "--rate", str(opts.rate),
+                                           "--parallelism", str(opts.parallelism)],
+                               config={"checkpoint_interval_ms": opts.interval_ms, **config})
+
+
 async def run_mode(client: Client, mode: str, opts) -> dict:
     """One run of the app in ``mode``: its figures."""
-    config = {"checkpoint_interval_ms": opts.interval_ms, **MODES[mode]}
-    app_id = await client.submit(pack(APP), ["--keys", str(opts.keys), "--rate", str(opts.rate),
-                                             "--parallelism", str(opts.parallelism)], config=config)
+    app_id = await submit(client, opts, MODES[mode])
     deadline = time.monotonic() + opts.timeout
     while (status := await client.status(app_id)).state != AppState.ACTIVE:
         if status.state in AppState.TERMINAL or time.monotonic() > deadline:
@@ -94,9 +99,7 @@ def counted(status) -> int:
 async def store_run(client: Client, opts) -> list[tuple[float, int, int, int]]:
     """The incremental mode for ``--store-seconds``: every 10 s, (seconds, store bytes,
     one whole snapshot's bytes, checkpoints completed)."""
-    app_id = await client.submit(pack(APP), ["--keys", str(opts.keys), "--rate", str(opts.rate),
-                                             "--parallelism", str(opts.parallelism)],
-                                 config={"checkpoint_interval_ms": opts.interval_ms})
+    app_id = await submit(client, opts, {})
     started, samples = time.monotonic(), []
     while time.monotonic() - started < opts.store_seconds:
         await asyncio.sleep(10)

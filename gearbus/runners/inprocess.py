@@ -283,15 +283,19 @@ class InProcessEngine:
         """Carry out what an executor's machine asked, in order; an instruction of a kind
         this engine does not know is a bug, and fails loudly. One of them may roll the app
         back at once (a failed commit): the rest belong to the replaced attempt, and stop."""
-        machine = self.executors.get(executor_id)
-        epoch = machine.epoch if machine is not None else None
+        attempt = self._attempt(executor_id)
         for instruction in instructions:
             handler = self._instructions.get(type(instruction))
             if handler is None:
                 raise RuntimeError(f"not carried out in-process: {instruction}")
-            if self.executors.get(executor_id) is not machine or (machine is not None and machine.epoch != epoch):
+            if self._attempt(executor_id) != attempt:
                 return
             handler(executor_id, instruction)
+
+    def _attempt(self, executor_id: int) -> tuple:
+        """The executor's machine and the attempt it runs: what a rollback replaces."""
+        machine = self.executors.get(executor_id)
+        return (machine, machine.epoch if machine is not None else None)
 
     def _machine(self, node: _Node) -> tuple[int, lifecycle.ExecutorTasks]:
         executor_id = self.hosts[node.key]
@@ -310,10 +314,9 @@ class InProcessEngine:
 
     def _start(self, executor_id: int, start: lifecycle.StartTasks) -> None:
         """Each task starts, as an executor's task loop does: on_start, then its restore."""
-        restore, machine = self._restoring, self.executors[executor_id]
-        epoch = machine.epoch
+        restore, attempt = self._restoring, self._attempt(executor_id)
         for task in start.tasks:
-            if self.executors.get(executor_id) is not machine or machine.epoch != epoch:
+            if self._attempt(executor_id) != attempt:
                 return  # a task's start rolled the app back: the rest belong to the replaced attempt
             node = self.nodes[(task.processor, task.index)]
             self._guard(node, node.task.on_start)

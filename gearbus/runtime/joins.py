@@ -22,7 +22,7 @@ from gearbus.api.task import Record, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import estimated_bytes, regrouped
+from gearbus.runtime.keygroups import estimated_bytes, keyed_share
 
 LEFT, RIGHT = 0, 1
 _value = itemgetter(0)
@@ -387,6 +387,5 @@ class TableJoinOp(Op):
 def _rescaled(states: list[dict], index: int, parallelism: int) -> dict:
     """A join's buffers of the key groups task ``index`` of ``parallelism`` owns; the
     first task keeps the count of late records."""
-    return {"watermark": min(state["watermark"] for state in states),
-            "late": sum(state["late"] for state in states) if index == 0 else 0,
-            "groups": regrouped(states, owned_groups(index, parallelism))}
+    return {**keyed_share(states, index, parallelism),
+            "late": sum(state["late"] for state in states) if index == 0 else 0}

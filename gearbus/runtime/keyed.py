@@ -16,9 +16,9 @@ from gearbus.api.keyed import KeyedContext
 from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
-from gearbus.api.partitioners import key_group, owned_groups
+from gearbus.api.partitioners import key_group
 from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, KeyedDelta, detached, estimated_bytes, grouped,
-                                       regrouped)
+                                       keyed_share)
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
@@ -190,8 +190,7 @@ class KeyedOp(Op):
         self.changes.reset()
 
     def rescale(self, states, index, parallelism):
-        return {"watermark": min(state["watermark"] for state in states),
-                "groups": regrouped(states, owned_groups(index, parallelism))}
+        return keyed_share(states, index, parallelism)
 
     def state_size(self) -> tuple[int, int]:
         return self.states.size

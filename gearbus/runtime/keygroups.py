@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gearbus.api.partitioners import key_group
+from gearbus.api.partitioners import key_group, owned_groups
 
 
 #: Types a snapshot can share with live state instead of copying it.
@@ -178,9 +178,12 @@ def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], 
     return written, removed
 
 
-def regrouped(states: list[dict], groups: range | set) -> dict[int, list]:
-    """The entries of key groups ``groups`` in ``states`` (whole snapshots of one step,
-    ``{"groups": {group: entries}, ...}``, by several tasks): one task's share of them at
-    another parallelism. A task holds one contiguous range of groups, so at most a few of
-    ``states`` contribute."""
-    return {group: entries for state in states for group, entries in state["groups"].items() if group in groups}
+def keyed_share(states: list[dict], index: int, parallelism: int) -> dict:
+    """Task ``index`` of ``parallelism``'s share of ``states`` (whole snapshots of one
+    step, ``{"watermark": ..., "groups": {group: entries}, ...}``, by the tasks of another
+    parallelism): the entries of the key groups it owns, and the lowest watermark. A task
+    owns one contiguous range of groups, so at most a few of ``states`` contribute."""
+    groups = owned_groups(index, parallelism)
+    return {"watermark": min(state["watermark"] for state in states),
+            "groups": {group: entries for state in states for group, entries in state["groups"].items()
+                       if group in groups}}

@@ -30,7 +30,7 @@ from gearbus.api.windows import (
     checked_millis,
 )
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import detached, estimated_bytes, regrouped
+from gearbus.runtime.keygroups import detached, estimated_bytes, keyed_share
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
 _tuple = tuple.__new__
@@ -302,11 +302,10 @@ class WindowOperator:
         and late records of its key groups; the first task keeps the counts."""
         groups, first = owned_groups(index, parallelism), index == 0
         return {
-            "watermark": min(state["watermark"] for state in states),
+            **keyed_share(states, index, parallelism),
             "late_dropped": sum(state["late_dropped"] for state in states) if first else 0,
             "late_side_output": sum(state["late_side_output"] for state in states) if first else 0,
             "late": [late for state in states for late in state["late"] if key_group(late[0]) in groups],
-            "groups": regrouped(states, groups),
         }
 
     # --- internals -------------------------------------------------------------------
