@@ -2,6 +2,7 @@
 
     python bench/state.py [--keys 1000000] [--seconds 40] [--interval-ms 1000]
                           [--parallelism 2] [--rate 1000000000] [--timeout 600] [--keep]
+                          [--backend memory|lmdb]
     python bench/state.py --store-seconds 600 [--keys 1000000] [--rate 200000]
 
 A keyed running count (bench/state_app.py: a generator source of ``n * 7919 % KEYS`` ->
@@ -19,7 +20,10 @@ the running time), the keys held at the end, and from the AppMaster's history of
 20 checkpoints (``gearbus status --json``) the duration p50/p99 (of at most 20: the slowest), the longest barrier
 alignment p50 (the time a barrier waited for its siblings: queueing, not snapshotting) and
 the bytes written p50 of the completed ones, with how many completed and failed. Ratios: incremental / baseline
-checkpoint duration and bytes, and throughput with checkpoints (each mode) / off.
+checkpoint duration and bytes, and throughput with checkpoints (each mode) / off. Every
+mode keeps its state in ``--backend``; the executors' resident memory is sampled every
+second, and the largest is printed, split into heap (anonymous) and file-backed pages
+(the lmdb backend's memory map, which the kernel reclaims under pressure).
 
 ``--store-seconds S`` instead runs the incremental mode alone for S seconds and samples,
 every 10 s, the bytes the app's checkpoint object store holds (its JetStream stream: every
@@ -59,10 +63,29 @@ async def submit(client: Client, opts, config: dict) -> int:
     """The counting app, checkpointing every ``--interval-ms`` unless ``config`` says otherwise."""
     return await client.submit(pack(APP), ["--keys", str(opts.keys), "--rate", str(opts.rate),
                                            "--parallelism", str(opts.parallelism)],
-                               config={"checkpoint_interval_ms": opts.interval_ms, **config})
+                               config={"checkpoint_interval_ms": opts.interval_ms, "state_backend": opts.backend,
+                                       **config})
 
 
-async def run_mode(client: Client, mode: str, opts) -> dict:
+def executor_memory(cluster: LocalCluster) -> dict[str, int]:
+    """The largest executor's resident memory now, and its heap and file-backed parts (bytes)."""
+    largest = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+    for pid, _, kind in cluster.processes():
+        found = {}
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    name, _, value = line.partition(":")
+                    if name in largest:
+                        found[name] = int(value.split()[0]) * 1024
+        except OSError:
+            continue
+        if kind == "executor" and found.get("VmRSS", 0) > largest["VmRSS"]:
+            largest.update(found)
+    return largest
+
+
+async def run_mode(client: Client, cluster: LocalCluster, mode: str, opts) -> dict:
     """One run of the app in ``mode``: its figures."""
     app_id = await submit(client, opts, MODES[mode])
     deadline = time.monotonic() + opts.timeout
@@ -71,7 +94,10 @@ async def run_mode(client: Client, mode: str, opts) -> dict:
             raise BenchError(f"{mode}: the app is {status.state}: {status.error}")
         await asyncio.sleep(0.2)
     started, counted_at_start = time.monotonic(), counted(status)
-    await asyncio.sleep(opts.seconds)
+    memory = executor_memory(cluster)
+    while time.monotonic() - started < opts.seconds:
+        await asyncio.sleep(1)
+        memory = max(memory, executor_memory(cluster), key=lambda sample: sample["VmRSS"])
     status = await client.status(app_id)
     elapsed = time.monotonic() - started
     if status.state != AppState.ACTIVE:
@@ -84,7 +110,8 @@ async def run_mode(client: Client, mode: str, opts) -> dict:
     sizes = [c.size_bytes for c in history]
     return {"rate": (counted(status) - counted_at_start) / elapsed, "keys": sum(p.state_keys for p in status.processors),
             "completed": len(history), "failed": failed, "p50": median(durations),
-            "p99": max(durations, default=NAN), "alignment": median(alignments), "bytes": median(sizes)}
+            "p99": max(durations, default=NAN), "alignment": median(alignments), "bytes": median(sizes),
+            "rss": memory["VmRSS"], "heap": memory["RssAnon"], "file": memory["RssFile"]}
 
 
 def median(values: list[float]) -> float:
@@ -131,7 +158,7 @@ async def bench(opts, tmp: str) -> int:
                 results = {}
                 for mode in MODES:
                     print(f"running {mode} for {opts.seconds:g} s ...", file=sys.stderr, flush=True)
-                    results[mode] = await run_mode(client, mode, opts)
+                    results[mode] = await run_mode(client, cluster, mode, opts)
     finally:
         cluster.stop()
         server.stop()
@@ -156,7 +183,7 @@ def print_store(samples: list[tuple[float, int, int, int]], opts) -> None:
 def print_table(results: dict, opts) -> None:
     inc, base, off = results["incremental"], results["baseline"], results["off"]
     print(f"keyed running count over {opts.keys:,} keys, parallelism {opts.parallelism}, "
-          f"checkpoints every {opts.interval_ms} ms, {opts.seconds:g} s per run")
+          f"checkpoints every {opts.interval_ms} ms, {opts.seconds:g} s per run, state backend {opts.backend}")
     print(f"{'':34}{'incremental':>14}{'baseline':>14}{'ratio':>9}")
     rows = [("checkpoint duration p50 (s)", "p50", "{:.3f}"), ("checkpoint duration p99 (s)", "p99", "{:.3f}"),
             ("longest alignment p50 (s)", "alignment", "{:.3f}"), ("bytes per checkpoint p50", "bytes", "{:,.0f}")]
@@ -169,6 +196,9 @@ def print_table(results: dict, opts) -> None:
     print(f"{'events/s':34}{inc['rate']:>14,.0f}{base['rate']:>14,.0f}{inc['rate'] / base['rate']:>9.2f}")
     print(f"{'events/s, checkpoints off':34}{off['rate']:>14,.0f}")
     print(f"{'events/s with / off':34}{inc['rate'] / off['rate']:>14.2f}{base['rate'] / off['rate']:>14.2f}")
+    for label, key in (("largest executor RSS (MiB)", "rss"), ("  of it heap (MiB)", "heap"),
+                       ("  of it file-backed (MiB)", "file")):
+        print(f"{label:34}{inc[key] / 2**20:>14,.0f}{base[key] / 2**20:>14,.0f}{'':>9}{off[key] / 2**20:>10,.0f} off")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1e9, help="the source's events/s (the default: flat out)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each app to start")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, store)")
+    parser.add_argument("--backend", choices=("memory", "lmdb"), default="memory",
+                        help="the state backend of every run")
     parser.add_argument("--store-seconds", type=float, default=0.0,
                         help="run the incremental mode alone this long, sampling the checkpoint store's size")
     opts = parser.parse_args(argv)

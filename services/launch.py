@@ -28,6 +28,13 @@ WORKDIR_ENV = "GEARBUS_WORKDIR"  # a scratch directory the worker removes when t
 WORKER_GONE_SIGNAL = signal.SIGUSR1
 
 
+def state_directory() -> str | None:
+    """Where a launched process's tasks keep disk state: under its scratch directory, so
+    the worker removes it with the process (None outside a worker: a temporary one)."""
+    workdir = os.environ.get(WORKDIR_ENV)
+    return os.path.join(workdir, "state") if workdir else None
+
+
 def encode_launch(message: LaunchExecutor) -> str:
     return base64.b64encode(message.encode()).decode()
 

@@ -180,7 +180,8 @@ class Application:
     """A named graph plus application config.
 
     Config keys the runtime reads: ``executors`` (processes to request, default 2),
-    ``batch_records``, ``batch_bytes``, ``linger_ms`` and ``credit_frames`` (data plane).
+    ``batch_records``, ``batch_bytes``, ``linger_ms`` and ``credit_frames`` (data plane),
+    ``state_backend`` (``memory`` or ``lmdb``: where keyed state lives).
     """
 
     name: str

@@ -52,7 +52,8 @@ class TaskContext:
     def __init__(self, app_id: int, app_name: str, processor, index: int, executor_id: int,
                  app_start_ms: int = 0, epoch: int = 0,
                  nats_servers: list[str] | None = None, clock: Callable[[], int] = now_ms,
-                 request_poll: Callable[[], None] = _nothing):
+                 request_poll: Callable[[], None] = _nothing, state_backend: str = "memory",
+                 state_dir: str | None = None):
         """``clock`` and ``request_poll`` come from the driver running the task (see
         :meth:`now_ms` and :attr:`request_poll`)."""
         self.app_id = app_id
@@ -72,6 +73,10 @@ class TaskContext:
         self.parallelism: int = processor.parallelism
         self.config: dict = processor.config
         self.executor_id = executor_id
+        #: Where the task's keyed state lives (a name in gearbus.runtime.state_backend.BACKENDS),
+        #: and the directory a disk backend keeps its files under (None: a temporary one).
+        self.state_backend = state_backend
+        self.state_dir = state_dir
         self._clock = clock
         #: Tells the driver that results came in without input (an async call finished): it
         #: calls :meth:`Task.poll` soon. Call it on the task's event loop.

@@ -269,7 +269,8 @@ class InProcessEngine:
             senders = [(e.upstream.id, i) for e in graph.inputs_of(p) for i in range(e.upstream.parallelism)]
             edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
             task = p.task_class(TaskContext(0, self.app.name, p, index, 0, epoch=epoch, clock=self.now_ms,
-                                            request_poll=functools.partial(self._request_poll, (p.id, index))))
+                                            request_poll=functools.partial(self._request_poll, (p.id, index)),
+                                            state_backend=self.config.state_backend))
             core = TaskCore(task, senders, self.config.credit_frames, epoch,
                             max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0)
             source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None

@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gearbus.runtime import checkpoints as cp
+from gearbus.runtime.state_backend import backend_name
 from shared.messages import AppError, AppState, ErrorCode
 
 TaskKey = tuple[int, int]
@@ -203,6 +204,7 @@ class Settings:
         placement = config.get("task_placement", "by_index")
         if placement not in ("by_index", "round_robin"):
             raise ValueError(f"task_placement must be 'by_index' or 'round_robin', got {placement!r}")
+        backend_name(config)  # an unknown state backend is refused at submit, not by every executor
         return cls(executors=int(config.get("executors", cls.executors)), placement=placement,
                    max_restarts=int(config.get("max_restarts", DEFAULT_MAX_RESTARTS)),
                    blacklist_after=int(config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)),

@@ -18,6 +18,7 @@ from gearbus.api.partitioners import Partitioner, key_group, owned_groups
 from gearbus.api.task import Record, Task, new_record, not_rescalable
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.state_backend import open_backend
 from gearbus.runtime.windows import WindowOperator
 from shared.messages import AppError
 from shared.values import ValueTypeError
@@ -488,6 +489,10 @@ class ChainTask(Task):
     """Runs a processor's chained steps (``config["ops"]``) over each batch."""
 
     def on_start(self) -> None:
+        context = self.context
+        #: where the steps keep their keyed state (closed, and its files removed, on stop)
+        self.state_backend = open_backend(context.state_backend, context.state_dir,
+                                          f"p{context.processor_id}-t{context.index}-e{context.epoch}")
         self.ops: list[Op] = copy.deepcopy(self.context.config["ops"])  # fresh state per task
         #: the ops that release output later, and those that ask for wakeups (by position)
         self.holding = [i for i, op in enumerate(self.ops) if op.holds_output]
@@ -571,8 +576,12 @@ class ChainTask(Task):
             op.checkpoint_complete(checkpoint_id)
 
     def on_stop(self):
-        for op in getattr(self, "ops", []):
-            op.close()
+        try:
+            for op in getattr(self, "ops", []):
+                op.close()
+        finally:
+            if hasattr(self, "state_backend"):
+                self.state_backend.close()
 
     @property
     def late_records(self) -> int:

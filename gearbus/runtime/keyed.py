@@ -9,6 +9,7 @@ key's state and timers by key group, as the window operator does.
 from __future__ import annotations
 
 import itertools
+from collections.abc import MutableMapping
 from heapq import heappop, heappush
 from typing import Any
 
@@ -27,13 +28,17 @@ TIMER_BYTES = 16  # a timer's share of the state size metric
 class KeyedStates:
     """Each key's state, and when it was last written (event time) for the TTL: a key
     not written for ``ttl_ms`` is forgotten once the watermark reaches the last write +
-    ``ttl_ms``. Every key written or forgotten goes into ``changed``."""
+    ``ttl_ms``. Every key written or forgotten goes into ``changed``.
 
-    def __init__(self, step: str, ttl_ms: int | None, changed: set):
+    ``values`` is the state backend's table for the step (a dict in memory); a table that
+    writes back is settled between batches."""
+
+    def __init__(self, step: str, ttl_ms: int | None, changed: set, values: MutableMapping | None = None):
         self.step = step
         self.ttl_ms = ttl_ms
         self.changed = changed
-        self.values: dict[Any, Any] = {}
+        self.values: MutableMapping = {} if values is None else values
+        self.settle = getattr(self.values, "settle", _nothing)
         self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
         self._expiry: list[tuple[int, int, Any]] = []  # (expires at, tie-breaker, key); stale ones skipped
         self._order = itertools.count()
@@ -70,8 +75,14 @@ class KeyedStates:
 
     @property
     def size(self) -> tuple[int, int]:
-        """(keys, estimated bytes)."""
-        return len(self.values), estimated_bytes(iter(self.values.items()), len(self.values))
+        """(keys, estimated bytes): a table that writes back measures itself."""
+        if isinstance(self.values, dict):
+            return len(self.values), estimated_bytes(iter(self.values.items()), len(self.values))
+        return self.values.size()
+
+
+def _nothing() -> None:
+    """A dict's settle: nothing waits to be written."""
 
 
 class Timers:
@@ -135,10 +146,15 @@ class KeyedOp(Op):
         self.watermark = WATERMARK_MIN
         self._checkpoint: int | None = None
 
+    def open(self, task) -> None:
+        """Hold the keyed state in the task's state backend."""
+        self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, task.state_backend.table(self.step))
+
     def on_watermark(self, watermark: int) -> list[Record]:
         self.watermark = watermark
         if self.ttl_ms is not None:
             self.states.expire(watermark)
+            self.states.settle()
         self.changes.bound(self._held())
         return []
 
@@ -182,11 +198,14 @@ class KeyedOp(Op):
         return KeyedDelta(self.watermark, *grouped(keys, self._holds, self._entry))
 
     def restore(self, state) -> None:
-        self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed)
+        values = self.states.values
+        values.clear()
+        self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, values)
         self.watermark = state["watermark"]
         for group in sorted(state["groups"]):
             for key, *entry in state["groups"][group]:
                 self._restore_entry(key, tuple(entry))
+            self.states.settle()
         self.changes.reset()
 
     def rescale(self, states, index, parallelism):
@@ -217,6 +236,7 @@ class StatefulMapOp(KeyedOp):
                     f"a stateful_map function must return a pair (new state, output), got {returned!r}"))
             put(key, returned[0], timestamp)
             out.append(new_record(Record, (returned[1], timestamp, key)))
+        states.settle()
         self.changes.bound(len(values))
         return out
 
@@ -279,6 +299,7 @@ class KeyedProcessOp(KeyedOp):
         self.processing_timers = Timers(self.changes.changed)
 
     def open(self, task) -> None:
+        super().open(task)
         function = self.function
         if isinstance(function, type):
             instance = function()
@@ -306,6 +327,7 @@ class KeyedProcessOp(KeyedOp):
                 process(value, ctx)
             except Exception as exc:
                 raise StepError(self.step, value, exc) from exc
+        self.states.settle()
         self.changes.bound(self._held())
         return out
 
@@ -335,6 +357,7 @@ class KeyedProcessOp(KeyedOp):
                 self._on_timer(timestamp, ctx)
             except Exception as exc:
                 raise StepError(self.step, f"<timer at {timestamp} of key {key!r}>", exc) from exc
+        self.states.settle()
         return out
 
     def _keys(self) -> set:

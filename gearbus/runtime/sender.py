@@ -24,6 +24,7 @@ from gearbus.api.task import Record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.core import NO_BARRIER, End, Flush, Frame, Snapshot
 from gearbus.runtime.frames import encode_frame
+from gearbus.runtime.state_backend import backend_name
 from shared.values import ValueTypeError
 
 TaskKey = tuple[int, int]  # (processor id, task index)
@@ -39,11 +40,15 @@ class DataPlaneConfig:
     credit_frames: int = 16  # frames a sender may have in flight to one receiver
     task_metrics: bool = True  # time each batch (the latency histogram); off saves two clock reads a batch
     incremental_checkpoints: bool = True  # keyed state snapshots hold what changed; off: every one whole
+    state_backend: str = "memory"  # where keyed state lives (gearbus/runtime/state_backend.py)
 
     @classmethod
     def from_config(cls, config: dict) -> DataPlaneConfig:
         values = {k: config[k] for k in cls.__dataclass_fields__ if k in config}
+        values["state_backend"] = backend_name(config)
         for key, value in values.items():
+            if key == "state_backend":
+                continue
             if key in ("task_metrics", "incremental_checkpoints"):
                 if not isinstance(value, bool):
                     raise ValueError(f"application config {key} must be true or false, got {value!r}")

@@ -30,6 +30,7 @@ from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from services.executor.outputs import DataPlaneConfig, Outputs
 from services.histogram import Histogram
+from services.launch import state_directory
 from shared import subjects
 from shared.bus import unsubscribe_all
 from shared.messages import AppError, TaskCounters, TaskId
@@ -84,7 +85,8 @@ class TaskRunner:
         self.executor_id = executor_id
         self.restore_envelope = restore
         self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id, start_ms,
-                                   epoch=epoch, nats_servers=servers, request_poll=self._request_poll)
+                                   epoch=epoch, nats_servers=servers, request_poll=self._request_poll,
+                                   state_backend=config.state_backend, state_dir=state_directory())
         self.name = self.context.task_name
         self.task = self.processor.task_class(self.context)
         senders = [(edge.upstream.id, i) for edge in graph.inputs_of(self.processor)

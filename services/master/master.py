@@ -17,6 +17,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 
+from gearbus.runtime.state_backend import backend_name
 from services.master import lifecycle as lc
 from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
 from services.master.lease import LeaderLease
@@ -282,6 +283,11 @@ class Master(Service):
         if msg.entry in FRAMEWORK_PACKAGES:
             raise bad_request(f"SubmitApplication.entry {msg.entry!r} clashes with gearbus's own package {msg.entry!r} "
                               f"({', '.join(FRAMEWORK_PACKAGES)} are the framework's): rename the application")
+        if "state_backend" in msg.config:  # the app's own config is checked by its AppMaster
+            try:
+                backend_name(msg.config)
+            except ValueError as exc:
+                raise bad_request(f"SubmitApplication.config: {exc}") from None
         store = await self.bus.js.object_store(subjects.ARTIFACT_BUCKET)
         try:
             info = await store.get_info(msg.artifact)

@@ -1,13 +1,14 @@
 """The chaos tests' pipeline: JSON events from a JetStream stream into three stateful
 branches, written to JetStream and to JSON Lines files.
 
-    --stream EV --until N --windows-subject out.windows --running PATH --totals PATH
+    --stream EV --until N --windows-subject out.windows --running PATH --totals PATH [--ranks task|keyed]
 
 Events are ``{"id": n, "user": "u<k>", "ts": ms}``; a user's events all travel on one
 subject, so each user's events reach its tasks in stream order.
 - keyed tumbling-window counts (1 s of event time) per user -> JetStream ``windows-subject``;
-- a stateful low-level task numbering each user's events (its state: a count per user)
-  -> JSON Lines ``running``;
+- a stateful low-level task numbering each user's events (its state: a count per user),
+  or with ``--ranks keyed`` a ``stateful_map`` doing the same (its state in the app's
+  state backend) -> JSON Lines ``running``;
 - a global count per user, combined map-side -> JSON Lines ``totals``.
 """
 
@@ -54,6 +55,12 @@ class Numbering(Task):
         self.seen = dict(state)
 
 
+def ranked(seen, event):
+    """``stateful_map``'s numbering: the same ranks, the state held by the state backend."""
+    rank = (seen or 0) + 1
+    return rank, {"id": event["id"], "user": event["user"], "rank": rank}
+
+
 def application(args: list[str]) -> Pipeline:
     parser = argparse.ArgumentParser(prog="exactly_once")
     parser.add_argument("--stream", required=True)
@@ -61,6 +68,8 @@ def application(args: list[str]) -> Pipeline:
     parser.add_argument("--windows-subject", required=True)
     parser.add_argument("--running", required=True)
     parser.add_argument("--totals", required=True)
+    parser.add_argument("--ranks", choices=("task", "keyed"), default="task",
+                        help="number the events in a custom Task, or with stateful_map")
     opts = parser.parse_args(args)
     pipeline = Pipeline("exactly-once", parallelism=2, config={"executors": 2})
     events = pipeline.read_jetstream(opts.stream, until=opts.until, timestamp_fn=event_time, name="events")
@@ -69,9 +78,10 @@ def application(args: list[str]) -> Pipeline:
         .count(name="per_second")
         .map(window_row, name="window_row")
         .write_jetstream(opts.windows_subject, name="windows_out"))
-    (events.group_by(user, name="by_user_rank")
-        .process(Numbering, name="numbering")
-        .write_jsonl(opts.running, name="running_out"))
+    by_user = events.group_by(user, name="by_user_rank")
+    numbered = by_user.process(Numbering, name="numbering") if opts.ranks == "task" else \
+        by_user.stateful_map(ranked, name="numbering")
+    numbered.write_jsonl(opts.running, name="running_out")
     (events.group_by(user, name="by_user_total")
         .count(name="total")
         .map(total_row, name="total_row")

@@ -247,7 +247,7 @@ FAILURES = {"executor": kill_executor, "worker": kill_worker, "appmaster": kill_
 
 
 @contextlib.asynccontextmanager
-async def chaos_run(tmp_path, config: dict):
+async def chaos_run(tmp_path, config: dict, ranks: str = "task"):
     """The chaos pipeline running on a cluster of 2 masters and 3 workers while its events
     are published (the last TAIL once the caller is done, so the app outlasts the failures
     however long they take); yields its Run."""
@@ -267,7 +267,7 @@ async def chaos_run(tmp_path, config: dict):
             app_id = await client.submit(
                 pack(APP), ["--stream", "EV", "--until", str(EVENTS), "--windows-subject", "out.windows",
                             "--running", str(tmp_path / "out" / "running.jsonl"),
-                            "--totals", str(tmp_path / "out" / "totals.jsonl")],
+                            "--totals", str(tmp_path / "out" / "totals.jsonl"), "--ranks", ranks],
                 config={"checkpoint_interval_ms": 300, **config})
             await wait_state(client, app_id, AppState.ACTIVE)
             run = Run(cluster, client, app_id, server, gate)
@@ -312,8 +312,9 @@ async def test_a_power_cut_resumes_the_app_by_itself_exactly(tmp_path):
     """Every gearbus process and the nats-server SIGKILLed at once while the app runs, then
     all started again on the same store: the new leader finds the app, its AppMaster is gone
     (its worker came back without it), so a new one resumes from the last completed
-    checkpoint, and every output is exact."""
-    async with chaos_run(tmp_path, {}) as run:
+    checkpoint, and every output is exact. The ranks are kept by stateful_map in the lmdb
+    state backend (the other test keeps them in a custom task's memory)."""
+    async with chaos_run(tmp_path, {"state_backend": "lmdb"}, ranks="keyed") as run:
         await run.progressed(0, 0)
         status = await run.progressed(now_ms(), 0)  # well under way
         await run.publishing.pause()

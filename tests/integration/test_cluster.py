@@ -204,3 +204,18 @@ async def test_a_kill_during_submission_answers_the_submitter_conflict(cluster_f
 
 async def pending_app(client: Client) -> int | None:
     return next((app.app_id for app in await client.list() if app.state == AppState.PENDING), None)
+
+
+async def test_an_unknown_state_backend_is_refused_when_the_app_is_submitted(client, tmp_path):
+    """Named in the submission: the master refuses it; in the app's own config: its
+    AppMaster fails the app before any task runs."""
+    app = pack(os.path.join(APPS, "squares"))
+    with pytest.raises(RemoteError) as refused:
+        await client.submit(app, [str(tmp_path / "squares.jsonl"), "10"], config={"state_backend": "rocksdb"})
+    assert refused.value.code == ErrorCode.BAD_REQUEST
+    assert "state_backend must be one of memory, lmdb, got 'rocksdb'" in refused.value.message
+    app_id = await client.submit(pack(os.path.join(APPS, "keyed_counts.py")), [
+        "10", str(tmp_path / "counts.jsonl"), "1", "disk"])
+    final = await client.wait(app_id, timeout=30)
+    assert final.state == AppState.FAILED and final.error.error_type == "ConfigError"
+    assert "state_backend must be one of memory, lmdb, got 'disk'" in final.error.message

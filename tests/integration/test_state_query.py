@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from gearbus.artifact import pack
+from gearbus.runtime.state_backend import BACKENDS
 from shared.bus import RequestError
 from shared.messages import AppState, ErrorCode
 from tests.support.cli import gearbus
@@ -35,9 +36,10 @@ async def counted(client, app_id: int, key: int) -> int:
             await asyncio.sleep(0.1)
 
 
-async def test_a_running_apps_state_is_read_by_key_from_the_task_that_owns_it(cluster, client, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_running_apps_state_is_read_by_key_from_the_task_that_owns_it(cluster, client, tmp_path, backend):
     output = tmp_path / "counts.jsonl"
-    app_id = await client.submit(pack(KEYED_COUNTS), [str(KEYS), str(output), str(PARALLELISM)])
+    app_id = await client.submit(pack(KEYED_COUNTS), [str(KEYS), str(output), str(PARALLELISM), backend])
     await wait_state(client, app_id, AppState.ACTIVE)
     first = {key: await counted(client, app_id, key) for key in range(KEYS)}
     assert all(count >= 1 for count in first.values())

@@ -1,11 +1,16 @@
 """Incremental snapshots: any sequence of writes, removals, timers, snapshots, completions,
 compactions and restores gives, from the chain of stored snapshots, exactly the state the
-step held; and no chain reaches below the root its snapshot names (what pruning trusts)."""
+step held; and no chain reaches below the root its snapshot names (what pruning trusts).
+On every state backend: the step's state in a dict, or in LMDB written back in small
+batches (so reads meet both written and waiting entries)."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +18,7 @@ from gearbus.api.keyed import KeyedProcessFunction
 from gearbus.runtime.keygroups import ChangeLog, KeyedDelta
 from gearbus.runtime.keyed import KeyedProcessOp
 from gearbus.runtime.snapshots import Lineage, TaskSnapshot
+from gearbus.runtime.state_backend import BACKENDS, LmdbBackend, open_backend
 
 KEYS = st.sampled_from(["a", "b", "c", ("t", 1), 7, 3.5])
 
@@ -46,10 +52,20 @@ class _Context:
 class _Task:
     context = _Context()
 
+    def __init__(self, backend):
+        self.state_backend = backend
 
-def new_op(slack: int = ChangeLog.SLACK) -> KeyedProcessOp:
+
+def new_op(slack: int = ChangeLog.SLACK, backends: contextlib.ExitStack | None = None,
+           backend: str = "memory") -> KeyedProcessOp:
+    """The step, its state in ``backend`` (closed with ``backends``)."""
+    opened = open_backend(backend, None, "test")
+    if isinstance(opened, LmdbBackend):
+        opened.flush_entries = 2
+    if backends is not None:
+        backends.callback(opened.close)
     op = KeyedProcessOp("remember", Remember, None)
-    op.open(_Task())
+    op.open(_Task(opened))
     op.changes.SLACK = slack
     return op
 
@@ -81,7 +97,7 @@ def from_chain(stored: dict[int, TaskSnapshot], checkpoint_id: int) -> dict:
 
 
 EVENTS = st.lists(st.one_of(
-    st.tuples(st.just("write"), KEYS, st.one_of(st.none(), st.text(max_size=3), st.just(["l"]),
+    st.tuples(st.just("write"), KEYS, st.one_of(st.none(), st.text(max_size=3), st.builds(lambda: ["l"]),
                                                 st.just("append"), st.integers(0, 50))),
     st.tuples(st.just("watermark"), st.integers(0, 60)),
     st.tuples(st.just("snapshot")),
@@ -91,12 +107,18 @@ EVENTS = st.lists(st.one_of(
 ), max_size=80)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=400, deadline=None)
 @given(events=EVENTS, max_depth=st.integers(0, 4), slack=st.sampled_from([0, 2, 1024]))
-def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth, slack):
+def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(backend, events, max_depth, slack):
     """``slack``: how many changes beyond twice the keys held the change log remembers
     before it forgets them and snapshots whole (0 and 2 make it forget often)."""
-    op, lineage = new_op(slack), Lineage(max_depth)
+    with contextlib.ExitStack() as backends:
+        check_chains(events, max_depth, lambda: new_op(slack, backends, backend))
+
+
+def check_chains(events, max_depth, new_step):
+    op, lineage = new_step(), Lineage(max_depth)
     stored: dict[int, TaskSnapshot] = {}
     truth: dict[int, dict] = {}
     completed: list[int] = []
@@ -132,8 +154,8 @@ def test_a_chain_of_snapshots_adds_up_to_what_the_step_held(events, max_depth, s
         elif kind == "restore" and completed:
             checkpoint_id = completed[-1]
             state = from_chain(stored, checkpoint_id)
-            op, lineage = new_op(slack), Lineage(max_depth)
-            op.restore(state)
+            op, lineage = new_step(), Lineage(max_depth)
+            op.restore(copy.deepcopy(state))  # as decoded from the store: nothing shared with it
             lineage.restored(stored[checkpoint_id].link)
             taken = []
     for checkpoint_id in completed + taken:

@@ -129,6 +129,24 @@ def test_keyed_state_divides_over_another_parallelism_by_key_group(inprocess, tm
                                                                        for n in range(1, c + 1))
 
 
+@pytest.mark.parametrize("before, after", [("memory", "lmdb"), ("lmdb", "memory")])
+def test_a_checkpoint_of_one_state_backend_restores_with_the_other(inprocess, tmp_path, before, after):
+    """Both backends snapshot alike: crashed with the running counts in one, resumed in
+    the other (and in 2 tasks instead of 3), the counts go on exactly."""
+    out = tmp_path / "counts.jsonl"
+    crashed, resumed = running_counts(out), running_counts(out, counters=2)
+    crashed.config["state_backend"], resumed.config["state_backend"] = before, after
+    first = inprocess(crashed, seed=1, checkpoint_every=2)
+    with pytest.raises(SimulatedCrash):
+        first.run(crash_after_frames=120)
+    checkpoint = first.latest_checkpoint()
+    again = inprocess(resumed, seed=2, checkpoint_every=2, epoch=1)
+    again.run(restore=rescaled(checkpoint, first.app, again.app))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["word"], r["count"]) for r in rows) == sorted((w, n) for w, c in COUNTS.items()
+                                                                   for n in range(1, c + 1))
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("crash_after_frames", [3, 40, 120])
 def test_a_crashed_run_resumes_from_its_last_checkpoint_with_exact_output(inprocess, tmp_path, seed,

@@ -17,6 +17,7 @@ from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runners import PipelineFailed, TestRunner
 from gearbus.runtime.keygroups import unserialisable_part
 from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
+from gearbus.runtime.state_backend import MemoryBackend
 from tests.support.files import read_jsonl
 from tests.support.joins import Buckets, buckets_reference, shuffled
 
@@ -62,10 +63,11 @@ def test_event_time_timers_fire_once_the_watermark_passes_them(drawn, parallelis
     assert Counter((r["k"], r["n"], r["at"]) for r in out.values) == buckets_reference(records)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_keyed_state_and_timers_are_exact_through_executor_losses(inprocess, tmp_path, seed):
+@pytest.mark.parametrize("seed, backend", [(1, "memory"), (2, "memory"), (1, "lmdb"), (2, "lmdb")])
+def test_keyed_state_and_timers_are_exact_through_executor_losses(inprocess, tmp_path, seed, backend):
     records = as_events([(i % 7, i * 13 + (i % 5) * 40) for i in range(400)])
     pipeline, grouped = keyed_pipeline(shuffled(records, seed, DELAY), 2, "recovery")
+    pipeline.config["state_backend"] = backend
     grouped.process_keyed(Buckets, name="buckets").write_jsonl(str(tmp_path / "buckets.jsonl"), name="out")
     engine = inprocess(pipeline, seed=seed, checkpoint_every=3, batch_records=5)
     engine.run(kill_executor_after_frames=[50, 140])
@@ -171,6 +173,7 @@ class _Task:
     """What an operator's open() reads of its task."""
 
     context = None
+    state_backend = MemoryBackend()
 
 
 def test_processing_time_timers_fire_on_the_test_runners_clock():

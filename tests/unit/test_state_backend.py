@@ -1,0 +1,165 @@
+"""The state backends: a table behaves as a dict whatever is written back when, its files
+go away with the task, and a backend that cannot write says so as an OSError (the app
+rolls back) while a value it cannot serialise names the step, the key and the type."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gearbus.api.partitioners import key_group
+from gearbus.runtime.keygroups import UnserialisableState
+from gearbus.runtime.sender import DataPlaneConfig
+from gearbus.runtime.state_backend import (BACKEND_ENV, LmdbBackend, StateBackendError, backend_name, encode_key,
+                                           open_backend)
+
+pytestmark = pytest.mark.unit
+
+KEYS = st.one_of(st.sampled_from(["a", "b", "", "é", 0, -1, 2**70, b"\x00", ("t", 1), ("t", "t"), 3.5, None,
+                                  "x" * 700, ("y" * 300, "y" * 300)]),
+                 st.text(max_size=4), st.integers(-5, 5))
+VALUES = st.one_of(st.integers(), st.text(max_size=3), st.builds(list, st.lists(st.integers(), max_size=3)))
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("set"), KEYS, VALUES),
+    st.tuples(st.just("get"), KEYS),
+    st.tuples(st.just("pop"), KEYS),
+    st.tuples(st.just("del"), KEYS),
+    st.tuples(st.just("append"), KEYS),  # a list state changed in place, never assigned back
+    st.tuples(st.just("settle")),
+    st.tuples(st.just("flush")),
+    st.tuples(st.just("items")),
+    st.tuples(st.just("clear")),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, flush_entries=st.sampled_from([0, 2, 1000]))
+def test_an_lmdb_table_holds_what_a_dict_holds(tmp_path_factory, ops, flush_entries):
+    backend = LmdbBackend(str(tmp_path_factory.mktemp("state")), "t", flush_entries)
+    try:
+        table, truth = backend.table("step"), {}
+        for op, *args in ops:
+            if op == "set":
+                table[args[0]] = truth[args[0]] = args[1]
+            elif op == "get":
+                assert table.get(args[0], "none") == truth.get(args[0], "none")
+                assert (args[0] in table) == (args[0] in truth)
+            elif op == "pop":
+                assert table.pop(args[0], "none") == truth.pop(args[0], "none")
+            elif op == "del":
+                if args[0] in truth:
+                    del table[args[0]], truth[args[0]]
+                else:
+                    with pytest.raises(KeyError):
+                        del table[args[0]]
+            elif op == "append":
+                state = table.get(args[0])
+                if isinstance(state, list):
+                    state.append(9)
+                    truth[args[0]].append(9)
+            elif op == "settle":
+                table.settle()
+            elif op == "flush":
+                table.flush()
+                assert len(table) == len(truth)
+            elif op == "items":
+                assert dict(table.items()) == truth
+                assert len(list(table.items())) == len(truth)
+            else:
+                table.clear()
+                truth.clear()
+            assert len(table) >= len(truth)
+        assert dict(table.items()) == truth
+        table.flush()
+        assert dict(table.items()) == truth and len(table) == len(truth)
+        assert sorted(map(repr, table)) == sorted(map(repr, truth))
+    finally:
+        backend.close()
+
+
+def test_entries_are_stored_by_key_group_and_equal_keys_encode_alike():
+    same = "ab" * 3
+    built = "".join(["ab"] * 3)
+    assert encode_key((same, same)) == encode_key((same, built))
+    for key in ["a", 17, ("t", 1), b"x", "z" * 900]:
+        assert int.from_bytes(encode_key(key)[:2], "big") == key_group(key)
+    assert len(encode_key("z" * 900)) < 100
+
+
+def test_a_tasks_files_are_removed_when_it_closes(tmp_path):
+    backend = open_backend("lmdb", str(tmp_path / "state"), "p1-t0-e0")
+    table = backend.table("count")
+    table["k"] = 1
+    table.flush()
+    directory = backend.directory
+    assert os.listdir(directory)
+    backend.close()
+    assert not os.path.exists(directory) and os.listdir(tmp_path / "state") == []
+
+
+def test_a_full_disk_is_an_os_error_naming_the_backend_and_the_step(tmp_path):
+    backend = LmdbBackend(str(tmp_path), "t", map_size=64 * 1024)
+    try:
+        table = backend.table("count")
+        for i in range(5000):
+            table[f"key{i}"] = "v" * 100
+        with pytest.raises(StateBackendError, match=r"lmdb state backend at .* failed writing the state of step "
+                                                    r"'count': MapFullError") as failed:
+            table.flush()
+        assert isinstance(failed.value, OSError)
+    finally:
+        backend.close()
+
+
+def test_a_directory_it_cannot_make_is_an_os_error(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    backend = open_backend("lmdb", str(tmp_path / "file" / "state"), "t")
+    with pytest.raises(StateBackendError, match="cannot open its files under .*file/state"):
+        backend.table("count")
+
+
+def test_a_value_it_cannot_serialise_names_the_step_the_key_and_the_type(tmp_path):
+    backend = open_backend("lmdb", str(tmp_path), "t")
+    try:
+        table = backend.table("count")
+        table["good"] = 1
+        table[("user", 7)] = lambda: None
+        with pytest.raises(UnserialisableState, match=r"step 'count' holds a function for key \('user', 7\)"):
+            table.flush()
+    finally:
+        backend.close()
+
+
+def test_the_backend_is_the_apps_else_the_clusters_default_and_unknown_names_are_refused(monkeypatch):
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert backend_name({}) == "memory"
+    assert DataPlaneConfig.from_config({"state_backend": "lmdb"}).state_backend == "lmdb"
+    monkeypatch.setenv(BACKEND_ENV, "lmdb")
+    assert backend_name({}) == "lmdb" and backend_name({"state_backend": "memory"}) == "memory"
+    with pytest.raises(ValueError, match="application config state_backend must be one of memory, lmdb, got 'rocks'"):
+        backend_name({"state_backend": "rocks"})
+    monkeypatch.setenv(BACKEND_ENV, "disk")
+    with pytest.raises(ValueError, match=f"{BACKEND_ENV} must be one of memory, lmdb, got 'disk'"):
+        backend_name({})
+
+
+def test_its_size_is_measured_without_writing_out_what_waits(tmp_path):
+    """A metric must not fail the task: a value that cannot be serialised waits unwritten."""
+    backend = open_backend("lmdb", str(tmp_path), "t")
+    try:
+        table = backend.table("count")
+        for i in range(100):
+            table[i] = "v" * 50
+        table.flush()
+        keys, stored = table.size()
+        assert keys == 100 and stored >= 100 * 50
+        table["lock"] = threading.Lock()
+        keys, size = table.size()
+        assert keys == 101 and size > stored
+    finally:
+        backend.close()
+    assert table.size() == (0, 0)  # the metrics may still ask once the task stopped
