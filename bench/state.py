@@ -2,7 +2,7 @@
 
     python bench/state.py [--keys 1000000] [--seconds 40] [--interval-ms 1000]
                           [--parallelism 2] [--rate 1000000000] [--timeout 600] [--keep]
-                          [--backend memory|lmdb]
+                          [--backend memory|rocksdb]
     python bench/state.py --store-seconds 600 [--keys 1000000] [--rate 200000]
 
 A keyed running count (bench/state_app.py: a generator source of ``n * 7919 % KEYS`` ->
@@ -23,7 +23,7 @@ the bytes written p50 of the completed ones, with how many completed and failed.
 checkpoint duration and bytes, and throughput with checkpoints (each mode) / off. Every
 mode keeps its state in ``--backend``; the executors' resident memory is sampled every
 second, and the largest is printed, split into heap (anonymous) and file-backed pages
-(the lmdb backend's memory map, which the kernel reclaims under pressure).
+(mapped files, and the page cache the kernel reclaims under pressure).
 
 ``--store-seconds S`` instead runs the incremental mode alone for S seconds and samples,
 every 10 s, the bytes the app's checkpoint object store holds (its JetStream stream: every
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1e9, help="the source's events/s (the default: flat out)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each app to start")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, store)")
-    parser.add_argument("--backend", choices=("memory", "lmdb"), default="memory",
+    parser.add_argument("--backend", choices=("memory", "rocksdb"), default="memory",
                         help="the state backend of every run")
     parser.add_argument("--store-seconds", type=float, default=0.0,
                         help="run the incremental mode alone this long, sampling the checkpoint store's size")

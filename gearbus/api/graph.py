@@ -181,7 +181,7 @@ class Application:
 
     Config keys the runtime reads: ``executors`` (processes to request, default 2),
     ``batch_records``, ``batch_bytes``, ``linger_ms`` and ``credit_frames`` (data plane),
-    ``state_backend`` (``memory`` or ``lmdb``: where keyed state lives).
+    ``state_backend`` (``memory`` or ``rocksdb``: where keyed state lives).
     """
 
     name: str

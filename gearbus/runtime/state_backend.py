@@ -1,30 +1,30 @@
 """State backends: where a task's keyed state lives between checkpoints.
 
 ``memory`` (the default) keeps each step's entries in a dict: the fastest hot path, and
-all state in the executor's heap. ``lmdb`` keeps them in an LMDB database under the task's
-scratch directory (the worker's work directory for the executor), so state can outgrow the
-heap; the task's files are removed when it stops. Both hand the operators a mapping
-(:class:`Table`), and both snapshot into the same format (see keygroups.py), so a
-checkpoint or savepoint taken with one restores with the other.
+all state in the executor's heap. ``rocksdb`` keeps them in RocksDB (through
+``rocksdict``), one database per step under the task's scratch directory (the worker's
+work directory for an executor), so state can outgrow the heap; the task's files are
+removed when it stops. Both hand the operators a mapping, and both snapshot into the same
+format (see keygroups.py), so a checkpoint or savepoint taken with one restores with the
+other.
 
-Why LMDB and not RocksDB (``rocksdict``): ``bench/state_backends.py`` measured, on this
-machine, a read-modify-write per record over 2,000,000 keys at 174-189K operations/s with
-LMDB against 69-95K with RocksDB (bloom filters and a 128 MiB block cache did not close
-the gap): a B+-tree read is one walk of a memory map, while an LSM read walks memtables
-and levels from Python one call at a time. The price: LMDB's pages are a memory-mapped
-file, so the pages a task touched count in its resident memory as file cache (the kernel
-reclaims them under pressure), where RocksDB would bound them by its block cache.
+Why RocksDB rather than LMDB: ``bench/state_backends.py`` runs the same read-modify-write
+loop on both stores in one run. Over 2,000,000 keys on this machine they went about as
+fast (100-105K records/s), but RocksDB held the state in a fifth of the disk (it
+compresses, LMDB pages do not) and its memory is bounded by its block cache and memtables,
+while every LMDB page a task touches counts in its resident memory (a memory map): what
+decides for state larger than memory.
 
 The table writes back: entries written, removed, or read as values that can change in
 place (user code may update a state object without assigning it) wait in a dict until
-:meth:`LmdbTable.settle` finds more than ``flush_entries`` of them, between batches, and
-are then written in one transaction. A read reads that dict first, so hot keys cost a
-dict lookup.
+:meth:`RocksDBTable.settle` finds more than ``flush_entries`` of them, between batches, and
+are then written in one write batch (no write-ahead log: a failure restores from the last
+checkpoint, never from these files). A read reads that dict first, so hot keys cost a dict
+lookup.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
@@ -33,24 +33,26 @@ import tempfile
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-import lmdb
+import rocksdict
 
-from gearbus.api.partitioners import key_group
+from gearbus.api.partitioners import MAX_PARALLELISM, stable_hash
 from gearbus.runtime.keygroups import IMMUTABLE_TYPES, UnserialisableState, estimated_bytes
 
 #: The backends an app may name in ``config={"state_backend": ...}``.
-BACKENDS = ("memory", "lmdb")
+BACKENDS = ("memory", "rocksdb")
 #: The cluster's default when an app names none (set it on the workers' processes).
 BACKEND_ENV = "GEARBUS_STATE_BACKEND"
-#: Entries a table holds in memory before :meth:`LmdbTable.settle` writes them out.
+#: Entries a table holds in memory before :meth:`RocksDBTable.settle` writes them out.
 FLUSH_ENTRIES = 16384
-#: LMDB's largest key; an encoded key past it is stored by its digest (see encode_key).
-MAX_KEY_BYTES = 500
-#: The size LMDB may map: address space only, the file grows with what it holds.
-MAP_SIZE = 1 << 40
+#: The block cache the steps of a task share, and each step's memtable.
+BLOCK_CACHE_BYTES = 64 << 20
+WRITE_BUFFER_BYTES = 32 << 20
 
 _REMOVED = object()
 _MISSING = object()
+#: Each key group's first two bytes of a stored key; the end of the last group's range.
+_GROUP_PREFIXES = tuple(group.to_bytes(2, "big") for group in range(MAX_PARALLELISM))
+_END_OF_GROUPS = MAX_PARALLELISM.to_bytes(2, "big")
 
 
 class StateBackendError(OSError):
@@ -80,61 +82,68 @@ class MemoryBackend:
         """Nothing to remove."""
 
 
-class LmdbBackend:
-    """One LMDB environment per task, a named database per step, in a directory of its
-    own under ``root`` (made when the first table opens, removed by :meth:`close`)."""
+class RocksDBBackend:
+    """A directory per task under ``root`` (made when the first table opens, removed by
+    :meth:`close`), a RocksDB database per step in it, one block cache for them all."""
 
-    name = "lmdb"
+    name = "rocksdb"
 
-    def __init__(self, root: str | None, label: str, flush_entries: int = FLUSH_ENTRIES, map_size: int = MAP_SIZE):
+    def __init__(self, root: str | None, label: str, flush_entries: int = FLUSH_ENTRIES):
         self.root = root
         self.label = label
         self.flush_entries = flush_entries
-        self.map_size = map_size
         self.directory: str | None = None
-        self.env = None
-        self._reader = None
+        self.tables: list[RocksDBTable] = []
+        self._cache = None
 
-    def table(self, step: str) -> LmdbTable:
-        if self.env is None:
-            try:
+    def table(self, step: str) -> RocksDBTable:
+        try:
+            if self.directory is None:
                 if self.root is not None:
                     os.makedirs(self.root, exist_ok=True)
                 self.directory = tempfile.mkdtemp(prefix=f"{self.label}-", dir=self.root)
-                self.env = lmdb.open(self.directory, map_size=self.map_size, max_dbs=256, sync=False, metasync=False,
-                                     readahead=False)
-            except (OSError, lmdb.Error) as exc:
-                raise StateBackendError(f"the lmdb state backend cannot open its files under "
-                                        f"{self.root or tempfile.gettempdir()}: {exc}") from exc
-        return LmdbTable(self, step)
+                self._cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
+            db = rocksdict.Rdict(os.path.join(self.directory, f"step{len(self.tables)}"), self._options())
+            db.set_write_options(_NO_WAL)
+        except Exception as exc:
+            raise StateBackendError(f"the rocksdb state backend cannot open its files under "
+                                    f"{self.directory or self.root or tempfile.gettempdir()}: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+        table = RocksDBTable(self, step, db)
+        self.tables.append(table)
+        return table
 
-    def reader(self):
-        """A read transaction seeing every committed write."""
-        if self._reader is None:
-            self._reader = self.env.begin()
-        return self._reader
-
-    def committed(self) -> None:
-        """A write transaction committed: later reads must see it."""
-        if self._reader is not None:
-            self._reader.abort()
-            self._reader = None
+    def _options(self) -> rocksdict.Options:
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_write_buffer_size(WRITE_BUFFER_BYTES)
+        blocks = rocksdict.BlockBasedOptions()
+        blocks.set_bloom_filter(10, False)
+        blocks.set_block_cache(self._cache)
+        options.set_block_based_table_factory(blocks)
+        return options
 
     def failed(self, doing: str, exc: Exception) -> StateBackendError:
-        return StateBackendError(f"the lmdb state backend at {self.directory} failed {doing}: "
+        return StateBackendError(f"the rocksdb state backend at {self.directory} failed {doing}: "
                                  f"{type(exc).__name__}: {exc}")
 
     def close(self) -> None:
-        """Close the environment and remove the task's files."""
-        if self._reader is not None:
-            self._reader.abort()
-            self._reader = None
-        if self.env is not None:
-            self.env.close()
-            self.env = None
+        """Close every step's database and remove the task's files."""
+        for table in self.tables:
+            table.close()
+        self.tables.clear()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
+
+
+def _no_wal() -> rocksdict.WriteOptions:
+    options = rocksdict.WriteOptions()
+    options.disable_wal = True
+    return options
+
+
+_NO_WAL = _no_wal()
 
 
 def open_backend(name: str, root: str | None, label: str):
@@ -142,15 +151,14 @@ def open_backend(name: str, root: str | None, label: str):
     temporary directory), ``label`` names its own directory there."""
     if name == "memory":
         return MemoryBackend()
-    if name == "lmdb":
-        return LmdbBackend(root, label)
+    if name == "rocksdb":
+        return RocksDBBackend(root, label)
     raise ValueError(f"unknown state backend {name!r} (one of {', '.join(BACKENDS)})")
 
 
 def encode_key(key) -> bytes:
-    """``key`` as LMDB stores it: its key group (so a group's entries are one range), then
-    its type and bytes; equal keys encode alike (pickled without memo). A key too long for
-    LMDB is stored by its digest, its value paired with the key itself."""
+    """``key`` as the store holds it: its key group (so a group's entries are one range),
+    then its type and bytes; equal keys encode alike (pickled without memo)."""
     kind = type(key)
     if kind is str:
         body = b"s" + key.encode("utf-8", "surrogatepass")
@@ -164,51 +172,47 @@ def encode_key(key) -> bytes:
         pickler.fast = True
         pickler.dump(key)
         body = b"p" + buffer.getvalue()
-    encoded = key_group(key).to_bytes(2, "big") + body
-    if len(encoded) > MAX_KEY_BYTES:
-        return encoded[:2] + b"h" + hashlib.blake2b(body, digest_size=32).digest()
-    return encoded
+    return _GROUP_PREFIXES[stable_hash(key) % MAX_PARALLELISM] + body
 
 
-def decode_entry(encoded: bytes, raw: bytes) -> tuple[Any, Any]:
-    """The (key, value) an LMDB entry stores (inverse of :func:`encode_key` and the table's
-    value encoding)."""
+def decode_key(encoded: bytes) -> Any:
+    """The inverse of :func:`encode_key`."""
     kind, body = encoded[2:3], encoded[3:]
-    if kind == b"h":
-        return pickle.loads(raw)
-    value = pickle.loads(raw)
     if kind == b"s":
-        return body.decode("utf-8", "surrogatepass"), value
+        return body.decode("utf-8", "surrogatepass")
     if kind == b"i":
-        return int(body), value
+        return int(body)
     if kind == b"b":
-        return bytes(body), value
-    return pickle.loads(body), value
+        return bytes(body)
+    return pickle.loads(body)
 
 
-class LmdbTable(MutableMapping):
-    """One step's entries in the task's LMDB environment, written back (see the module
-    docstring). ``len`` counts the stored entries plus those waiting to be written that
-    may be new: exact after :meth:`flush`, an upper bound between."""
+class RocksDBTable(MutableMapping):
+    """One step's entries in its RocksDB database, written back (see the module
+    docstring). ``len`` is exact after :meth:`flush`: a write-out looks up whether the keys
+    it writes were stored, unless a read already told."""
 
-    def __init__(self, backend: LmdbBackend, step: str):
+    def __init__(self, backend: RocksDBBackend, step: str, db):
         self.backend = backend
         self.step = step
-        try:
-            self._db = backend.env.open_db(step.encode("utf-8", "surrogatepass") or b"-")
-        except Exception as exc:
-            raise backend.failed(f"opening the table of step {step!r}", exc) from exc
+        self._db = db
         self._pending: dict[Any, Any] = {}  # key -> value, or _REMOVED
+        #: keys read since the last write-out: (encoded, whether stored)
+        self._read: dict[Any, tuple[bytes, bool]] = {}
         self._stored = 0
 
     def get(self, key, default=None):
         value = self._pending.get(key, _MISSING)
         if value is _MISSING:
             encoded = encode_key(key)
-            raw = self.backend.reader().get(encoded, db=self._db)
+            try:
+                raw = self._db.get(encoded)
+            except Exception as exc:
+                raise self.backend.failed(f"reading the state of step {self.step!r}", exc) from exc
+            self._read[key] = (encoded, raw is not None)  # most keys read are written next
             if raw is None:
                 return default
-            value = pickle.loads(raw) if encoded[2:3] != b"h" else pickle.loads(raw)[1]
+            value = pickle.loads(raw)
             if type(value) not in IMMUTABLE_TYPES:
                 self._pending[key] = value  # user code may change it in place
             return value
@@ -241,7 +245,9 @@ class LmdbTable(MutableMapping):
         return value
 
     def __len__(self) -> int:
-        return self._stored + sum(1 for value in self._pending.values() if value is not _REMOVED)
+        """The stored entries plus every one waiting: exact after a write-out, an upper
+        bound between."""
+        return self._stored + len(self._pending)
 
     def __iter__(self) -> Iterator:
         return (key for key, _ in self.items())
@@ -254,69 +260,86 @@ class LmdbTable(MutableMapping):
         for key, value in waiting.items():
             if value is not _REMOVED:
                 yield key, value
-        with self.backend.env.begin(db=self._db) as txn:
-            for encoded, raw in txn.cursor():
-                key, value = decode_entry(encoded, raw)
+        try:
+            for encoded, raw in self._db.items():
+                key = decode_key(encoded)
                 if key not in waiting:
-                    yield key, value
+                    yield key, pickle.loads(raw)
+        except StateBackendError:
+            raise
+        except Exception as exc:
+            raise self.backend.failed(f"reading the state of step {self.step!r}", exc) from exc
 
     def size(self) -> tuple[int, int]:
-        """(keys, bytes) for the metrics, without writing anything out: the pages the
-        table's entries fill, and the pickled size of those waiting, estimated. Nothing
-        once the task closed its backend (the metrics may still ask)."""
-        if self.backend.env is None:
+        """(keys, bytes) for the metrics, without writing anything out: RocksDB's estimate
+        of its live data and its memtables, and the pickled size of the entries waiting,
+        estimated. Nothing once the task closed its backend (the metrics may still ask)."""
+        if self._db is None:
             return 0, 0
         try:
-            with self.backend.env.begin() as txn:
-                stat = txn.stat(self._db)
+            stored = sum(self._db.property_int_value(name) or 0
+                         for name in ("rocksdb.estimate-live-data-size", "rocksdb.cur-size-all-mem-tables"))
         except Exception as exc:
             raise self.backend.failed(f"reading the size of step {self.step!r}", exc) from exc
-        pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
-        waiting = estimated_bytes(iter(self._pending.items()), len(self._pending))
-        return len(self), pages * stat["psize"] + waiting
+        return len(self), stored + estimated_bytes(iter(self._pending.items()), len(self._pending))
 
     def clear(self) -> None:
         self._pending.clear()
+        self._read.clear()
         try:
-            with self.backend.env.begin(write=True) as txn:
-                txn.drop(self._db, delete=False)
+            self._db.delete_range(_GROUP_PREFIXES[0], _END_OF_GROUPS)
         except Exception as exc:
-            raise self.backend.failed(f"clearing the table of step {self.step!r}", exc) from exc
+            raise self.backend.failed(f"clearing the state of step {self.step!r}", exc) from exc
         self._stored = 0
-        self.backend.committed()
 
     def settle(self) -> None:
-        """Between batches: write the waiting entries out once there are many."""
-        if len(self._pending) > self.backend.flush_entries:
+        """Between batches: write the waiting entries out once there are many (or many
+        keys were read)."""
+        limit = self.backend.flush_entries
+        if len(self._pending) > limit or len(self._read) > limit:
             self.flush()
 
     def flush(self) -> None:
-        """Write every waiting entry in one transaction. A value pickle refuses fails the
+        """Write every waiting entry in one write batch. A value pickle refuses fails the
         step, naming it, the key and the type; a failing disk raises StateBackendError."""
+        read, self._read = self._read, {}
         if not self._pending:
             return
-        puts = []
-        for key, value in self._pending.items():
-            encoded = encode_key(key)
-            if value is _REMOVED:
-                puts.append((encoded, None))
-                continue
-            try:
-                raw = pickle.dumps((key, value) if encoded[2:3] == b"h" else value, pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:
-                raise UnserialisableState(
-                    f"step {self.step!r} holds a {type(value).__name__} for key {key!r}, which the lmdb state "
-                    f"backend cannot serialise: {type(exc).__name__}: {exc}") from exc
-            puts.append((encoded, raw))
+        batch, stored = rocksdict.WriteBatch(raw_mode=True), self._stored
         try:
-            with self.backend.env.begin(write=True, db=self._db) as txn:
-                for encoded, raw in puts:
-                    if raw is None:
-                        txn.delete(encoded)
-                    else:
-                        txn.put(encoded, raw)
-                self._stored = txn.stat(self._db)["entries"]
+            for key, value in self._pending.items():
+                encoded, was_stored = read.get(key) or self._lookup(key)
+                if value is _REMOVED:
+                    batch.delete(encoded)
+                    stored -= was_stored
+                    continue
+                try:
+                    raw = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:
+                    raise UnserialisableState(
+                        f"step {self.step!r} holds a {type(value).__name__} for key {key!r}, which the rocksdb "
+                        f"state backend cannot serialise: {type(exc).__name__}: {exc}") from exc
+                batch.put(encoded, raw)
+                stored += not was_stored
+            self._db.write(batch)
+        except (UnserialisableState, StateBackendError):
+            raise
         except Exception as exc:
             raise self.backend.failed(f"writing the state of step {self.step!r}", exc) from exc
         self._pending.clear()
-        self.backend.committed()
+        self._stored = stored
+
+    def _lookup(self, key) -> tuple[bytes, bool]:
+        """A key written without being read first: its encoding, and whether it is stored."""
+        encoded = encode_key(key)
+        return encoded, self._db.get(encoded) is not None
+
+    def close(self) -> None:
+        """Close the database, whose files are about to be removed: what closing it fails
+        on (a full disk as it writes its memtable out) loses nothing."""
+        if self._db is not None:
+            db, self._db = self._db, None
+            try:
+                db.close()
+            except Exception:  # noqa: BLE001 - see above
+                pass

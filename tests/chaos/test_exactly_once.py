@@ -312,9 +312,9 @@ async def test_a_power_cut_resumes_the_app_by_itself_exactly(tmp_path):
     """Every gearbus process and the nats-server SIGKILLed at once while the app runs, then
     all started again on the same store: the new leader finds the app, its AppMaster is gone
     (its worker came back without it), so a new one resumes from the last completed
-    checkpoint, and every output is exact. The ranks are kept by stateful_map in the lmdb
+    checkpoint, and every output is exact. The ranks are kept by stateful_map in the rocksdb
     state backend (the other test keeps them in a custom task's memory)."""
-    async with chaos_run(tmp_path, {"state_backend": "lmdb"}, ranks="keyed") as run:
+    async with chaos_run(tmp_path, {"state_backend": "rocksdb"}, ranks="keyed") as run:
         await run.progressed(0, 0)
         status = await run.progressed(now_ms(), 0)  # well under way
         await run.publishing.pause()

@@ -211,11 +211,11 @@ async def test_an_unknown_state_backend_is_refused_when_the_app_is_submitted(cli
     AppMaster fails the app before any task runs."""
     app = pack(os.path.join(APPS, "squares"))
     with pytest.raises(RemoteError) as refused:
-        await client.submit(app, [str(tmp_path / "squares.jsonl"), "10"], config={"state_backend": "rocksdb"})
+        await client.submit(app, [str(tmp_path / "squares.jsonl"), "10"], config={"state_backend": "lmdb"})
     assert refused.value.code == ErrorCode.BAD_REQUEST
-    assert "state_backend must be one of memory, lmdb, got 'rocksdb'" in refused.value.message
+    assert "state_backend must be one of memory, rocksdb, got 'lmdb'" in refused.value.message
     app_id = await client.submit(pack(os.path.join(APPS, "keyed_counts.py")), [
         "10", str(tmp_path / "counts.jsonl"), "1", "disk"])
     final = await client.wait(app_id, timeout=30)
     assert final.state == AppState.FAILED and final.error.error_type == "ConfigError"
-    assert "state_backend must be one of memory, lmdb, got 'disk'" in final.error.message
+    assert "state_backend must be one of memory, rocksdb, got 'disk'" in final.error.message

@@ -1,7 +1,7 @@
 """Incremental snapshots: any sequence of writes, removals, timers, snapshots, completions,
 compactions and restores gives, from the chain of stored snapshots, exactly the state the
 step held; and no chain reaches below the root its snapshot names (what pruning trusts).
-On every state backend: the step's state in a dict, or in LMDB written back in small
+On every state backend: the step's state in a dict, or in RocksDB written back in small
 batches (so reads meet both written and waiting entries)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gearbus.api.keyed import KeyedProcessFunction
 from gearbus.runtime.keygroups import ChangeLog, KeyedDelta
 from gearbus.runtime.keyed import KeyedProcessOp
 from gearbus.runtime.snapshots import Lineage, TaskSnapshot
-from gearbus.runtime.state_backend import BACKENDS, LmdbBackend, open_backend
+from gearbus.runtime.state_backend import BACKENDS, RocksDBBackend, open_backend
 
 KEYS = st.sampled_from(["a", "b", "c", ("t", 1), 7, 3.5])
 
@@ -60,7 +60,7 @@ def new_op(slack: int = ChangeLog.SLACK, backends: contextlib.ExitStack | None =
            backend: str = "memory") -> KeyedProcessOp:
     """The step, its state in ``backend`` (closed with ``backends``)."""
     opened = open_backend(backend, None, "test")
-    if isinstance(opened, LmdbBackend):
+    if isinstance(opened, RocksDBBackend):
         opened.flush_entries = 2
     if backends is not None:
         backends.callback(opened.close)

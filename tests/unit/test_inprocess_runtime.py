@@ -129,7 +129,7 @@ def test_keyed_state_divides_over_another_parallelism_by_key_group(inprocess, tm
                                                                        for n in range(1, c + 1))
 
 
-@pytest.mark.parametrize("before, after", [("memory", "lmdb"), ("lmdb", "memory")])
+@pytest.mark.parametrize("before, after", [("memory", "rocksdb"), ("rocksdb", "memory")])
 def test_a_checkpoint_of_one_state_backend_restores_with_the_other(inprocess, tmp_path, before, after):
     """Both backends snapshot alike: crashed with the running counts in one, resumed in
     the other (and in 2 tasks instead of 3), the counts go on exactly."""

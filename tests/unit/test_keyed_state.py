@@ -63,7 +63,7 @@ def test_event_time_timers_fire_once_the_watermark_passes_them(drawn, parallelis
     assert Counter((r["k"], r["n"], r["at"]) for r in out.values) == buckets_reference(records)
 
 
-@pytest.mark.parametrize("seed, backend", [(1, "memory"), (2, "memory"), (1, "lmdb"), (2, "lmdb")])
+@pytest.mark.parametrize("seed, backend", [(1, "memory"), (2, "memory"), (1, "rocksdb"), (2, "rocksdb")])
 def test_keyed_state_and_timers_are_exact_through_executor_losses(inprocess, tmp_path, seed, backend):
     records = as_events([(i % 7, i * 13 + (i % 5) * 40) for i in range(400)])
     pipeline, grouped = keyed_pipeline(shuffled(records, seed, DELAY), 2, "recovery")
