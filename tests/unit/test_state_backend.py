@@ -38,7 +38,7 @@ OPS = st.lists(st.one_of(
 ), max_size=60)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(ops=OPS, flush_entries=st.sampled_from([0, 2, 1000]))
 def test_a_rocksdb_table_holds_what_a_dict_holds(tmp_path_factory, ops, flush_entries):
     backend = RocksDBBackend(str(tmp_path_factory.mktemp("state")), "t", flush_entries)
