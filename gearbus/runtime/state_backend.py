@@ -9,11 +9,12 @@ format (see keygroups.py), so a checkpoint or savepoint taken with one restores 
 other.
 
 Why RocksDB rather than LMDB: ``bench/state_backends.py`` runs the same read-modify-write
-loop on both stores in one run. Over 2,000,000 keys on this machine they went about as
-fast (100-105K records/s), but RocksDB held the state in a fifth of the disk (it
-compresses, LMDB pages do not) and its memory is bounded by its block cache and memtables,
-while every LMDB page a task touches counts in its resident memory (a memory map): what
-decides for state larger than memory.
+loop on both stores. On this machine they went about as fast (84K to 114K records/s, over
+2,000,000 and 10,000,000 keys, neither ahead in every run), but RocksDB held the state in
+a third to a fifth of the disk (it compresses, LMDB pages do not) and its memory is
+bounded by its block cache and memtables, while every LMDB page a task touches counts in
+its resident memory (a memory map; 410 MB against RocksDB's 303 MB at 10,000,000 keys):
+what decides for state larger than memory.
 
 The table writes back: entries written, removed, or read as values that can change in
 place (user code may update a state object without assigning it) wait in a dict until
