@@ -18,6 +18,7 @@ from gearbus.api.partitioners import Partitioner, key_group, owned_groups
 from gearbus.api.task import Record, Task, new_record, not_rescalable
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
+from gearbus.runtime.keygroups import WindowDelta
 from gearbus.runtime.state_backend import open_backend
 from gearbus.runtime.windows import WindowOperator
 from shared.messages import AppError
@@ -367,6 +368,7 @@ class WindowAggregateOp(Op):
         self.late = SinkOp(f"{step}.late", late_sink) if late_sink is not None else None
         self.operator: WindowOperator | None = None
         self.watermark = WATERMARK_MIN
+        self._checkpoint: int | None = None
 
     keyed_state = True
 
@@ -403,6 +405,16 @@ class WindowAggregateOp(Op):
         return {"operator": self.operator.snapshot(self.step), "watermark": self.watermark,
                 "late": self.late.snapshot() if self.late is not None else None}
 
+    def snapshot_since(self, base: int | None):
+        """The whole state, or (building on ``base``'s snapshot) a WindowDelta of the
+        panes changed since, the rest whole: its cost follows the panes changed."""
+        changes = self.operator.changes_since(self.step, self._checkpoint, base)
+        if changes is None:
+            return self.snapshot()
+        operator = self.operator.snapshot_rest()
+        return WindowDelta(*changes, {"operator": operator, "watermark": self.watermark,
+                                      "late": self.late.snapshot() if self.late is not None else None})
+
     def restore(self, state) -> None:
         self.operator.restore(state["operator"])
         self.watermark = state["watermark"]
@@ -416,6 +428,7 @@ class WindowAggregateOp(Op):
                 "late": self.late.rescale(late, index, parallelism) if self.late is not None else None}
 
     def prepare_checkpoint(self, checkpoint_id):
+        self._checkpoint = checkpoint_id
         if self.late is not None:
             self.late.prepare_checkpoint(checkpoint_id)
 

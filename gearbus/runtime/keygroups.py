@@ -11,6 +11,7 @@ import pickle
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from gearbus.api.partitioners import key_group, owned_groups
@@ -40,11 +41,11 @@ def detached(value: Any, step: str, key: Any) -> Any:
 
 
 def unserialisable_part(state: Any) -> str:
-    """Where in a task's snapshot state (steps' states: dicts, KeyedDeltas, key groups of
+    """Where in a task's snapshot state (steps' states: dicts, Deltas, key groups of
     entries) is the first entry pickle refuses, and the type of its value that it refuses:
     what a declined checkpoint names. Empty when none is found."""
     def search(node, step):
-        if isinstance(node, KeyedDelta):
+        if isinstance(node, Delta):
             node = node.written
         if isinstance(node, dict):
             for name, value in node.items():
@@ -139,8 +140,36 @@ class ChangeLog:
         self._forgot, self._whole_before = False, 0
 
 
+class Delta:
+    """A step's snapshot holding what changed since the snapshot it builds on: entries
+    ``written`` and ``removed`` by key group. :meth:`onto` adds it to the whole state of
+    that snapshot (savepoints.whole_snapshot adds up a chain of them)."""
+
+    written: dict[int, list[tuple]]
+    removed: dict[int, list]
+
+    def onto(self, whole: Any) -> Any:
+        raise NotImplementedError
+
+    def _groups_onto(self, groups: dict[int, list], ident) -> dict[int, list]:
+        """``groups`` with these changes: an entry is told by ``ident(entry)``, a removal
+        is that identity."""
+        groups = dict(groups)
+        for group in self.written.keys() | self.removed.keys():
+            by_ident = {ident(entry): entry for entry in groups.get(group, ())}
+            for removed in self.removed.get(group, ()):
+                by_ident.pop(removed, None)
+            for entry in self.written.get(group, ()):
+                by_ident[ident(entry)] = entry
+            if by_ident:
+                groups[group] = list(by_ident.values())
+            else:
+                groups.pop(group, None)
+        return groups
+
+
 @dataclass(frozen=True)
-class KeyedDelta:
+class KeyedDelta(Delta):
     """A keyed step's changes since the snapshot it builds on: the entries of the keys
     written and the keys removed, by key group, and the step's watermark."""
 
@@ -151,18 +180,29 @@ class KeyedDelta:
     def onto(self, whole: dict | None) -> dict:
         """The whole state (``{"watermark": ..., "groups": {group: [(key, *entry)]}}``)
         ``whole`` becomes with these changes."""
-        groups = dict(whole["groups"]) if whole is not None else {}
-        for group in self.written.keys() | self.removed.keys():
-            by_key = {entry[0]: entry for entry in groups.get(group, ())}
-            for key in self.removed.get(group, ()):
-                by_key.pop(key, None)
-            for entry in self.written.get(group, ()):
-                by_key[entry[0]] = entry
-            if by_key:
-                groups[group] = list(by_key.values())
-            else:
-                groups.pop(group, None)
-        return {"watermark": self.watermark, "groups": groups}
+        return {"watermark": self.watermark,
+                "groups": self._groups_onto(whole["groups"] if whole is not None else {}, itemgetter(0))}
+
+
+@dataclass(frozen=True)
+class WindowDelta(Delta):
+    """A window step's changes since the snapshot it builds on: the panes written
+    (``(start, end, key, accumulator, count)``) and removed (``(start, end, key)``) by key
+    group, and the rest of the step's state whole (``rest``: its snapshot without the
+    operator's groups)."""
+
+    written: dict[int, list[tuple]]
+    removed: dict[int, list[tuple]]
+    rest: dict
+
+    def onto(self, whole: dict | None) -> dict:
+        groups = self._groups_onto(whole["operator"]["groups"] if whole is not None else {}, _pane)
+        return {**self.rest, "operator": {**self.rest["operator"], "groups": groups}}
+
+
+def _pane(entry: tuple) -> tuple:
+    """A window pane's identity: (start, end, key)."""
+    return entry[:3]
 
 
 def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], dict[int, list]]:

@@ -20,7 +20,7 @@ from gearbus.api.partitioners import KEY_LAYOUT
 from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
 from gearbus.api.task import NotRescalable, Task, not_rescalable
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
-from gearbus.runtime.keygroups import KeyedDelta
+from gearbus.runtime.keygroups import Delta
 from gearbus.runtime.snapshots import TaskSnapshot
 
 
@@ -102,7 +102,7 @@ def whole_snapshot(processor: Processor, chain: list[TaskSnapshot]) -> TaskSnaps
     steps: dict[str, Any] = {}
     for envelope in chain:
         for step, state in split_task_state(processor, envelope.state).items():
-            steps[step] = state.onto(steps.get(step)) if isinstance(state, KeyedDelta) else state
+            steps[step] = state.onto(steps.get(step)) if isinstance(state, Delta) else state
     return chain[-1].whole(join_task_state(processor, steps))
 
 

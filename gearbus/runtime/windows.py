@@ -30,12 +30,14 @@ from gearbus.api.windows import (
     checked_millis,
 )
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import detached, estimated_bytes, keyed_share
+from gearbus.runtime.keygroups import ChangeLog, detached, estimated_bytes, keyed_share
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
 _tuple = tuple.__new__
 _START = itemgetter(0)
 _END = itemgetter(1)
+_NO_PANES: dict = {}
+_NO_PANE = object()
 
 
 def _early_count(trigger: Trigger | None) -> int | None:
@@ -123,6 +125,11 @@ class WindowOperator:
         self._pending: list[tuple[int, int]] = []
         self._expiring: list[tuple[int, int]] = []
         self._late: list[tuple[Any, Any, int]] = []
+        #: The (window, key) of every pane changed since the last snapshot: what an
+        #: incremental snapshot holds (see :meth:`changes_since`).
+        self.changes = ChangeLog()
+        self._changed = self.changes.changed
+        self._bound_at = ChangeLog.SLACK  # changes past which advance() checks the bound
         #: Weight of the records dropped because all their windows had expired.
         self.late_dropped = 0
         #: Records kept for the side output instead (side_output_late=True).
@@ -231,6 +238,10 @@ class WindowOperator:
         while expiring and expiring[0][0] <= expire_limit:
             end, start = heappop(expiring)
             self._drop_window(_tuple(Window, (start, end)))
+        if len(self._changed) > self._bound_at:  # counting the panes costs a pass over the windows
+            held = self.state_size
+            self.changes.bound(held)
+            self._bound_at = 2 * held + ChangeLog.SLACK
         return out
 
     def drain_late(self) -> list[tuple[Any, Any, int]]:
@@ -262,13 +273,36 @@ class WindowOperator:
             for key, pane in panes.items():
                 groups.setdefault(key_group(key), []).append((start, end, key, detached(pane.acc, step, key),
                                                               pane.count))
+        return {**self.snapshot_rest(), "groups": groups}
+
+    def snapshot_rest(self) -> dict:
+        """:meth:`snapshot` without the panes: what an incremental snapshot holds whole."""
         return {
             "watermark": self._watermark,
             "late_dropped": self.late_dropped,
             "late_side_output": self.late_side_output,
             "late": list(self._late),
-            "groups": groups,
         }
+
+    def changes_since(self, step: str, checkpoint_id: int | None,
+                      base: int | None) -> tuple[dict[int, list], dict[int, list]] | None:
+        """The panes changed since the snapshot of checkpoint ``base``, for the snapshot of
+        ``checkpoint_id``: (written ``(start, end, key, acc, count)``, removed ``(start,
+        end, key)``) by key group; None when this snapshot must be whole (see ChangeLog)."""
+        changed = self.changes.take(checkpoint_id, base)
+        if changed is None:
+            return None
+        written: dict[int, list[tuple]] = {}
+        removed: dict[int, list[tuple]] = {}
+        windows = self._windows
+        for window, key in changed:
+            pane = windows.get(window, _NO_PANES).get(key, _NO_PANE)
+            if pane is _NO_PANE:
+                removed.setdefault(key_group(key), []).append((window[0], window[1], key))
+            else:
+                written.setdefault(key_group(key), []).append(
+                    (window[0], window[1], key, detached(pane.acc, step, key), pane.count))
+        return written, removed
 
     def restore(self, state: dict) -> None:
         """Replace the operator's state with a :meth:`snapshot`'s, whose ``groups`` may
@@ -284,6 +318,7 @@ class WindowOperator:
         self.late_side_output = state["late_side_output"]
         self._late = list(state["late"])
         self._windows, self._sessions, self._pending, self._expiring = {}, {}, [], []
+        self.changes.reset()
         groups = state["groups"]
         for group in sorted(groups):
             for start, end, key, acc, count in groups[group]:
@@ -371,6 +406,7 @@ class WindowOperator:
         return True
 
     def _update(self, key, window: Window, pane: _Pane, fold, item, weight: int, out: list) -> None:
+        self._changed.add((window, key))
         pane.acc = fold(pane.acc, item)
         if window[1] <= self._fire_limit:
             out.append(self._fire(key, window, pane, LATE))
@@ -380,6 +416,7 @@ class WindowOperator:
                 out.append(self._fire(key, window, pane, EARLY))
 
     def _fire(self, key, window: Window, pane: _Pane, timing: str) -> WindowResult:
+        self._changed.add((window, key))
         value = self._result(pane.acc)
         if self._discarding:
             pane.acc = self._create()
@@ -403,12 +440,15 @@ class WindowOperator:
         """Remove and return the pane of a session that is merging into another."""
         panes = self._windows[window]
         pane = panes.pop(key)
+        self._changed.add((window, key))
         if not panes:
             del self._windows[window]
         return pane
 
     def _drop_window(self, window: Window) -> None:
         panes = self._windows.pop(window, None)
+        if panes:
+            self._changed.update((window, key) for key in panes)
         if panes and self._merging:
             for key in panes:
                 sessions = self._sessions[key]

@@ -20,6 +20,9 @@ from gearbus.api.windows import (
     TumblingWindows,
 )
 from gearbus.api.partitioners import MAX_PARALLELISM, key_group
+from gearbus.runtime.chain import WindowAggregateOp
+from gearbus.runtime.keygroups import WindowDelta
+from gearbus.runtime.snapshots import Lineage, TaskSnapshot
 from gearbus.runtime.windows import WindowOperator
 
 FAST = settings(max_examples=150, deadline=None)
@@ -168,6 +171,72 @@ def test_groups_of_two_tasks_restore_into_one(make, stream, data):
         merged.append((Counter(panes), sorted(op.drain_late(), key=repr), op.state_size))
     assert merged == [(panes, sorted(late, key=repr), size) for _, panes, late, _, _, size in whole]
     assert (op.late_dropped, op.late_side_output) == whole[-1][3:5]
+
+
+@FAST
+@given(operators(), streams(), st.data())
+def test_a_chain_of_incremental_snapshots_adds_up_to_the_whole_state(make, stream, data):
+    """Snapshots at any points, each holding the panes changed since the last completed
+    one's (as the window step takes them), with completions, compactions and restores
+    between: every chain adds up to the whole snapshot taken at the same point, and an
+    operator restored from one fires what the uninterrupted operator fires."""
+    step = WindowAggregateOp("w", make, partial_input=False)
+    step.open(None)
+    lineage, stored, truth, completed = Lineage(data.draw(st.sampled_from([0, 2, 4, 4]))), {}, {}, []
+    plain = make()
+    watermark = WATERMARK_MIN
+    for i, event in enumerate(stream):
+        action = data.draw(st.sampled_from(["", "snapshot", "snapshot", "complete", "complete", "compact", "restore"]),
+                           label=f"at {i}")
+        if action == "snapshot":
+            checkpoint_id = len(stored) + 1
+            step.prepare_checkpoint(checkpoint_id)
+            link, base = lineage.plan(checkpoint_id, 0)
+            state = step.snapshot_since(base.checkpoint_id if base else None)
+            assert base is not None or not isinstance(state, WindowDelta)
+            stored[checkpoint_id] = TaskSnapshot(checkpoint_id, state, False, watermark, 0,
+                                                 (base.checkpoint_id, 0) if base else None, link.depth, link.root)
+            truth[checkpoint_id] = step.snapshot()
+        elif action == "complete" and stored:
+            completed.append(max(stored))
+            lineage.completed(max(stored))
+        elif action == "compact" and completed:
+            stored[completed[-1]] = stored[completed[-1]].whole(added_up(stored, completed[-1])).self_contained()
+            lineage.compacted(completed[-1])
+        elif action == "restore" and completed:  # as after a crash: only what the last completed one holds
+            state = pickle.loads(pickle.dumps(added_up(stored, completed[-1])))
+            step = WindowAggregateOp("w", make, partial_input=False)
+            step.open(None)
+            step.restore(state)
+            lineage.restored(stored[completed[-1]].link)
+            plain = make()
+            plain.restore(pickle.loads(pickle.dumps(truth[completed[-1]]["operator"])))
+            stored = {c: envelope for c, envelope in stored.items() if c <= completed[-1]}
+            watermark = state["watermark"]
+        panes, _ = apply(step.operator, event, watermark)
+        expected, watermark = apply(plain, event, watermark)
+        assert Counter(panes) == Counter(expected)
+    for checkpoint_id in stored:
+        assert as_panes(added_up(stored, checkpoint_id)) == as_panes(truth[checkpoint_id])
+
+
+def added_up(stored: dict[int, TaskSnapshot], checkpoint_id: int) -> dict:
+    chain, at = [], checkpoint_id
+    while at is not None:
+        chain.insert(0, stored[at].state)
+        at = stored[at].base[0] if stored[at].base else None
+    state = None
+    for part in chain:
+        state = part.onto(state) if isinstance(part, WindowDelta) else part
+    return state
+
+
+def as_panes(state: dict) -> tuple:
+    """A window step's state with its panes as a multiset (their order within a group is
+    the order they changed in, not kept)."""
+    operator = dict(state["operator"])
+    panes = Counter(repr(entry) for entries in operator.pop("groups").values() for entry in entries)
+    return operator, state["watermark"], panes
 
 
 def test_snapshot_is_plain_data_grouped_by_key_group():
