@@ -189,7 +189,7 @@ class KeyedOp(Op):
     def snapshot_since(self, base: int | None):
         """Every key's entry by key group, or (building on ``base``'s snapshot) a
         :class:`KeyedDelta` of the keys changed since: its cost follows the changes."""
-        keys = self.changes.take(self._checkpoint, base)
+        keys = self.changes.take(self._checkpoint, base, self._held())
         if keys is None:
             groups: dict[int, list] = {}
             for key in self._keys():

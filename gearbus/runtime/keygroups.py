@@ -111,9 +111,10 @@ class ChangeLog:
         self._forgot = False  # since the last snapshot
         self._whole_before = 0  # snapshots building on an older base than this are whole
 
-    def take(self, checkpoint_id: int | None, base: int | None) -> set | None:
+    def take(self, checkpoint_id: int | None, base: int | None, held: int | None = None) -> set | None:
         """The keys to snapshot for ``checkpoint_id`` building on ``base``'s snapshot
-        (None: every key, a whole snapshot)."""
+        (None: every key, a whole snapshot; also when at least ``held``, the keys held,
+        changed since: a whole snapshot is then no larger, and cheaper to take)."""
         changed = set(self.changed)
         self.changed.clear()
         if checkpoint_id is not None:
@@ -124,6 +125,8 @@ class ChangeLog:
             return None
         for old in [c for c in self._taken if c <= base]:
             del self._taken[old]
+        if held is not None and max(len(changed), *map(len, self._taken.values())) >= held:
+            return None
         return changed.union(*self._taken.values())
 
     def bound(self, held: int) -> None:

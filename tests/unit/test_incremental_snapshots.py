@@ -217,12 +217,12 @@ def test_changes_forgotten_past_the_bound_make_snapshots_whole_until_a_later_bas
                                              False, op.watermark, 0, (base.checkpoint_id, 0) if base else None,
                                              link.depth, link.root)
 
-    op.process([("x", 0, "keep")])
+    op.process([("x", 0, "keep")] + [("x", 0, f"stay{n}") for n in range(4)])  # more keys than change later
     snapshot(1)
     lineage.completed(1)
     snapshot(2)  # builds on 1; completes only later
     op.process([("changed", 0, "keep")])  # after 2's snapshot: only the log knows
-    op.process([("tmp", 0, f"k{n}") for n in range(4)] + [(None, 0, f"k{n}") for n in range(4)])  # it forgets
+    op.process([("tmp", 0, f"k{n}") for n in range(12)] + [(None, 0, f"k{n}") for n in range(12)])  # it forgets
     snapshot(3)
     assert not isinstance(stored[3].state, KeyedDelta)
     lineage.completed(2)
@@ -234,6 +234,23 @@ def test_changes_forgotten_past_the_bound_make_snapshots_whole_until_a_later_bas
     snapshot(5)
     assert isinstance(stored[5].state, KeyedDelta)
     assert as_entries(from_chain(stored, 5))["keep"][0] == "again"
+
+
+def test_a_snapshot_is_whole_once_as_many_keys_changed_as_are_held():
+    """Every key changed since the base: the changes would be as large as the whole state
+    and cost more to gather, so the snapshot is whole (its chain still adds up)."""
+    op, lineage = new_op(), Lineage()
+    stored: dict[int, TaskSnapshot] = {}
+    for checkpoint_id, keys in ((1, range(10)), (2, range(3)), (3, range(10))):
+        op.process([("v", 0, f"k{n}") for n in keys])
+        op.prepare_checkpoint(checkpoint_id)
+        link, base = lineage.plan(checkpoint_id, 0)
+        stored[checkpoint_id] = TaskSnapshot(checkpoint_id, op.snapshot_since(base.checkpoint_id if base else None),
+                                             False, op.watermark, 0, (base.checkpoint_id, 0) if base else None,
+                                             link.depth, link.root)
+        lineage.completed(checkpoint_id)
+    assert isinstance(stored[2].state, KeyedDelta) and not isinstance(stored[3].state, KeyedDelta)
+    assert stored[3].base == (2, 0) and len(as_entries(from_chain(stored, 3))) == 10
 
 
 def test_a_completion_come_late_is_no_base_once_a_later_whole_snapshot_was_taken():
