@@ -510,8 +510,12 @@ class ChainTask(Task):
         #: the ops that release output later, and those that ask for wakeups (by position)
         self.holding = [i for i, op in enumerate(self.ops) if op.holds_output]
         self.timed = [i for i, op in enumerate(self.ops) if type(op).next_wakeup_ms is not Op.next_wakeup_ms]
-        for op in self.ops:
-            op.open(self)
+        try:
+            for op in self.ops:
+                op.open(self)
+        except BaseException:
+            self.state_backend.close()  # no on_stop follows a failed start
+            raise
 
     def on_batch(self, records):
         for op in self.ops:

@@ -20,6 +20,7 @@ from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group
 from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, KeyedDelta, detached, estimated_bytes, grouped,
                                        keyed_share)
+from gearbus.runtime.state_backend import StateBackendError
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
@@ -39,6 +40,8 @@ class KeyedStates:
         self.changed = changed
         self.values: MutableMapping = {} if values is None else values
         self.settle = getattr(self.values, "settle", _nothing)
+        #: reads for a snapshot: a table that writes back does not keep what they read
+        self._peek = getattr(self.values, "peek", self.values.get)
         self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
         self._expiry: list[tuple[int, int, Any]] = []  # (expires at, tie-breaker, key); stale ones skipped
         self._order = itertools.count()
@@ -66,7 +69,7 @@ class KeyedStates:
 
     def entry(self, key) -> tuple:
         """What a snapshot keeps of ``key``: its state and the time of its last write."""
-        return detached(self.values.get(key), self.step, key), self.written.get(key)
+        return detached(self._peek(key), self.step, key), self.written.get(key)
 
     def restore(self, key, value, written: int | None, watermark: int) -> None:
         """Put back a snapshot's entry; one taken without a TTL counts as written at ``watermark``."""
@@ -229,6 +232,8 @@ class StatefulMapOp(KeyedOp):
         for value, timestamp, key in records:
             try:
                 returned = fn(values.get(key), value)
+            except StateBackendError:
+                raise
             except Exception as exc:
                 raise StepError(self.step, value, exc) from exc
             if type(returned) not in (tuple, list) or len(returned) != 2:
@@ -325,6 +330,8 @@ class KeyedProcessOp(KeyedOp):
             ctx.key, ctx.timestamp, ctx.emit_time = key, timestamp, timestamp
             try:
                 process(value, ctx)
+            except StateBackendError:
+                raise
             except Exception as exc:
                 raise StepError(self.step, value, exc) from exc
         self.states.settle()
@@ -355,6 +362,8 @@ class KeyedProcessOp(KeyedOp):
             ctx.emit_time = timestamp if event_time else self.watermark + 1
             try:
                 self._on_timer(timestamp, ctx)
+            except StateBackendError:
+                raise
             except Exception as exc:
                 raise StepError(self.step, f"<timer at {timestamp} of key {key!r}>", exc) from exc
         self.states.settle()

@@ -45,7 +45,9 @@ def unserialisable_part(state: Any) -> str:
     entries) is the first entry pickle refuses, and the type of its value that it refuses:
     what a declined checkpoint names. Empty when none is found."""
     def search(node, step):
-        if isinstance(node, Delta):
+        if isinstance(node, WindowDelta):
+            node = {"written": node.written, **node.rest}
+        elif isinstance(node, Delta):
             node = node.written
         if isinstance(node, dict):
             for name, value in node.items():
@@ -125,9 +127,8 @@ class ChangeLog:
             return None
         for old in [c for c in self._taken if c <= base]:
             del self._taken[old]
-        if held is not None and max(len(changed), *map(len, self._taken.values())) >= held:
-            return None
-        return changed.union(*self._taken.values())
+        since = changed.union(*self._taken.values())
+        return None if held is not None and len(since) >= held else since
 
     def bound(self, held: int) -> None:
         """Forget the changes once they outnumber twice the ``held`` keys (plus SLACK)."""

@@ -64,9 +64,10 @@ class StateBackendError(OSError):
 def backend_name(config: dict) -> str:
     """The backend ``config`` names, else the cluster default (:data:`BACKEND_ENV`), else
     ``memory``; ValueError naming the choices for any other."""
-    name = config.get("state_backend") or os.environ.get(BACKEND_ENV) or "memory"
+    named = "state_backend" in config
+    name = config["state_backend"] if named else os.environ.get(BACKEND_ENV) or "memory"
     if name not in BACKENDS:
-        source = "application config state_backend" if config.get("state_backend") else BACKEND_ENV
+        source = "application config state_backend" if named else BACKEND_ENV
         raise ValueError(f"{source} must be one of {', '.join(BACKENDS)}, got {name!r}")
     return name
 
@@ -159,8 +160,11 @@ def open_backend(name: str, root: str | None, label: str):
 
 def encode_key(key) -> bytes:
     """``key`` as the store holds it: its key group (so a group's entries are one range),
-    then its type and bytes; equal keys encode alike (pickled without memo)."""
+    then its type and bytes; equal keys encode alike: numbers a dict holds as one key
+    (``True``, ``1``, ``1.0``) as an int, the rest pickled without memo."""
     kind = type(key)
+    if kind is bool or kind is float and key.is_integer():
+        key, kind = int(key), int
     if kind is str:
         body = b"s" + key.encode("utf-8", "surrogatepass")
     elif kind is int:
@@ -217,6 +221,18 @@ class RocksDBTable(MutableMapping):
             if type(value) not in IMMUTABLE_TYPES:
                 self._pending[key] = value  # user code may change it in place
             return value
+        return default if value is _REMOVED else value
+
+    def peek(self, key, default=None):
+        """:meth:`get` for a snapshot: what it reads from the store is not kept in memory
+        (the snapshot copies a value that can change)."""
+        value = self._pending.get(key, _MISSING)
+        if value is _MISSING:
+            try:
+                raw = self._db.get(encode_key(key))
+            except Exception as exc:
+                raise self.backend.failed(f"reading the state of step {self.step!r}", exc) from exc
+            return default if raw is None else pickle.loads(raw)
         return default if value is _REMOVED else value
 
     def __getitem__(self, key):

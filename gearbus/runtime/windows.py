@@ -289,7 +289,9 @@ class WindowOperator:
         """The panes changed since the snapshot of checkpoint ``base``, for the snapshot of
         ``checkpoint_id``: (written ``(start, end, key, acc, count)``, removed ``(start,
         end, key)``) by key group; None when this snapshot must be whole (see ChangeLog)."""
-        changed = self.changes.take(checkpoint_id, base, self.state_size)
+        held = self.state_size
+        self.changes.bound(held)  # abandoned checkpoints' changes count too
+        changed = self.changes.take(checkpoint_id, base, held)
         if changed is None:
             return None
         written: dict[int, list[tuple]] = {}

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gearbus.api.partitioners import key_group
 from gearbus.runtime import state_backend
 from gearbus.runtime.keygroups import UnserialisableState
+from gearbus.runtime.keyed import StatefulMapOp
 from gearbus.runtime.sender import DataPlaneConfig
 from gearbus.runtime.state_backend import (BACKEND_ENV, RocksDBBackend, StateBackendError, backend_name, decode_key,
                                            encode_key, open_backend)
@@ -175,3 +176,50 @@ def test_its_size_is_measured_without_writing_out_what_waits(tmp_path):
     finally:
         backend.close()
     assert table.size() == (0, 0)  # the metrics may still ask once the task stopped
+
+
+def test_keys_a_dict_holds_as_one_are_one_here(tmp_path):
+    backend = open_backend("rocksdb", str(tmp_path), "t")
+    try:
+        table = backend.table("count")
+        table[1] = "one"
+        table.flush()
+        assert table.get(1.0) == table.get(True) == "one"
+        table[True] = "true"
+        table[0.0] = "zero"
+        table.flush()
+        assert len(table) == 2 and table.get(1) == "true" and table.get(-0.0) == table.get(False) == "zero"
+    finally:
+        backend.close()
+
+
+def test_a_failing_store_fails_the_step_as_an_os_error_not_as_user_code(tmp_path):
+    """What user code raises fails the app; what the store raises rolls it back, even
+    when it is raised while the user's function reads its state."""
+    op = StatefulMapOp("count", lambda state, value: ((state or 0) + value, None), None)
+
+    class Task:
+        state_backend = open_backend("rocksdb", str(tmp_path), "t")
+
+    op.open(Task())
+    op.process([(1, 0, "k")])
+    Task.state_backend.close()
+    with pytest.raises(StateBackendError, match="failed reading the state of step 'count'"):
+        op.process([(1, 0, "other")])
+
+
+def test_a_whole_snapshot_does_not_keep_what_it_read(tmp_path):
+    op = StatefulMapOp("collect", lambda state, value: ((state or []) + [value], None), None)
+
+    class Task:
+        state_backend = open_backend("rocksdb", str(tmp_path), "t")
+
+    try:
+        op.open(Task())
+        op.process([(n, 0, f"k{n}") for n in range(100)])
+        op.states.values.flush()
+        whole = op.snapshot()
+        assert sum(map(len, whole["groups"].values())) == 100
+        assert op.states.values._pending == {}
+    finally:
+        Task.state_backend.close()
