@@ -195,6 +195,9 @@ class Settings:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     blacklist_after: int = DEFAULT_BLACKLIST_AFTER
     heartbeat_interval_s: float = 1.0
+    #: the app's state backend, or the cluster default where the AppMaster runs: every
+    #: executor is told it, whatever its own worker's default
+    state_backend: str = "memory"
 
     @classmethod
     def from_config(cls, config: dict, heartbeat_interval_s: float = 1.0) -> Settings:
@@ -204,11 +207,11 @@ class Settings:
         placement = config.get("task_placement", "by_index")
         if placement not in ("by_index", "round_robin"):
             raise ValueError(f"task_placement must be 'by_index' or 'round_robin', got {placement!r}")
-        backend_name(config)  # an unknown state backend is refused at submit, not by every executor
         return cls(executors=int(config.get("executors", cls.executors)), placement=placement,
                    max_restarts=int(config.get("max_restarts", DEFAULT_MAX_RESTARTS)),
                    blacklist_after=int(config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)),
-                   heartbeat_interval_s=heartbeat_interval_s)
+                   heartbeat_interval_s=heartbeat_interval_s,
+                   state_backend=backend_name(config))  # an unknown one is refused here, not by every executor
 
 
 class AppMasterState:

@@ -336,8 +336,8 @@ class AppMaster(Service):
         message = LaunchExecutor(
             app_id=self.app_id, executor_id=launch.executor_id, kind=ExecutorKind.EXECUTOR,
             artifact=self.launch.artifact, entry=self.launch.entry, artifact_kind=self.launch.artifact_kind,
-            args=self.launch.args, config=self.launch.config, app_name=self.launch.app_name,
-            priority=self.launch.priority, worker_id=launch.worker_id,
+            args=self.launch.args, config={**self.launch.config, "state_backend": self.state.settings.state_backend},
+            app_name=self.launch.app_name, priority=self.launch.priority, worker_id=launch.worker_id,
         )
         try:
             await self.bus.request(subjects.executor_launch(self.app_id), message, expect=ExecutorLaunched)

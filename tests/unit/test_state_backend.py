@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from gearbus.api.partitioners import key_group
 from gearbus.runtime import state_backend
+from gearbus.runtime.appmaster_state import Settings
 from gearbus.runtime.keygroups import UnserialisableState
 from gearbus.runtime.keyed import StatefulMapOp
 from gearbus.runtime.sender import DataPlaneConfig
@@ -223,3 +224,11 @@ def test_a_whole_snapshot_does_not_keep_what_it_read(tmp_path):
         assert op.states.values._pending == {}
     finally:
         Task.state_backend.close()
+
+
+def test_the_appmaster_decides_the_backend_for_all_its_executors(monkeypatch):
+    monkeypatch.setenv(BACKEND_ENV, "rocksdb")
+    assert Settings.from_config({}).state_backend == "rocksdb"
+    assert Settings.from_config({"state_backend": "memory"}).state_backend == "memory"
+    with pytest.raises(ValueError, match="state_backend must be one of memory, rocksdb, got ''"):
+        Settings.from_config({"state_backend": ""})
