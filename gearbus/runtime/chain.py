@@ -402,8 +402,7 @@ class WindowAggregateOp(Op):
             self.late.close()
 
     def snapshot(self):
-        return {"operator": self.operator.snapshot(self.step), "watermark": self.watermark,
-                "late": self.late.snapshot() if self.late is not None else None}
+        return self._state(self.operator.snapshot(self.step))
 
     def snapshot_since(self, base: int | None):
         """The whole state, or (building on ``base``'s snapshot) a WindowDelta of the
@@ -411,9 +410,12 @@ class WindowAggregateOp(Op):
         changes = self.operator.changes_since(self.step, self._checkpoint, base)
         if changes is None:
             return self.snapshot()
-        operator = self.operator.snapshot_rest()
-        return WindowDelta(*changes, {"operator": operator, "watermark": self.watermark,
-                                      "late": self.late.snapshot() if self.late is not None else None})
+        return WindowDelta(*changes, self._state(self.operator.snapshot_rest()))
+
+    def _state(self, operator: dict) -> dict:
+        """The step's state around the operator's."""
+        return {"operator": operator, "watermark": self.watermark,
+                "late": self.late.snapshot() if self.late is not None else None}
 
     def restore(self, state) -> None:
         self.operator.restore(state["operator"])
