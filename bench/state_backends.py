@@ -10,13 +10,17 @@ A keyed running count over ``--records`` records whose keys are drawn uniformly 
   (the default backend);
 * ``rocksdb``: the same operator, its state in the rocksdb backend (written back between
   batches): what an app gets;
+* ``memory window`` and ``rocksdb window``: a window step counting per key over sliding
+  windows of 10 s every 2 s (the records' event time goes 1 ms per 100 records, and the
+  watermark follows each batch), its panes in each backend;
 * ``rocksdb loop`` and ``lmdb loop``: the two stores the issue named compared bare, with
   the same loop per batch (read the batch's keys, add, write them back in one write batch
   or transaction; pickled keys and values; no write-ahead log or sync), RocksDB through
   ``rocksdict`` with bloom filters and a 128 MiB block cache, LMDB when it is installed
   (``pip install lmdb``).
 
-Printed per backend: records/s, its ratio to ``memory``'s, the process's peak resident
+Printed per backend: records/s, its ratio to ``memory``'s (``memory window``'s for the
+window step on disk), the process's peak resident
 memory, its resident memory after the last batch (the state still held) split into heap
 (anonymous) and file-backed pages (LMDB's memory map), and the bytes on disk. This is a
 benchmark, not a test: it fails only when a run does.
@@ -41,7 +45,9 @@ sys.path.insert(0, REPO)
 
 from common import parser_from_doc  # noqa: E402  (bench/, beside this file)
 
-BACKENDS = ("memory", "rocksdb", "rocksdb loop", "lmdb loop")
+BACKENDS = ("memory", "rocksdb", "memory window", "rocksdb window", "rocksdb loop", "lmdb loop")
+#: Records per millisecond of event time.
+PER_MS = 100
 #: This process's heap and file-backed resident memory once the count finished.
 HELD: dict[str, int] = {}
 
@@ -49,7 +55,8 @@ HELD: dict[str, int] = {}
 def batches(opts):
     rng = random.Random(7)
     for start in range(0, opts.records, opts.batch):
-        yield [(1, 0, f"key{rng.randrange(opts.keys)}") for _ in range(min(opts.batch, opts.records - start))]
+        yield [(1, (start + i) // PER_MS, f"key{rng.randrange(opts.keys)}")
+               for i in range(min(opts.batch, opts.records - start))]
 
 
 def timed(opts, count_batch, finish) -> float:
@@ -79,6 +86,27 @@ def count_with_op(opts, backend_name: str, directory: str) -> float:
     elapsed = timed(opts, op.process, getattr(op.states.values, "flush", lambda: None))
     assert 0 < len(op.states.values) <= opts.keys
     return elapsed
+
+
+def count_in_windows(opts, backend_name: str, directory: str) -> float:
+    """A window step counting per key over sliding windows, its panes in ``backend_name``."""
+    from gearbus.api.aggregators import Count
+    from gearbus.api.windows import SlidingWindows
+    from gearbus.runtime.chain import WindowAggregateOp
+    from gearbus.runtime.state_backend import open_backend
+    from gearbus.runtime.windows import WindowOperator
+
+    class Task:
+        state_backend = open_backend(backend_name, directory, "bench")
+
+    op = WindowAggregateOp("window", lambda: WindowOperator(SlidingWindows(10_000, 2_000), Count()), False)
+    op.open(Task())
+
+    def count_batch(batch):
+        op.process(batch)
+        op.on_watermark(batch[-1][1] - 1)
+
+    return timed(opts, count_batch, Task.state_backend.close)
 
 
 def count_with_lmdb(opts, directory: str) -> float:
@@ -147,6 +175,8 @@ def one(opts, backend: str) -> dict:
             elapsed = count_with_rocksdb(opts, directory)
         elif backend == "lmdb loop":
             elapsed = count_with_lmdb(opts, directory)
+        elif backend.endswith(" window"):
+            elapsed = count_in_windows(opts, backend.split()[0], directory)
         else:
             elapsed = count_with_op(opts, backend, directory)
         disk = sum(os.stat(os.path.join(root, name)).st_blocks * 512
@@ -179,11 +209,11 @@ def main() -> None:
                               "--records", str(opts.records), "--batch", str(opts.batch)],
                              check=True, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
         results[backend] = json.loads(ran.stdout.strip().splitlines()[-1])
-    base = results["memory"]["records_per_s"]
     print(f"{opts.records:,} records over {opts.keys:,} keys, batches of {opts.batch}")
     print(f"{'backend':<14}{'records/s':>12}{'/ memory':>10}{'peak RSS MB':>13}{'heap MB':>9}{'file MB':>9}"
           f"{'disk MB':>9}")
     for name, r in results.items():
+        base = results["memory window" if name.endswith(" window") else "memory"]["records_per_s"]
         print(f"{name:<14}{r['records_per_s']:>12,.0f}{r['records_per_s'] / base:>10.2f}{r['peak_rss'] / 2**20:>13.0f}"
               f"{r.get('RssAnon', 0) / 2**20:>9.0f}{r.get('RssFile', 0) / 2**20:>9.0f}{r['disk_bytes'] / 2**20:>9.0f}")
 

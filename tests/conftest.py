@@ -5,6 +5,7 @@ each test folder implies and the hypothesis profiles."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,13 @@ def inprocess() -> Callable[..., InProcessEngine]:
         return InProcessEngine(application, batch_records, checkpoint_every, epoch, seed)
 
     return make
+
+
+@pytest.fixture
+def backends():
+    """State backends a test opens: closed, their files removed, after it."""
+    with contextlib.ExitStack() as stack:
+        yield stack
 
 
 @pytest.fixture

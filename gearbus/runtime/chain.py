@@ -19,7 +19,7 @@ from gearbus.api.task import Record, Task, new_record, not_rescalable
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.keygroups import WindowDelta
-from gearbus.runtime.state_backend import open_backend
+from gearbus.runtime.state_backend import StateBackendError, open_backend
 from gearbus.runtime.windows import WindowOperator
 from shared.messages import AppError
 from shared.values import ValueTypeError
@@ -379,6 +379,7 @@ class WindowAggregateOp(Op):
 
     def open(self, task):
         self.operator = self.make_operator()
+        self.operator.hold_in(task.state_backend, self.step)
         if self.late is not None:
             self.late.open(task)
 
@@ -391,8 +392,11 @@ class WindowAggregateOp(Op):
             else:
                 for value, ts, key in records:
                     out.extend(op.process(key, value, ts, wm))
+        except StateBackendError:
+            raise
         except Exception as exc:
             raise StepError(self.step, value, exc) from exc
+        op.settle()
         if self.late is not None:
             self.late.process([new_record(Record, (v, ts, k)) for k, v, ts in self.operator.drain_late()])
         return self._records(out)
@@ -441,9 +445,13 @@ class WindowAggregateOp(Op):
     def on_watermark(self, watermark):
         self.watermark = watermark
         try:
-            return self._records(self.operator.advance(watermark))
+            results = self.operator.advance(watermark)
+        except StateBackendError:
+            raise
         except Exception as exc:
             raise StepError(self.step, _NO_VALUE, exc) from exc
+        self.operator.settle()
+        return self._records(results)
 
     @staticmethod
     def _records(results) -> list[Record]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from heapq import heappop, heappush
 from operator import itemgetter
 from typing import Any
@@ -23,6 +23,7 @@ from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
 from gearbus.api.partitioners import key_group, owned_groups
 from gearbus.runtime.keygroups import estimated_bytes, keyed_share
+from gearbus.runtime.state_backend import settle_of
 
 LEFT, RIGHT = 0, 1
 _value = itemgetter(0)
@@ -118,6 +119,9 @@ class _Buffer:
         self.times = times or []
         self.values = values or []
 
+    def __reduce__(self):
+        return _Buffer, (self.times, self.values)
+
     def insert(self, timestamp: int, value) -> None:
         i = bisect_right(self.times, timestamp)
         self.times.insert(i, timestamp)
@@ -146,10 +150,21 @@ class IntervalJoinOp(Op):
     def __init__(self, step: str, lower_ms: int, upper_ms: int):
         super().__init__(step)
         self.lower, self.upper = lower_ms, upper_ms
+        #: each side's records by key (tables of the task's state backend once open)
+        self.sides: tuple[MutableMapping[Any, _Buffer], MutableMapping[Any, _Buffer]] = ({}, {})
+        self._settles = ()
         self._reset()
 
+    def open(self, task) -> None:
+        """Hold each side's records in the task's state backend (the times they expire at
+        stay in memory)."""
+        backend = task.state_backend
+        self.sides = (backend.table(f"{self.step} (left)"), backend.table(f"{self.step} (right)"))
+        self._settles = tuple(map(settle_of, self.sides))
+
     def _reset(self) -> None:
-        self.sides: tuple[dict[Any, _Buffer], dict[Any, _Buffer]] = ({}, {})
+        for buffers in self.sides:
+            buffers.clear()
         self._expiry: list[tuple[int, int, int, Any]] = []  # (drop at, tie-breaker, side, key)
         self._order = itertools.count()
         self.watermark = WATERMARK_MIN
@@ -177,7 +192,12 @@ class IntervalJoinOp(Op):
             until = self._kept_until(side, timestamp)
             if until > watermark:
                 self._keep(side, key, timestamp, value, until)
+        self._settle()
         return out
+
+    def _settle(self) -> None:
+        for settle in self._settles:
+            settle()
 
     def _keep(self, side: int, key, timestamp: int, value, until: int) -> None:
         own = self.sides[side]
@@ -200,6 +220,7 @@ class IntervalJoinOp(Op):
             self.held -= buffer.drop_until(watermark - self.upper if side == LEFT else watermark + self.lower)
             if not buffer.times:
                 del self.sides[side][key]
+        self._settle()
         return []
 
     def snapshot(self):
@@ -218,12 +239,15 @@ class IntervalJoinOp(Op):
                 self.held += len(times)
                 for timestamp in times:
                     heappush(self._expiry, (self._kept_until(side, timestamp), next(self._order), side, key))
+            self._settle()
 
     def rescale(self, states, index, parallelism):
         return _rescaled(states, index, parallelism)
 
     def state_size(self) -> tuple[int, int]:
-        """(records held, their estimated bytes)."""
+        """(records held, their estimated bytes; on disk, as the tables measure themselves)."""
+        if not isinstance(self.sides[0], dict):
+            return self.held, sum(side.size()[1] for side in self.sides) if self.held else 0
         values = (v for buffers in self.sides for b in buffers.values() for v in b.values)
         return self.held, estimated_bytes(values, self.held)
 
@@ -243,10 +267,20 @@ class TableJoinOp(Op):
                  table_value: Callable[[Any], Any] | None):
         super().__init__(step)
         self.as_of, self.ttl_ms, self.how, self.table_value = as_of, ttl_ms, how, table_value
+        #: key -> its values by the time they were written (a table of the task's state
+        #: backend once open)
+        self.versions: MutableMapping[Any, _Buffer] = {}
+        self._settle = settle_of(self.versions)
         self._reset()
 
+    def open(self, task) -> None:
+        """Hold the table's versions in the task's state backend (records waiting for
+        theirs, and the times keys are pruned at, stay in memory)."""
+        self.versions = task.state_backend.table(self.step)
+        self._settle = settle_of(self.versions)
+
     def _reset(self) -> None:
-        self.versions: dict[Any, _Buffer] = {}  # key -> its values by the time they were written
+        self.versions.clear()
         self.waiting: list[tuple[int, int, Any, Any]] = []  # event_time: (timestamp, tie-breaker, key, value)
         self._prune_at: list[tuple[int, int, Any]] = []  # (watermark, tie-breaker, key): prune the key then
         self._order = itertools.count()
@@ -265,6 +299,7 @@ class TableJoinOp(Op):
                 self.late_records += 1
             else:
                 heappush(self.waiting, (timestamp, next(self._order), key, value))
+        self._settle()
         return out
 
     def _upsert(self, key, timestamp: int, record) -> None:
@@ -348,6 +383,7 @@ class TableJoinOp(Op):
         for key in touched:
             if key in self.versions:
                 self._prune(key)
+        self._settle()
         return out
 
     def snapshot(self):
@@ -366,6 +402,7 @@ class TableJoinOp(Op):
                 self.held += len(times)
                 for timestamp in times:
                     self._schedule(key, timestamp)
+            self._settle()
         for timestamp, key, value in state["waiting"]:
             heappush(self.waiting, (timestamp, next(self._order), key, value))
 
@@ -379,6 +416,9 @@ class TableJoinOp(Op):
     def state_size(self) -> tuple[int, int]:
         """(versions and waiting records, their estimated bytes)."""
         entries = self.held + len(self.waiting)
+        if not isinstance(self.versions, dict):
+            stored = self.versions.size()[1] if self.held else 0
+            return entries, stored + estimated_bytes((w[3] for w in self.waiting), len(self.waiting))
         values = itertools.chain((v for b in self.versions.values() for v in b.values),
                                  (w[3] for w in self.waiting))
         return entries, estimated_bytes(values, entries)

@@ -20,7 +20,7 @@ from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group
 from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, KeyedDelta, detached, estimated_bytes, grouped,
                                        keyed_share)
-from gearbus.runtime.state_backend import StateBackendError
+from gearbus.runtime.state_backend import StateBackendError, settle_of
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
@@ -39,7 +39,7 @@ class KeyedStates:
         self.ttl_ms = ttl_ms
         self.changed = changed
         self.values: MutableMapping = {} if values is None else values
-        self.settle = getattr(self.values, "settle", _nothing)
+        self.settle = settle_of(self.values)
         #: reads for a snapshot: a table that writes back does not keep what they read
         self._peek = getattr(self.values, "peek", self.values.get)
         self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
@@ -82,10 +82,6 @@ class KeyedStates:
         if isinstance(self.values, dict):
             return len(self.values), estimated_bytes(iter(self.values.items()), len(self.values))
         return self.values.size()
-
-
-def _nothing() -> None:
-    """A dict's settle: nothing waits to be written."""
 
 
 class Timers:

@@ -31,7 +31,7 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gearbus.api.partitioners import MAX_PARALLELISM, stable_hash
@@ -75,7 +75,7 @@ class MemoryBackend:
 
     name = "memory"
 
-    def table(self, step: str) -> dict:
+    def table(self, step: str, codec=None) -> dict:
         """A dict: the hot path costs what it always did (a dict subclass's lookups cost a
         quarter more)."""
         return {}
@@ -98,7 +98,8 @@ class RocksDBBackend:
         self.tables: list[RocksDBTable] = []
         self._cache = None
 
-    def table(self, step: str) -> RocksDBTable:
+    def table(self, step: str, codec: type[Keys] | None = None) -> RocksDBTable:
+        """Step ``step``'s table, its keys stored as ``codec`` says (by key group by default)."""
         import rocksdict  # here, not at import: only processes holding state on disk load RocksDB
 
         try:
@@ -115,7 +116,7 @@ class RocksDBBackend:
             raise StateBackendError(f"the rocksdb state backend cannot open its files under "
                                     f"{self.directory or self.root or tempfile.gettempdir()}: "
                                     f"{type(exc).__name__}: {exc}") from exc
-        table = RocksDBTable(self, step, db)
+        table = RocksDBTable(self, step, db, codec or Keys)
         self.tables.append(table)
         return table
 
@@ -143,6 +144,15 @@ class RocksDBBackend:
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
+
+
+def settle_of(table) -> Callable[[], None]:
+    """What writes a table's waiting entries out between batches (nothing for a dict)."""
+    return getattr(table, "settle", _nothing)
+
+
+def _nothing() -> None:
+    """A dict's settle: nothing waits to be written."""
 
 
 def open_backend(name: str, root: str | None, label: str):
@@ -189,15 +199,41 @@ def decode_key(encoded: bytes) -> Any:
     return pickle.loads(body)
 
 
+class Keys:
+    """How a table stores its keys: by key group (:func:`encode_key`). A codec whose keys
+    are pairs (scope, key) also says how a scope's keys begin (``prefix``), so that one
+    scope's entries are read and removed as one range."""
+
+    encode = staticmethod(encode_key)
+    decode = staticmethod(decode_key)
+    #: the range every stored key lies in
+    span = (_GROUP_PREFIXES[0], _END_OF_GROUPS)
+
+    @staticmethod
+    def prefix(scope) -> bytes:
+        raise TypeError("keys stored by key group have no scopes")
+
+
+def _after(prefix: bytes) -> bytes:
+    """The first key past every key that starts with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return b"\xff" * (len(prefix) + 1)
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
 class RocksDBTable(MutableMapping):
     """One step's entries in its RocksDB database, written back (see the module
     docstring). ``len`` is exact after :meth:`flush`: a write-out looks up whether the keys
-    it writes were stored, unless a read already told."""
+    it writes were stored, unless a read already told (a scope removed with
+    :meth:`remove_scope` is not counted out: a table of scopes counts by scope)."""
 
-    def __init__(self, backend: RocksDBBackend, step: str, db):
+    def __init__(self, backend: RocksDBBackend, step: str, db, codec: type[Keys] = Keys):
         self.backend = backend
         self.step = step
         self._db = db
+        self.codec = codec
+        self._encode = codec.encode
         self._pending: dict[Any, Any] = {}  # key -> value, or _REMOVED
         #: keys read since the last write-out: (encoded, whether stored)
         self._read: dict[Any, tuple[bytes, bool]] = {}
@@ -206,7 +242,7 @@ class RocksDBTable(MutableMapping):
     def get(self, key, default=None):
         value = self._pending.get(key, _MISSING)
         if value is _MISSING:
-            encoded = encode_key(key)
+            encoded = self._encode(key)
             raw = self._stored(encoded)
             self._read[key] = (encoded, raw is not None)  # most keys read are written next
             if raw is None:
@@ -222,7 +258,7 @@ class RocksDBTable(MutableMapping):
         (the snapshot copies a value that can change)."""
         value = self._pending.get(key, _MISSING)
         if value is _MISSING:
-            raw = self._stored(encode_key(key))
+            raw = self._stored(self._encode(key))
             return default if raw is None else pickle.loads(raw)
         return default if value is _REMOVED else value
 
@@ -276,14 +312,51 @@ class RocksDBTable(MutableMapping):
             if value is not _REMOVED:
                 yield key, value
         try:
+            decode = self.codec.decode
             for encoded, raw in self._db.items():
-                key = decode_key(encoded)
+                key = decode(encoded)
                 if key not in waiting:
                     yield key, pickle.loads(raw)
         except StateBackendError:
             raise
         except Exception as exc:
             raise self.backend.failed(f"reading the state of step {self.step!r}", exc) from exc
+
+    def scope_items(self, scope, keep: bool) -> Iterator[tuple[Any, Any]]:
+        """The entries of one scope (keys ``(scope, key)``): those waiting, then the stored
+        ones by key. ``keep`` keeps each value read that can change in place waiting, as
+        :meth:`get` does (the caller may change it); without it nothing read is kept."""
+        waiting = {key: value for key, value in self._pending.items() if key[0] == scope}
+        for key, value in waiting.items():
+            if value is not _REMOVED:
+                yield key, value
+        prefix, decode, pending, read = self.codec.prefix(scope), self.codec.decode, self._pending, self._read
+        try:
+            for encoded, raw in self._db.items(from_key=prefix):
+                if not encoded.startswith(prefix):
+                    break
+                key = decode(encoded)
+                if key in waiting:
+                    continue
+                value = pickle.loads(raw)
+                if keep and type(value) not in IMMUTABLE_TYPES:
+                    pending[key] = value
+                    read[key] = (encoded, True)
+                yield key, value
+        except StateBackendError:
+            raise
+        except Exception as exc:
+            raise self.backend.failed(f"reading the state of step {self.step!r}", exc) from exc
+
+    def remove_scope(self, scope) -> None:
+        """Remove every entry of one scope: one range on disk."""
+        self._pending = {key: value for key, value in self._pending.items() if key[0] != scope}
+        self._read = {key: value for key, value in self._read.items() if key[0] != scope}
+        prefix = self.codec.prefix(scope)
+        try:
+            self._db.delete_range(prefix, _after(prefix))
+        except Exception as exc:
+            raise self.backend.failed(f"removing the state of step {self.step!r}", exc) from exc
 
     def size(self) -> tuple[int, int]:
         """(keys, bytes) for the metrics, without writing anything out: RocksDB's estimate
@@ -302,7 +375,7 @@ class RocksDBTable(MutableMapping):
         self._pending.clear()
         self._read.clear()
         try:
-            self._db.delete_range(_GROUP_PREFIXES[0], _END_OF_GROUPS)
+            self._db.delete_range(*self.codec.span)
         except Exception as exc:
             raise self.backend.failed(f"clearing the state of step {self.step!r}", exc) from exc
         self._count = 0
@@ -348,7 +421,7 @@ class RocksDBTable(MutableMapping):
 
     def _lookup(self, key) -> tuple[bytes, bool]:
         """A key written without being read first: its encoding, and whether it is stored."""
-        encoded = encode_key(key)
+        encoded = self._encode(key)
         return encoded, self._stored(encoded) is not None
 
     def close(self) -> None:

@@ -7,7 +7,9 @@ executors run the same code and emit the same panes.
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left, bisect_right
+from functools import partial
 from heapq import heappop, heappush
 from math import inf
 from operator import itemgetter
@@ -31,12 +33,12 @@ from gearbus.api.windows import (
 )
 from gearbus.api.partitioners import key_group, owned_groups
 from gearbus.runtime.keygroups import ChangeLog, detached, estimated_bytes, keyed_share
+from gearbus.runtime.state_backend import Keys, decode_key, encode_key
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
 _tuple = tuple.__new__
 _START = itemgetter(0)
 _END = itemgetter(1)
-_NO_PANES: dict = {}
 _NO_PANE = object()
 
 
@@ -60,6 +62,89 @@ class _Pane:
     def __init__(self, acc: Any):
         self.acc = acc
         self.count = 0
+
+    def __reduce__(self):
+        return _stored_pane, (self.acc, self.count)
+
+
+def _stored_pane(acc, count: int) -> _Pane:
+    pane = _Pane(acc)
+    pane.count = count
+    return pane
+
+
+#: a window's bounds as stored: end then start, each biased to sort as unsigned
+_BOUNDS = struct.Struct(">QQ")
+_BIAS = 2**63
+
+
+class PaneKeys(Keys):
+    """How a disk table stores panes, keyed ``(window, key)``: by window end, start, then
+    key, so that a window's panes are one range (fired, then removed, together)."""
+
+    @staticmethod
+    def prefix(window) -> bytes:
+        return _BOUNDS.pack(window[1] + _BIAS, window[0] + _BIAS)
+
+    @staticmethod
+    def encode(pane_key) -> bytes:
+        window, key = pane_key
+        return _BOUNDS.pack(window[1] + _BIAS, window[0] + _BIAS) + encode_key(key)
+
+    @staticmethod
+    def decode(encoded: bytes) -> tuple:
+        end, start = _BOUNDS.unpack_from(encoded)
+        return _tuple(Window, (start - _BIAS, end - _BIAS)), decode_key(encoded[_BOUNDS.size:])
+
+    span = (b"", b"\xff" * (_BOUNDS.size + 2))
+
+
+class _DiskPanes:
+    """One window's panes in the step's disk table: the dict operations the operator uses
+    on a non-merging window, plus reads that keep nothing (``peek``, ``peek_items``)."""
+
+    __slots__ = ("table", "window", "count")
+
+    def __init__(self, table, window: Window):
+        self.table = table
+        self.window = window
+        self.count = 0
+
+    def get(self, key, default=None):
+        return self.table.get((self.window, key), default)
+
+    def peek(self, key, default=None):
+        return self.table.peek((self.window, key), default)
+
+    def __setitem__(self, key, pane: _Pane) -> None:
+        """A pane for a key the window does not hold (the operator asks first)."""
+        self.table[(self.window, key)] = pane
+        self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def items(self):
+        """Every pane, kept waiting in memory: the caller fires it, changing it in place."""
+        return ((key, pane) for (_, key), pane in self.table.scope_items(self.window, keep=True))
+
+    def peek_items(self):
+        return ((key, pane) for (_, key), pane in self.table.scope_items(self.window, keep=False))
+
+    def __iter__(self):
+        return (key for key, _ in self.peek_items())
+
+    def clear(self) -> None:
+        self.table.remove_scope(self.window)
+        self.count = 0
+
+
+def _new_dict(window: Window) -> dict:
+    return {}
+
+
+def _ignore(*_) -> None:
+    """Nothing to do for panes held in memory."""
 
 
 def window_limits(watermark: int, allowed_lateness_ms: int) -> tuple[float, float]:
@@ -116,8 +201,12 @@ class WindowOperator:
         self._result = aggregator.result
 
         self._set_watermark(WATERMARK_MIN)
-        #: window -> key -> pane; keys in the order the window first saw them.
+        #: window -> key -> pane; keys in the order the window first saw them (in memory;
+        #: on disk, those waiting first, then by key group: see :meth:`hold_in`).
         self._windows: dict[Window, dict[Any, _Pane]] = {}
+        self._table = None  # the disk table holding the panes, if any
+        self._new_panes, self._peek, self._peek_items = _new_dict, dict.get, dict.items
+        self._forget = self.settle = _ignore
         #: Sessions only: key -> its windows, sorted and disjoint.
         self._sessions: dict[Any, list[Window]] = {}
         #: Heaps of (end, start): windows waiting to complete, and complete windows
@@ -147,9 +236,27 @@ class WindowOperator:
 
     @property
     def state_bytes(self) -> int:
-        """The live states' size, estimated from a sample (see keygroups.estimated_bytes)."""
+        """The live states' size, estimated from a sample (see keygroups.estimated_bytes),
+        or as the disk table measures itself (reading nothing into memory)."""
+        if self._table is not None:
+            return self._table.size()[1] if self._windows else 0
         panes = ((window, key, pane.acc) for window, panes in self._windows.items() for key, pane in panes.items())
         return estimated_bytes(panes, self.state_size)
+
+    def hold_in(self, backend, step: str) -> None:
+        """Keep the panes in ``backend``'s table for ``step`` (a call before any record). On
+        disk, a window's panes fire with those waiting in memory first, then by key group
+        and key; ``settle`` between batches writes them out. Session windows stay in
+        memory: they merge per key, through an index of each key's sessions held in
+        memory anyway."""
+        if self._merging:
+            return
+        table = backend.table(step, PaneKeys)
+        if isinstance(table, dict):
+            return
+        self._table, self._new_panes = table, partial(_DiskPanes, table)
+        self._peek, self._peek_items, self._forget = _DiskPanes.peek, _DiskPanes.peek_items, _DiskPanes.clear
+        self.settle = table.settle
 
     def process(self, key: Any, value: Any, timestamp: int, watermark: int) -> list[WindowResult]:
         """Add one record; ``watermark`` is the input watermark when it arrived.
@@ -252,8 +359,12 @@ class WindowOperator:
 
     def panes_of(self, key) -> list[tuple[int, int, Any]]:
         """The key's open windows, by start: (start, end, the aggregate's result so far)."""
-        return sorted((start, end, self._result(panes[key].acc))
-                      for (start, end), panes in self._windows.items() if key in panes)
+        peek, found = self._peek, []
+        for (start, end), panes in self._windows.items():
+            pane = peek(panes, key, _NO_PANE)
+            if pane is not _NO_PANE:
+                found.append((start, end, self._result(pane.acc)))
+        return sorted(found)
 
     def snapshot(self, step: str = "window") -> dict:
         """The operator's state at a checkpoint barrier (of step ``step``, which an
@@ -270,7 +381,7 @@ class WindowOperator:
         """
         groups: dict[int, list[tuple]] = {}
         for (start, end), panes in self._windows.items():
-            for key, pane in panes.items():
+            for key, pane in self._peek_items(panes):
                 groups.setdefault(key_group(key), []).append((start, end, key, detached(pane.acc, step, key),
                                                               pane.count))
         return {**self.snapshot_rest(), "groups": groups}
@@ -296,9 +407,10 @@ class WindowOperator:
             return None
         written: dict[int, list[tuple]] = {}
         removed: dict[int, list[tuple]] = {}
-        windows = self._windows
+        windows, peek = self._windows, self._peek
         for window, key in changed:
-            pane = windows.get(window, _NO_PANES).get(key, _NO_PANE)
+            panes = windows.get(window)
+            pane = _NO_PANE if panes is None else peek(panes, key, _NO_PANE)
             if pane is _NO_PANE:
                 removed.setdefault(key_group(key), []).append((window[0], window[1], key))
             else:
@@ -320,16 +432,17 @@ class WindowOperator:
         self.late_side_output = state["late_side_output"]
         self._late = list(state["late"])
         self._windows, self._sessions, self._pending, self._expiring = {}, {}, [], []
+        if self._table is not None:
+            self._table.clear()
         self.changes.reset()
         groups = state["groups"]
         for group in sorted(groups):
             for start, end, key, acc, count in groups[group]:
                 window = _tuple(Window, (start, end))
-                pane = _Pane(acc)
-                pane.count = count
-                self._panes(window)[key] = pane
+                self._panes(window)[key] = _stored_pane(acc, count)
                 if self._merging:
                     self._sessions.setdefault(key, []).append(window)
+            self.settle()
         for sessions in self._sessions.values():
             sessions.sort()
 
@@ -433,7 +546,7 @@ class WindowOperator:
         return panes
 
     def _new_window(self, window: Window) -> dict[Any, _Pane]:
-        panes = self._windows[window] = {}
+        panes = self._windows[window] = self._new_panes(window)
         start, end = window
         heappush(self._expiring if end <= self._fire_limit else self._pending, (end, start))
         return panes
@@ -451,6 +564,7 @@ class WindowOperator:
         panes = self._windows.pop(window, None)
         if panes:
             self._changed.update((window, key) for key in panes)
+            self._forget(panes)
         if panes and self._merging:
             for key in panes:
                 sessions = self._sessions[key]

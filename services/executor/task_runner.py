@@ -118,7 +118,11 @@ class TaskRunner:
     def counters(self, finished: bool) -> TaskCounters:
         """``finished``: its final checkpoint committed."""
         source = getattr(self.task, "source", None)
-        state_keys, state_bytes = self.task.state_size()
+        try:
+            state_keys, state_bytes = self.task.state_size()
+        except Exception as exc:  # noqa: BLE001 - a metric never stops the executor; the task meets it itself
+            log.warning("state_size_failed", task=self.name, error=repr(exc))
+            state_keys = state_bytes = 0
         return TaskCounters(
             task=self.task_id,
             records_in=self.core.records_in if self.source is None else self.source.records_read,

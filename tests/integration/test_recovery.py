@@ -78,9 +78,10 @@ async def test_a_worker_whose_executors_keep_failing_is_blacklisted(cluster_fact
         for kill in range(2):
             [(victim, worker_id, _)] = [p for p in cluster.processes() if p[2] == "executor"]
             assert worker_id == "big"
+            before = max(read_ticks(output))  # read now: the restore may truncate the file
             os.kill(victim, signal.SIGKILL)
             status = await restarts_reach(client, app_id, kill + 1)
-            await flowing_beyond(client, output, max(read_ticks(output)) + 50)
+            await flowing_beyond(client, output, before + 50)
         assert status.blacklisted_workers == ["big"]
         [(_, worker_id, _)] = [p for p in cluster.processes() if p[2] == "executor"]
         assert worker_id == "small"
@@ -91,10 +92,11 @@ async def test_a_worker_is_blacklisted_at_once_with_blacklist_after_1(cluster, c
     output = tmp_path / "ticks.jsonl"
     app_id = await start_ticker(client, output, executors=1, blacklist_after=1)
     [(victim, worker_id, _)] = [p for p in cluster.processes() if p[2] == "executor"]
+    before = max(read_ticks(output))  # read now: the restore may truncate the file to the last checkpoint
     os.kill(victim, signal.SIGKILL)
     status = await restarts_reach(client, app_id, 1)
     assert status.blacklisted_workers == [worker_id]
-    await flowing_beyond(client, output, max(read_ticks(output)) + 100)
+    await flowing_beyond(client, output, before + 100)
     [(_, new_worker, _)] = [p for p in cluster.processes() if p[2] == "executor"]
     assert new_worker != worker_id
     await client.kill(app_id)
@@ -134,11 +136,12 @@ async def test_an_exhausted_restart_budget_fails_the_app_with_the_last_error(clu
     app_id = await start_ticker(client, output, executors=1, max_restarts=1)
     for kill in range(2):
         [(victim, _, _)] = [p for p in cluster.processes() if p[2] == "executor"]
+        before = max(read_ticks(output))  # read now: the restore may truncate the file
         os.kill(victim, signal.SIGKILL)
         await wait_exited(victim, 10)
         if kill == 0:  # the first loss is survived: wait for the replacement to run
             await restarts_reach(client, app_id, 1)
-            await flowing_beyond(client, output, max(read_ticks(output)) + 50)
+            await flowing_beyond(client, output, before + 50)
     final = await client.wait(app_id, timeout=30)
     assert final.state == AppState.FAILED
     assert final.error.error_type == "RestartBudgetExhausted"

@@ -17,7 +17,7 @@ from gearbus.api.keyed import KeyedProcessFunction
 from gearbus.runtime.keygroups import ChangeLog, KeyedDelta
 from gearbus.runtime.keyed import KeyedProcessOp
 from gearbus.runtime.snapshots import Lineage, TaskSnapshot
-from gearbus.runtime.state_backend import RocksDBBackend, open_backend
+from tests.support.backends import task_holding_state_in
 
 KEYS = st.sampled_from(["a", "b", "c", ("t", 1), 7, 3.5])
 
@@ -48,23 +48,11 @@ class _Context:
         return 0
 
 
-class _Task:
-    context = _Context()
-
-    def __init__(self, backend):
-        self.state_backend = backend
-
-
 def new_op(slack: int = ChangeLog.SLACK, backends: contextlib.ExitStack | None = None,
            backend: str = "memory") -> KeyedProcessOp:
     """The step, its state in ``backend`` (closed with ``backends``)."""
-    opened = open_backend(backend, None, "test")
-    if isinstance(opened, RocksDBBackend):
-        opened.flush_entries = 2
-    if backends is not None:
-        backends.callback(opened.close)
     op = KeyedProcessOp("remember", Remember, None)
-    op.open(_Task(opened))
+    op.open(task_holding_state_in(backend, backends or contextlib.ExitStack(), context=_Context()))
     op.changes.SLACK = slack
     return op
 

@@ -19,7 +19,9 @@ from gearbus.planner import describe, plan
 from gearbus.runners import PipelineFailed, TestRunner
 from gearbus.runners.inprocess import SimulatedCrash
 from gearbus.runtime.joins import IntervalJoinOp, TableJoinOp
+from gearbus.runtime.state_backend import BACKENDS
 from gearbus.runtime.windows import WindowOperator
+from tests.support.backends import task_holding_state_in
 from tests.support.files import read_jsonl
 from tests.support.rescale import rescaled
 from tests.support.joins import (
@@ -35,11 +37,15 @@ from tests.support.joins import (
 )
 
 FAST = settings(max_examples=40, deadline=None)
+#: Each example holds the joins' state in a backend drawn at random: both are covered
+#: without running every example twice.
+BACKEND = st.sampled_from(BACKENDS)
 DELAY = 50  # the sources' max_out_of_orderness_ms
 
 
-def run(left: list[dict], right: list[dict], build, parallelism: int = 2, seed: int = 0) -> list:
-    pipeline = Pipeline("joins", parallelism=parallelism, config={"batch_records": 7})
+def run(left: list[dict], right: list[dict], build, parallelism: int = 2, seed: int = 0,
+        backend: str = "memory") -> list:
+    pipeline = Pipeline("joins", parallelism=parallelism, config={"batch_records": 7, "state_backend": backend})
     a = pipeline.from_collection(left, timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="left")
     b = pipeline.from_collection(right, timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="right")
     out = CollectSink()
@@ -61,12 +67,12 @@ ASSIGNERS = [TumblingWindows(100), SlidingWindows(150, 50), SessionWindows(40)]
 
 @FAST
 @given(events, events, st.sampled_from(ASSIGNERS), st.sampled_from(["inner", "left", "right", "outer"]),
-       st.integers(1, 3), st.integers(0, 1000))
-def test_a_window_join_pairs_each_keys_records_of_a_window(left, right, assigner, how, parallelism, seed):
+       st.integers(1, 3), st.integers(0, 1000), BACKEND)
+def test_a_window_join_pairs_each_keys_records_of_a_window(left, right, assigner, how, parallelism, seed, backend):
     left, right = numbered(left, "l"), numbered(right, "r")
     got = run(bounded_order(shuffled(left, seed, DELAY), DELAY), bounded_order(shuffled(right, seed + 1, DELAY), DELAY),
               lambda a, b: a.join(b, left_key=k, right_key=k, window=assigner, how=how, name="wj"),
-              parallelism, seed)
+              parallelism, seed, backend)
     assert ids(got) == window_reference(left, right, assigner, how)
 
 
@@ -85,11 +91,12 @@ def test_a_window_join_result_is_stamped_with_the_windows_last_instant():
     assert out.values == [(Joined({"id": 1, "k": 1, "t": 120}, {"id": 2, "k": 1, "t": 180}), 199)]
 
 
-def test_a_window_joins_state_empties_as_the_watermark_passes_its_windows():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_window_joins_state_empties_as_the_watermark_passes_its_windows(backend, backends):
     from gearbus.runtime.joins import CoGroup, WindowJoinOp
 
     op = WindowJoinOp("wj", lambda: WindowOperator(TumblingWindows(100), CoGroup()), "inner")
-    op.open(None)
+    op.open(task_holding_state_in(backend, backends))
     assert op.process([((0, "a"), 10, "k"), ((1, "b"), 20, "k"), ((0, "c"), 150, "k")]) == []
     assert op.state_size()[0] == 2
     out = op.on_watermark(99)
@@ -103,18 +110,20 @@ def test_a_window_joins_state_empties_as_the_watermark_passes_its_windows():
 
 
 @FAST
-@given(events, events, st.integers(-120, 60), st.integers(0, 150), st.integers(1, 3), st.integers(0, 1000))
-def test_an_interval_join_pairs_records_within_the_bounds(left, right, lower, width, parallelism, seed):
+@given(events, events, st.integers(-120, 60), st.integers(0, 150), st.integers(1, 3), st.integers(0, 1000), BACKEND)
+def test_an_interval_join_pairs_records_within_the_bounds(left, right, lower, width, parallelism, seed, backend):
     left, right = numbered(left, "l"), numbered(right, "r")
     upper = lower + width
     got = run(shuffled(left, seed, DELAY), shuffled(right, seed + 1, DELAY),
               lambda a, b: a.interval_join(b, left_key=k, right_key=k, lower_ms=lower, upper_ms=upper, name="ij"),
-              parallelism, seed)
+              parallelism, seed, backend)
     assert ids(got) == interval_reference(left, right, lower, upper)
 
 
-def test_an_interval_joins_state_empties_once_nothing_can_match():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_interval_joins_state_empties_once_nothing_can_match(backend, backends):
     op = IntervalJoinOp("ij", -10, 20)
+    op.open(task_holding_state_in(backend, backends))
     out = op.process([((0, "l1"), 100, "k"), ((1, "r1"), 115, "k"), ((1, "r2"), 95, "j")])
     assert [r[0] for r in out] == [Joined("l1", "r1")] and out[0][1] == 115
     op.on_watermark(119)  # l1 may still meet a right record at 120
@@ -126,8 +135,10 @@ def test_an_interval_joins_state_empties_once_nothing_can_match():
     assert op.process([((0, "late"), 125, "k")]) == [] and op.late_records == 1
 
 
-def test_an_interval_join_with_negative_bounds_keeps_nothing_it_cannot_use():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_interval_join_with_negative_bounds_keeps_nothing_it_cannot_use(backend, backends):
     op = IntervalJoinOp("ij", -30, -10)  # the right record comes 10..30 ms before the left one
+    op.open(task_holding_state_in(backend, backends))
     op.process([((1, "r"), 100, "k")])
     out = op.process([((0, "l"), 120, "k")])
     assert [r[0] for r in out] == [Joined("l", "r")]
@@ -147,8 +158,9 @@ changes = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 600), st.booleans
 
 @FAST
 @given(events, changes, st.sampled_from([None, 80]), st.sampled_from(["inner", "left"]), st.integers(1, 3),
-       st.integers(0, 1000))
-def test_an_as_of_join_takes_the_version_valid_at_the_records_time(stream, table, ttl_ms, how, parallelism, seed):
+       st.integers(0, 1000), BACKEND)
+def test_an_as_of_join_takes_the_version_valid_at_the_records_time(stream, table, ttl_ms, how, parallelism, seed,
+                                                                    backend):
     stream = numbered(stream, "s")
     table = [{"id": f"v{i}", "k": key, "t": ts, "v": None if deleted else i}
              for i, (key, ts, deleted) in enumerate(table)]
@@ -157,12 +169,14 @@ def test_an_as_of_join_takes_the_version_valid_at_the_records_time(stream, table
     got = run(shuffled(stream, seed, DELAY), table,
               lambda a, b: a.join_table(b, key=k, table_key=k, as_of="event_time", ttl_ms=ttl_ms, how=how,
                                         table_value=lambda c: None if c["v"] is None else c, name="tj"),
-              parallelism, seed)
+              parallelism, seed, backend)
     assert ids(got) == as_of_reference(stream, table, ttl_ms, how)
 
 
-def test_a_latest_table_join_takes_the_value_current_when_the_record_is_processed():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_latest_table_join_takes_the_value_current_when_the_record_is_processed(backend, backends):
     op = TableJoinOp("tj", "latest", None, "inner", None)
+    op.open(task_holding_state_in(backend, backends))
     assert op.process([((0, "early"), 5, "k")]) == []  # the table does not know k yet
     op.process([((1, "v1"), 50, "k")])
     assert [r[0] for r in op.process([((0, "a"), 1, "k")])] == [Joined("a", "v1")]  # time plays no part
@@ -172,8 +186,10 @@ def test_a_latest_table_join_takes_the_value_current_when_the_record_is_processe
     assert op.process([((0, "c"), 3, "k")]) == [] and op.state_size() == (0, 0)
 
 
-def test_a_table_keeps_per_key_only_the_versions_that_can_still_match():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_table_keeps_per_key_only_the_versions_that_can_still_match(backend, backends):
     op = TableJoinOp("tj", "event_time", 100, "inner", None)
+    op.open(task_holding_state_in(backend, backends))
     op.process([((1, f"v{ts}"), ts, "k") for ts in (10, 20, 30, 40)])
     op.on_watermark(35)  # v30 holds at 36; v10 and v20 can match nothing more
     assert op.state_size()[0] == 2
@@ -183,8 +199,10 @@ def test_a_table_keeps_per_key_only_the_versions_that_can_still_match():
     assert op.state_size() == (0, 0)
 
 
-def test_an_as_of_join_holds_records_until_the_watermark_passes_them():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_as_of_join_holds_records_until_the_watermark_passes_them(backend, backends):
     op = TableJoinOp("tj", "event_time", None, "inner", None)
+    op.open(task_holding_state_in(backend, backends))
     assert op.process([((0, "a"), 100, "k"), ((1, "old"), 50, "k")]) == []
     assert op.process([((1, "new"), 100, "k")]) == []  # at the record's own time: it holds
     assert op.state_size()[0] == 3  # two versions and the waiting record

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,12 @@ from gearbus.api.partitioners import key_group
 from gearbus.runtime import state_backend
 from gearbus.runtime.appmaster_state import Settings
 from gearbus.runtime.keygroups import UnserialisableState
+from gearbus.api.aggregators import Count
+from gearbus.api.windows import TumblingWindows
+from gearbus.runtime.chain import WindowAggregateOp
+from gearbus.runtime.joins import IntervalJoinOp, TableJoinOp
 from gearbus.runtime.keyed import StatefulMapOp
+from gearbus.runtime.windows import WindowOperator
 from gearbus.runtime.sender import DataPlaneConfig
 from gearbus.runtime.state_backend import (BACKEND_ENV, RocksDBBackend, StateBackendError, backend_name, decode_key,
                                            encode_key, open_backend)
@@ -177,6 +183,28 @@ def test_its_size_is_measured_without_writing_out_what_waits(tmp_path):
     finally:
         backend.close()
     assert table.size() == (0, 0)  # the metrics may still ask once the task stopped
+
+
+def stateful_ops() -> list:
+    """One op of each kind that holds state through the backend, and a record for it."""
+    window = WindowAggregateOp("w", lambda: WindowOperator(TumblingWindows(10), Count()), False)
+    return [(StatefulMapOp("count", lambda state, value: ((state or 0) + 1, None), None), ("v", 1, "k")),
+            (window, ("v", 1, "k")),
+            (IntervalJoinOp("ij", -10, 10), ((0, "l"), 1, "k")),
+            (TableJoinOp("tj", "event_time", None, "inner", None), ((1, "v"), 1, "k"))]
+
+
+@pytest.mark.parametrize("op, record", stateful_ops(), ids=lambda value: type(value).__name__)
+def test_every_stateful_step_measures_its_state_on_disk_and_after_its_backend_closed(op, record, tmp_path):
+    """The executor's metrics ask for a task's state size even after it stopped: once the
+    task closed its backend, the answer is nothing held on disk, not an error."""
+    backend = open_backend("rocksdb", str(tmp_path), "t")
+    op.open(SimpleNamespace(state_backend=backend, context=None))
+    op.process([record])
+    keys, size = op.state_size()
+    assert keys == 1 and size > 0
+    backend.close()
+    assert op.state_size()[1] == 0
 
 
 def test_keys_a_dict_holds_as_one_are_one_here(tmp_path):

@@ -16,7 +16,9 @@ from gearbus.planner import plan
 from gearbus.runtime import state_query
 from gearbus.runtime.chain import MapOp, WindowAggregateOp
 from gearbus.runtime.keyed import StatefulMapOp
+from gearbus.runtime.state_backend import BACKENDS
 from gearbus.runtime.windows import WindowOperator
+from tests.support.backends import task_holding_state_in
 from shared.messages import StateValue, TaskId
 
 pytestmark = pytest.mark.unit
@@ -92,9 +94,10 @@ def test_stateful_map_gives_the_keys_state_and_says_when_it_holds_none():
         state_query.read([op], "other", "a")
 
 
-def test_a_window_step_gives_the_keys_open_windows_with_their_aggregate_so_far():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_window_step_gives_the_keys_open_windows_with_their_aggregate_so_far(backend, backends):
     op = WindowAggregateOp("per_window", lambda: WindowOperator(SlidingWindows(10, 5), Count()), False)
-    op.open(None)
+    op.open(task_holding_state_in(backend, backends))
     op.process([("x", 3, "a"), ("x", 7, "a"), ("x", 8, "b")])
     found, windows = op.state_of("a")
     assert found and windows == [{"start": -5, "end": 5, "value": 1}, {"start": 0, "end": 10, "value": 2},
