@@ -43,6 +43,8 @@ BACKENDS = ("memory", "rocksdb")
 BACKEND_ENV = "GEARBUS_STATE_BACKEND"
 #: Entries a table holds in memory before :meth:`RocksDBTable.settle` writes them out.
 FLUSH_ENTRIES = 16384
+#: Entries waiting past which reading a scope to change it writes them out first.
+SCAN_WAITING = 1024
 #: The block cache the steps of a task share, and each step's memtable.
 BLOCK_CACHE_BYTES = 64 << 20
 WRITE_BUFFER_BYTES = 32 << 20
@@ -167,36 +169,78 @@ def open_backend(name: str, root: str | None, label: str):
 
 def encode_key(key) -> bytes:
     """``key`` as the store holds it: its key group (so a group's entries are one range),
-    then its type and bytes; equal keys encode alike: numbers a dict holds as one key
-    (``True``, ``1``, ``1.0``) as an int, the rest pickled without memo."""
+    then its body (:func:`_body`): keys a dict holds as one encode alike."""
     kind = type(key)
     if kind is bool or kind is float and key.is_integer():
-        key, kind = int(key), int
+        key = int(key)  # its key group too
+    return _GROUP_PREFIXES[stable_hash(key) % MAX_PARALLELISM] + _body(key)
+
+
+def _body(key) -> bytes:
+    """A key's type and bytes. Numbers a dict holds as one key (``True``, ``1``, ``1.0``)
+    as an int; tuples and frozensets element by element (a frozenset's in sorted order),
+    so equal ones encode alike whatever numbers they hold or the order they were built
+    in; any other key pickled without memo."""
+    kind = type(key)
     if kind is str:
-        body = b"s" + key.encode("utf-8", "surrogatepass")
-    elif kind is int:
-        body = b"i" + str(key).encode()
-    elif kind is bytes:
-        body = b"b" + key
-    else:
-        buffer = io.BytesIO()
-        pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
-        pickler.fast = True
-        pickler.dump(key)
-        body = b"p" + buffer.getvalue()
-    return _GROUP_PREFIXES[stable_hash(key) % MAX_PARALLELISM] + body
+        return b"s" + key.encode("utf-8", "surrogatepass")
+    if kind is bool or kind is float and key.is_integer():
+        key, kind = int(key), int
+    if kind is int:
+        return b"i" + str(key).encode()
+    if kind is bytes:
+        return b"b" + key
+    if kind is tuple or kind is frozenset:
+        parts = [_body(item) for item in key]
+        if kind is frozenset:
+            parts.sort()
+        return (b"t" if kind is tuple else b"f") + b"".join(len(part).to_bytes(4, "big") + part for part in parts)
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+    pickler.fast = True
+    pickler.dump(key)
+    return b"p" + buffer.getvalue()
 
 
 def decode_key(encoded: bytes) -> Any:
-    """The inverse of :func:`encode_key`."""
-    kind, body = encoded[2:3], encoded[3:]
+    """The inverse of :func:`encode_key` (up to equality: see :func:`exact_key`)."""
+    return _parsed(memoryview(encoded)[2:])
+
+
+def _parsed(body: memoryview) -> Any:
+    kind = body[:1].tobytes()
     if kind == b"s":
-        return body.decode("utf-8", "surrogatepass")
+        return str(body[1:], "utf-8", "surrogatepass")
     if kind == b"i":
-        return int(body)
+        return int(body[1:])
     if kind == b"b":
-        return bytes(body)
-    return pickle.loads(body)
+        return body[1:].tobytes()
+    if kind in (b"t", b"f"):
+        items, at = [], 1
+        while at < len(body):
+            size = int.from_bytes(body[at:at + 4], "big")
+            items.append(_parsed(body[at + 4:at + 4 + size]))
+            at += 4 + size
+        return tuple(items) if kind == b"t" else frozenset(items)
+    return pickle.loads(body[1:])
+
+
+def exact_key(key) -> bool:
+    """Whether ``key`` decodes as itself, not only as an equal key: not when it holds a
+    bool or a float (they decode as the int they equal, or as a float)."""
+    kind = type(key)
+    if kind is str or kind is int or kind is bytes:
+        return True
+    if kind is tuple or kind is frozenset:
+        return all(map(exact_key, key))
+    return kind is not bool and kind is not float
+
+
+class _KeyAndValue(tuple):
+    """A stored value whose key does not decode as itself (see :func:`exact_key`): the
+    key as written, then the value."""
+
+    __slots__ = ()
 
 
 class Keys:
@@ -209,6 +253,9 @@ class Keys:
     #: the range every stored key lies in
     span = (_GROUP_PREFIXES[0], _END_OF_GROUPS)
 
+    #: whether a key decodes as itself; an entry whose key does not keeps it beside its value
+    exact = staticmethod(exact_key)
+
     @staticmethod
     def prefix(scope) -> bytes:
         raise TypeError("keys stored by key group have no scopes")
@@ -220,6 +267,11 @@ def _after(prefix: bytes) -> bytes:
     if not stripped:
         return b"\xff" * (len(prefix) + 1)
     return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def _entry(key, stored) -> tuple[Any, Any]:
+    """(key, value) of a stored value read under ``key`` as decoded."""
+    return tuple(stored) if type(stored) is _KeyAndValue else (key, stored)
 
 
 class RocksDBTable(MutableMapping):
@@ -248,6 +300,8 @@ class RocksDBTable(MutableMapping):
             if raw is None:
                 return default
             value = pickle.loads(raw)
+            if type(value) is _KeyAndValue:
+                value = value[1]
             if type(value) not in IMMUTABLE_TYPES:
                 self._pending[key] = value  # user code may change it in place
             return value
@@ -259,7 +313,10 @@ class RocksDBTable(MutableMapping):
         value = self._pending.get(key, _MISSING)
         if value is _MISSING:
             raw = self._stored(self._encode(key))
-            return default if raw is None else pickle.loads(raw)
+            if raw is None:
+                return default
+            value = pickle.loads(raw)
+            return value[1] if type(value) is _KeyAndValue else value
         return default if value is _REMOVED else value
 
     def _stored(self, encoded: bytes) -> bytes | None:
@@ -316,7 +373,7 @@ class RocksDBTable(MutableMapping):
             for encoded, raw in self._db.items():
                 key = decode(encoded)
                 if key not in waiting:
-                    yield key, pickle.loads(raw)
+                    yield _entry(key, pickle.loads(raw))
         except StateBackendError:
             raise
         except Exception as exc:
@@ -325,7 +382,11 @@ class RocksDBTable(MutableMapping):
     def scope_items(self, scope, keep: bool) -> Iterator[tuple[Any, Any]]:
         """The entries of one scope (keys ``(scope, key)``): those waiting, then the stored
         ones by key. ``keep`` keeps each value read that can change in place waiting, as
-        :meth:`get` does (the caller may change it); without it nothing read is kept."""
+        :meth:`get` does (the caller may change it), and first writes out what waits when
+        much does (so that scopes read one after another do not each pass over it);
+        without it nothing read is kept, nor written."""
+        if keep and len(self._pending) > SCAN_WAITING:
+            self.flush()
         waiting = {key: value for key, value in self._pending.items() if key[0] == scope}
         for key, value in waiting.items():
             if value is not _REMOVED:
@@ -338,7 +399,7 @@ class RocksDBTable(MutableMapping):
                 key = decode(encoded)
                 if key in waiting:
                     continue
-                value = pickle.loads(raw)
+                key, value = _entry(key, pickle.loads(raw))
                 if keep and type(value) not in IMMUTABLE_TYPES:
                     pending[key] = value
                     read[key] = (encoded, True)
@@ -395,7 +456,7 @@ class RocksDBTable(MutableMapping):
             return
         import rocksdict
 
-        batch, stored = rocksdict.WriteBatch(raw_mode=True), self._count
+        batch, stored, exact = rocksdict.WriteBatch(raw_mode=True), self._count, self.codec.exact
         try:
             for key, value in self._pending.items():
                 encoded, was_stored = read.get(key) or self._lookup(key)
@@ -404,7 +465,7 @@ class RocksDBTable(MutableMapping):
                     stored -= was_stored
                     continue
                 try:
-                    raw = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+                    raw = pickle.dumps(value if exact(key) else _KeyAndValue((key, value)), pickle.HIGHEST_PROTOCOL)
                 except Exception as exc:
                     raise UnserialisableState(
                         f"step {self.step!r} holds a {type(value).__name__} for key {key!r}, which the rocksdb "

@@ -7,7 +7,6 @@ executors run the same code and emit the same panes.
 
 from __future__ import annotations
 
-import struct
 from bisect import bisect_left, bisect_right
 from functools import partial
 from heapq import heappop, heappush
@@ -33,7 +32,7 @@ from gearbus.api.windows import (
 )
 from gearbus.api.partitioners import key_group, owned_groups
 from gearbus.runtime.keygroups import ChangeLog, detached, estimated_bytes, keyed_share
-from gearbus.runtime.state_backend import Keys, decode_key, encode_key
+from gearbus.runtime.state_backend import Keys, decode_key, encode_key, exact_key
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
 _tuple = tuple.__new__
@@ -73,30 +72,43 @@ def _stored_pane(acc, count: int) -> _Pane:
     return pane
 
 
-#: a window's bounds as stored: end then start, each biased to sort as unsigned
-_BOUNDS = struct.Struct(">QQ")
-_BIAS = 2**63
+#: A window bound as stored: 16 bytes, biased to sort as unsigned (a bound may pass the
+#: 64-bit range: a window of a record near the largest watermark ends past it).
+_BOUND_BYTES = 16
+_BIAS = 2**127
+
+
+def _bounds(window) -> bytes:
+    """A window's bounds as stored: its end, then its start (a window's panes are one
+    range, in the order windows complete)."""
+    try:
+        return (window[1] + _BIAS).to_bytes(_BOUND_BYTES, "big") + (window[0] + _BIAS).to_bytes(_BOUND_BYTES, "big")
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"window {window!r}: the rocksdb state backend stores window bounds that are whole "
+                         f"numbers within ±2**127") from exc
 
 
 class PaneKeys(Keys):
     """How a disk table stores panes, keyed ``(window, key)``: by window end, start, then
     key, so that a window's panes are one range (fired, then removed, together)."""
 
-    @staticmethod
-    def prefix(window) -> bytes:
-        return _BOUNDS.pack(window[1] + _BIAS, window[0] + _BIAS)
+    prefix = staticmethod(_bounds)
 
     @staticmethod
     def encode(pane_key) -> bytes:
-        window, key = pane_key
-        return _BOUNDS.pack(window[1] + _BIAS, window[0] + _BIAS) + encode_key(key)
+        return _bounds(pane_key[0]) + encode_key(pane_key[1])
 
     @staticmethod
     def decode(encoded: bytes) -> tuple:
-        end, start = _BOUNDS.unpack_from(encoded)
-        return _tuple(Window, (start - _BIAS, end - _BIAS)), decode_key(encoded[_BOUNDS.size:])
+        end = int.from_bytes(encoded[:_BOUND_BYTES], "big") - _BIAS
+        start = int.from_bytes(encoded[_BOUND_BYTES:2 * _BOUND_BYTES], "big") - _BIAS
+        return _tuple(Window, (start, end)), decode_key(encoded[2 * _BOUND_BYTES:])
 
-    span = (b"", b"\xff" * (_BOUNDS.size + 2))
+    @staticmethod
+    def exact(pane_key) -> bool:
+        return exact_key(pane_key[1])
+
+    span = (b"", b"\xff" * (2 * _BOUND_BYTES + 2))
 
 
 class _DiskPanes:

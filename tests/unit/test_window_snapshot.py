@@ -318,3 +318,18 @@ def test_a_fired_pane_kept_for_late_records_holds_only_what_came_after(backend):
         # keys fired together come out in another order on disk
         assert sorted(fired) == [("a", 1, "late"), ("a", 2, "on_time"), ("b", 1, "late"), ("b", 1, "on_time")]
         assert op.state_size == 2
+
+
+@pytest.mark.parametrize("key", [True, 2.0, ("t", 1.0), frozenset({1, 9})], ids=repr)
+@pytest.mark.parametrize("start", [0, 2**63 - 2, -(2**63)], ids=["zero", "largest", "smallest"])
+def test_panes_read_back_from_disk_fire_with_their_own_key_and_window(key, start, backends):
+    """A key that decodes only as an equal one (a bool as an int) fires as written, and
+    windows past the 64-bit range are held as well as any."""
+    fired = {}
+    for backend in BACKENDS:
+        op = WindowOperator(SlidingWindows(10, 5), Count())
+        op.hold_in(task_holding_state_in(backend, backends, flush_entries=0).state_backend, "w")
+        op.process(key, 1, start, WATERMARK_MIN)
+        op.settle()
+        fired[backend] = [(repr(r.key), r.value, r.window_start, r.window_end) for r in op.advance(WATERMARK_MAX)]
+    assert fired["rocksdb"] == fired["memory"] and len(fired["memory"]) == 2
