@@ -386,6 +386,8 @@ class WindowAggregateOp(Op):
     def process(self, records):
         op, wm, out, value = self.operator, self.watermark, [], _NO_VALUE
         try:
+            if op.on_disk:
+                op.prefetch([(record[2], record[1]) for record in records])
             if self.partial_input:
                 for (acc, weight), ts, key in records:
                     out.extend(op.process_partial(key, acc, weight, ts, wm))

@@ -40,6 +40,8 @@ class KeyedStates:
         self.changed = changed
         self.values: MutableMapping = {} if values is None else values
         self.settle = settle_of(self.values)
+        #: a table on disk reads a batch's keys in one go
+        self.prefetch = getattr(self.values, "prefetch", None)
         #: reads for a snapshot: a table that writes back does not keep what they read
         self._peek = getattr(self.values, "peek", self.values.get)
         self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
@@ -225,6 +227,8 @@ class StatefulMapOp(KeyedOp):
     def process(self, records):
         fn, states = self.fn, self.states
         values, put, out = states.values, states.put, []
+        if states.prefetch is not None:
+            states.prefetch([record[2] for record in records])
         for value, timestamp, key in records:
             try:
                 returned = fn(values.get(key), value)
@@ -322,6 +326,8 @@ class KeyedProcessOp(KeyedOp):
         ctx, process = self.ctx, self._process
         out = ctx.out = []
         ctx.watermark = self.watermark
+        if self.states.prefetch is not None:
+            self.states.prefetch([record[2] for record in records])
         for value, timestamp, key in records:
             ctx.key, ctx.timestamp, ctx.emit_time = key, timestamp, timestamp
             try:

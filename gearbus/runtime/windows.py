@@ -8,7 +8,7 @@ executors run the same code and emit the same panes.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from functools import partial
+from functools import lru_cache, partial
 from heapq import heappop, heappush
 from math import inf
 from operator import itemgetter
@@ -62,9 +62,6 @@ class _Pane:
         self.acc = acc
         self.count = 0
 
-    def __reduce__(self):
-        return _stored_pane, (self.acc, self.count)
-
 
 def _stored_pane(acc, count: int) -> _Pane:
     pane = _Pane(acc)
@@ -78,6 +75,7 @@ _BOUND_BYTES = 16
 _BIAS = 2**127
 
 
+@lru_cache(maxsize=4096)
 def _bounds(window) -> bytes:
     """A window's bounds as stored: its end, then its start (a window's panes are one
     range, in the order windows complete)."""
@@ -107,6 +105,14 @@ class PaneKeys(Keys):
     @staticmethod
     def exact(pane_key) -> bool:
         return exact_key(pane_key[1])
+
+    @staticmethod
+    def pack(pane: _Pane) -> tuple:
+        return pane.acc, pane.count
+
+    @staticmethod
+    def unpack(stored: tuple) -> _Pane:
+        return _stored_pane(*stored)
 
     span = (b"", b"\xff" * (2 * _BOUND_BYTES + 2))
 
@@ -269,6 +275,16 @@ class WindowOperator:
         self._table, self._new_panes = table, partial(_DiskPanes, table)
         self._peek, self._peek_items, self._forget = _DiskPanes.peek, _DiskPanes.peek_items, _DiskPanes.clear
         self.settle = table.settle
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the panes are held in a disk table (see :meth:`hold_in`)."""
+        return self._table is not None
+
+    def prefetch(self, keyed_times) -> None:
+        """On disk: read the panes of a batch's ``(key, timestamp)`` in one multi-get."""
+        assign = self._assign
+        self._table.prefetch([(window, key) for key, timestamp in keyed_times for window in assign(timestamp)])
 
     def process(self, key: Any, value: Any, timestamp: int, watermark: int) -> list[WindowResult]:
         """Add one record; ``watermark`` is the input watermark when it arrived.

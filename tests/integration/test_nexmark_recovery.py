@@ -26,9 +26,13 @@ CONFIG = GeneratorConfig(seed=11, rate=1_000)  # 60 s of event time: many window
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name, victim", [("q3", "executor"), ("q3", "appmaster"), ("q5", "executor"),
-                                          ("q8", "executor")])
-async def test_a_query_reading_jetstream_is_exact_through_a_killed_process(name, victim, cluster, client, tmp_path):
+@pytest.mark.parametrize("name, victim, backend", [("q3", "executor", "memory"), ("q3", "executor", "rocksdb"),
+                                                   ("q3", "appmaster", "memory"), ("q5", "executor", "rocksdb"),
+                                                   ("q8", "executor", "memory")])
+async def test_a_query_reading_jetstream_is_exact_through_a_killed_process(name, victim, backend, cluster, client,
+                                                                          tmp_path):
+    """q3 (a join and keyed state) killed as a compaction starts, with each state backend;
+    q5 (sliding windows) on disk and q8 (a window join) in memory killed after checkpoints."""
     stream = f"NEXMARK_{name.upper()}"
     # A third of the events first; the app reads up to the last one, so it waits for the rest,
     # which come after the kill (ids deduplicate the ones already stored).
@@ -38,7 +42,7 @@ async def test_a_query_reading_jetstream_is_exact_through_a_killed_process(name,
     app_id = await client.submit(pack(os.path.join(EXAMPLES, "nexmark", f"{name}.py")),
                                  ["--jetstream", stream, "--until", str(EVENTS), "--parallelism", "2",
                                   "--output", str(output)],
-                                 config={"checkpoint_interval_ms": 300})
+                                 config={"checkpoint_interval_ms": 300, "state_backend": backend})
     await wait_state(client, app_id, AppState.ACTIVE)
     if name == "q3":
         await a_compaction_starts(client, app_id)

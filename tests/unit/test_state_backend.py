@@ -39,6 +39,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("pop"), KEYS),
     st.tuples(st.just("del"), KEYS),
     st.tuples(st.just("append"), KEYS),  # a list state changed in place, never assigned back
+    st.tuples(st.just("prefetch"), st.lists(KEYS, max_size=4)),  # a batch's keys read in one go
     st.tuples(st.just("settle")),
     st.tuples(st.just("flush")),
     st.tuples(st.just("items")),
@@ -71,6 +72,8 @@ def test_a_rocksdb_table_holds_what_a_dict_holds(tmp_path_factory, ops, flush_en
                 if isinstance(state, list):
                     state.append(9)
                     truth[args[0]].append(9)
+            elif op == "prefetch":
+                table.prefetch(args[0])
             elif op == "settle":
                 table.settle()
             elif op == "flush":
@@ -87,6 +90,25 @@ def test_a_rocksdb_table_holds_what_a_dict_holds(tmp_path_factory, ops, flush_en
         table.flush()
         assert dict(table.items()) == truth and len(table) == len(truth)
         assert sorted(map(repr, table)) == sorted(map(repr, truth))
+    finally:
+        backend.close()
+
+
+def test_a_batch_read_in_one_go_then_written_keeps_the_count_exact(tmp_path):
+    backend = RocksDBBackend(str(tmp_path), "t", 0)
+    try:
+        table = backend.table("step")
+        table["stored"] = 1
+        table.flush()
+        table.prefetch(["stored", "new", "stored"])
+        assert table.get("stored") == 1 and "new" not in table
+        table["stored"], table["new"] = 2, 1
+        table.flush()
+        assert len(table) == 2 and dict(table.items()) == {"stored": 2, "new": 1}
+        table.prefetch(["stored", "absent"])
+        del table["stored"]
+        table.flush()
+        assert len(table) == 1 and dict(table.items()) == {"new": 1}
     finally:
         backend.close()
 
