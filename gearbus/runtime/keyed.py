@@ -24,6 +24,7 @@ from gearbus.runtime.state_backend import StateBackendError, settle_of
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
+_NONE = object()
 
 
 class KeyedStates:
@@ -71,7 +72,15 @@ class KeyedStates:
 
     def entry(self, key) -> tuple:
         """What a snapshot keeps of ``key``: its state and the time of its last write."""
-        return detached(self._peek(key), self.step, key), self.written.get(key)
+        return self.entry_of(key, self._peek(key))
+
+    def entry_of(self, key, value) -> tuple:
+        """:meth:`entry`, the key's state read already."""
+        return detached(value, self.step, key), self.written.get(key)
+
+    def holds(self, key) -> bool:
+        """Whether the key has state (a read that keeps nothing)."""
+        return self._peek(key, _NONE) is not _NONE
 
     def restore(self, key, value, written: int | None, watermark: int) -> None:
         """Put back a snapshot's entry; one taken without a TTL counts as written at ``watermark``."""
@@ -169,8 +178,10 @@ class KeyedOp(Op):
         """The key's state, as the step's function last left it."""
         return key in self.states.values, self.states.values.get(key)
 
-    def _keys(self) -> set:
-        return set(self.states.values)
+    def _entries(self):
+        """Every key held, with its entry: one pass over the state."""
+        states = self.states
+        return ((key, states.entry_of(key, value)) for key, value in states.values.items())
 
     def _holds(self, key) -> bool:
         return key in self.states.values
@@ -193,8 +204,8 @@ class KeyedOp(Op):
         keys = self.changes.take(self._checkpoint, base, self._held())
         if keys is None:
             groups: dict[int, list] = {}
-            for key in self._keys():
-                groups.setdefault(key_group(key), []).append((key, *self._entry(key)))
+            for key, entry in self._entries():
+                groups.setdefault(key_group(key), []).append((key, *entry))
             return {"watermark": self.watermark, "groups": groups}
         return KeyedDelta(self.watermark, *grouped(keys, self._holds, self._entry))
 
@@ -371,8 +382,14 @@ class KeyedProcessOp(KeyedOp):
         self.states.settle()
         return out
 
-    def _keys(self) -> set:
-        return set(self.states.values) | set(self.event_timers.by_key) | set(self.processing_timers.by_key)
+    def _entries(self):
+        """Every key with state, then every key with timers alone."""
+        event, processing = self.event_timers, self.processing_timers
+        for key, (value, written) in super()._entries():
+            yield key, (value, written, event.entry(key), processing.entry(key))
+        for key in event.by_key.keys() | processing.by_key.keys():
+            if not self.states.holds(key):
+                yield key, self._entry(key)
 
     def _holds(self, key) -> bool:
         return key in self.states.values or key in self.event_timers.by_key or key in self.processing_timers.by_key

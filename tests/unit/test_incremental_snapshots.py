@@ -58,8 +58,10 @@ def new_op(slack: int = ChangeLog.SLACK, backends: contextlib.ExitStack | None =
 
 
 def whole(op: KeyedProcessOp) -> dict:
-    """What the step holds, read without touching its change log."""
-    return {key: op._entry(key) for key in op._keys()}
+    """What the step holds, key by key (not as a snapshot reads it), without touching its
+    change log."""
+    keys = set(op.states.values) | set(op.event_timers.by_key) | set(op.processing_timers.by_key)
+    return {key: op._entry(key) for key in keys}
 
 
 def as_entries(state: dict) -> dict:
