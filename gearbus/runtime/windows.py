@@ -363,11 +363,13 @@ class WindowOperator:
             panes = self._windows.get(window)
             if not panes:
                 continue  # a session that merged into a larger one
-            for key, pane in panes.items():
-                out.append(fire(key, window, pane, ON_TIME))
-            if end <= expire_limit:
-                self._drop_window(window)
+            if end <= expire_limit:  # fired, then gone: on disk, nothing read is kept to fire
+                for key, pane in self._peek_items(panes):
+                    out.append(fire(key, window, pane, ON_TIME))
+                self._drop_window(window, fired=True)
             else:
+                for key, pane in panes.items():
+                    out.append(fire(key, window, pane, ON_TIME))
                 heappush(self._expiring, entry)
         expiring = self._expiring
         while expiring and expiring[0][0] <= expire_limit:
@@ -588,10 +590,12 @@ class WindowOperator:
             del self._windows[window]
         return pane
 
-    def _drop_window(self, window: Window) -> None:
+    def _drop_window(self, window: Window, fired: bool = False) -> None:
+        """Forget a window; ``fired``: all its panes fired just now (so are marked changed)."""
         panes = self._windows.pop(window, None)
         if panes:
-            self._changed.update((window, key) for key in panes)
+            if not fired:
+                self._changed.update((window, key) for key in panes)
             self._forget(panes)
         if panes and self._merging:
             for key in panes:
