@@ -21,6 +21,16 @@ from tests.support.paths import APPS, EXAMPLES, REPO
 pytestmark = pytest.mark.spark
 
 BASE = 1_700_000_000_000
+#: examples/backfill.py's main run, says "ran", waits for a line, runs again.
+TWICE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import backfill
+backfill.main(sys.argv[2:])
+print("ran", flush=True)
+sys.stdin.readline()
+backfill.main(sys.argv[2:])
+"""
 
 
 async def read_all(client, subject: str, count: int) -> list[dict]:
@@ -35,19 +45,28 @@ async def test_spark_averages_what_the_bus_wrote_and_publishes_them_back(cluster
     assert (await client.wait(app_id, timeout=60)).state == AppState.SUCCEEDED
 
     loop = asyncio.get_running_loop()
-    checkpoint = str(tmp_path / "checkpoint")
+    log = tmp_path / "backfill.log"
+    # The example's main, with the arguments a user gives it, twice in one process: once,
+    # then (when the test has read what it stored) again from its checkpoint. The second
+    # run reuses the first one's Spark session instead of starting another JVM.
+    with open(log, "w") as errors:
+        example = subprocess.Popen(
+            [sys.executable, "-c", TWICE, EXAMPLES, "--nats", cluster.url, "--stream", "READINGS",
+             "--checkpoint", str(tmp_path / "checkpoint"), "--available-now", "--spark-master", "local[2]"],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
+    try:
+        ran = await asyncio.wait_for(loop.run_in_executor(None, example.stdout.readline), 300)
+        assert ran == "ran\n", log.read_text()[-3000:]
+        stored = (await loop.run_in_executor(None, jetstream.stream_state, cluster.url,
+                                             "SENSOR_AVERAGES"))["messages"]
+        rows = await read_all(client, "sensors.averages", stored)
 
-    def run_once():
-        """The example as a user runs it, in its own process and Spark session."""
-        done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "backfill.py"), "--nats", cluster.url,
-                               "--stream", "READINGS", "--checkpoint", checkpoint, "--available-now",
-                               "--spark-master", "local[2]"],
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    await loop.run_in_executor(None, run_once)
-    stored = (await loop.run_in_executor(None, jetstream.stream_state, cluster.url, "SENSOR_AVERAGES"))["messages"]
-    rows = await read_all(client, "sensors.averages", stored)
+        await loop.run_in_executor(None, lambda: example.communicate("\n", timeout=300))
+        assert example.returncode == 0, log.read_text()[-3000:]
+    finally:
+        if example.poll() is None:
+            example.kill()
+            example.wait()
     final = {}
     for row in rows:  # the last message of a window is its answer
         final[(row["sensor"], row["window_start"])] = row
@@ -60,6 +79,6 @@ async def test_spark_averages_what_the_bus_wrote_and_publishes_them_back(cluster
                       "avg": round(sum(v) / len(v), 6), "count": len(v)} for key, v in temps.items()}
     assert final == expected
 
-    await loop.run_in_executor(None, run_once)  # restarted from its checkpoint: nothing new, nothing twice
+    # the second run restarted from its checkpoint: nothing new, nothing twice
     again = (await loop.run_in_executor(None, jetstream.stream_state, cluster.url, "SENSOR_AVERAGES"))["messages"]
     assert again == stored

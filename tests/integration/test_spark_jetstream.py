@@ -285,6 +285,8 @@ def test_sink_to_a_subject_no_stream_captures_fails_clearly_and_option_stream_cr
 
 
 def test_measure_throughput(spark, server):
-    result = measure_throughput(server.url, N, spark)
-    assert result["records"] == N
+    """bench/spark_jetstream.py's measurement runs (on a tenth of N: the exactness of a
+    100,000-record read is the batch test's)."""
+    result = measure_throughput(server.url, N // 10, spark)
+    assert result["records"] == N // 10
     assert result["source_records_per_s"] > 0 and result["sink_records_per_s"] > 0

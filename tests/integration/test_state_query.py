@@ -61,6 +61,8 @@ async def test_a_running_apps_state_is_read_by_key_from_the_task_that_owns_it(cl
 
     nothing = await client.state(app_id, "count", "99")
     assert not nothing.found and nothing.value == "null"
+    if backend != "memory":
+        return  # the command line and the REST API ask through the same request, whatever holds the state
 
     code, out, err = await gearbus("state", str(app_id), "count", "1", "--nats", cluster.url)
     assert code == 0 and int(out) >= later[1], (out, err)
