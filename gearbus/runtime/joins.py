@@ -22,7 +22,7 @@ from gearbus.api.task import Record, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import estimated_bytes, keyed_share
+from gearbus.runtime.keygroups import ChangeLog, JoinDelta, estimated_bytes, keyed_share
 from gearbus.runtime.state_backend import settle_of
 
 LEFT, RIGHT = 0, 1
@@ -141,11 +141,65 @@ class _Buffer:
         return i
 
 
-class IntervalJoinOp(Op):
+class _IncrementalJoin(Op):
+    """A join whose snapshots hold what changed since the one they build on
+    (:class:`JoinDelta`): the entries of the buffers (or versions) written and removed,
+    told apart by their first :attr:`IDENTITY` fields, the rest whole. A subclass marks
+    each identity it changes in ``self.changes.changed``."""
+
+    IDENTITY = 1
+
+    def __init__(self, step: str):
+        super().__init__(step)
+        self.changes = ChangeLog()
+        self._checkpoint: int | None = None
+
+    def prepare_checkpoint(self, checkpoint_id: int) -> None:
+        self._checkpoint = checkpoint_id
+
+    def snapshot(self):
+        return self.snapshot_since(None)
+
+    def snapshot_since(self, base: int | None):
+        """The whole state, or (building on ``base``'s snapshot) a JoinDelta: its cost
+        follows what changed."""
+        changed = self.changes.take(self._checkpoint, base, self._identities_held())
+        if changed is None:
+            return {**self._rest(), "groups": self._groups()}
+        written: dict[int, list[tuple]] = {}
+        removed: dict[int, list[tuple]] = {}
+        for identity in changed:
+            entry = self._entry(identity)
+            group = key_group(identity[-1])
+            if entry is None:
+                removed.setdefault(group, []).append(identity)
+            else:
+                written.setdefault(group, []).append(entry)
+        return JoinDelta(written, removed, self.IDENTITY, self._rest())
+
+    def _identities_held(self) -> int:
+        raise NotImplementedError
+
+    def _rest(self) -> dict:
+        """The snapshot without its groups."""
+        raise NotImplementedError
+
+    def _groups(self) -> dict[int, list]:
+        """Every entry, by key group."""
+        raise NotImplementedError
+
+    def _entry(self, identity: tuple) -> tuple | None:
+        """The entry of ``identity``; None when it holds nothing."""
+        raise NotImplementedError
+
+
+class IntervalJoinOp(_IncrementalJoin):
     """An interval join: left ``l`` and right ``r`` of one key pair up when
     ``l.ts + lower <= r.ts <= l.ts + upper``, as soon as the second one arrives. A left
     record is kept until the watermark reaches ``l.ts + upper`` and a right one until
     ``r.ts - lower``: after that nothing that can still arrive matches it."""
+
+    IDENTITY = 2  # (side, key)
 
     def __init__(self, step: str, lower_ms: int, upper_ms: int):
         super().__init__(step)
@@ -205,6 +259,7 @@ class IntervalJoinOp(Op):
         if buffer is None:
             buffer = own[key] = _Buffer()
         buffer.insert(timestamp, value)
+        self.changes.changed.add((side, key))
         self.held += 1
         heappush(self._expiry, (until, next(self._order), side, key))
 
@@ -218,20 +273,34 @@ class IntervalJoinOp(Op):
                 continue
             # Every record whose own limit the watermark reached goes, not just this one.
             self.held -= buffer.drop_until(watermark - self.upper if side == LEFT else watermark + self.lower)
+            self.changes.changed.add((side, key))
             if not buffer.times:
                 del self.sides[side][key]
         self._settle()
+        self.changes.bound(self._identities_held())
         return []
 
-    def snapshot(self):
+    def _identities_held(self) -> int:
+        return len(self.sides[0]) + len(self.sides[1])
+
+    def _rest(self) -> dict:
+        return {"watermark": self.watermark, "late": self.late_records}
+
+    def _groups(self) -> dict[int, list]:
         groups: dict[int, list] = {}
         for side, buffers in enumerate(self.sides):
             for key, buffer in buffers.items():
                 groups.setdefault(key_group(key), []).append((side, key, list(buffer.times), list(buffer.values)))
-        return {"watermark": self.watermark, "late": self.late_records, "groups": groups}
+        return groups
+
+    def _entry(self, identity: tuple) -> tuple | None:
+        side, key = identity
+        buffer = self.sides[side].get(key)
+        return None if buffer is None else (side, key, list(buffer.times), list(buffer.values))
 
     def restore(self, state) -> None:
         self._reset()
+        self.changes.reset()
         self.watermark, self.late_records = state["watermark"], state["late"]
         for group in sorted(state["groups"]):
             for side, key, times, values in state["groups"][group]:
@@ -252,7 +321,7 @@ class IntervalJoinOp(Op):
         return self.held, estimated_bytes(values, self.held)
 
 
-class TableJoinOp(Op):
+class TableJoinOp(_IncrementalJoin):
     """A stream–table join: side 0 is the stream, side 1 the table's changelog (upserts
     by key; a value of None deletes). A table value not written for ``ttl_ms`` of event
     time is forgotten once the watermark passes it.
@@ -318,6 +387,7 @@ class TableJoinOp(Op):
             versions = self.versions[key] = _Buffer()
         versions.insert(timestamp, value)
         self.held += 1
+        self.changes.changed.add((key,))
         self._schedule(key, timestamp)
         self._prune(key)
 
@@ -366,6 +436,7 @@ class TableJoinOp(Op):
         del versions.times[:count]
         del versions.values[:count]
         self.held -= count
+        self.changes.changed.add((key,))
         if not versions.times:
             del self.versions[key]
 
@@ -384,17 +455,30 @@ class TableJoinOp(Op):
             if key in self.versions:
                 self._prune(key)
         self._settle()
+        self.changes.bound(len(self.versions))
         return out
 
-    def snapshot(self):
+    def _identities_held(self) -> int:
+        return len(self.versions)
+
+    def _rest(self) -> dict:
+        """With the stream records waiting for their version, whole (the watermark bounds them)."""
+        waiting = [(timestamp, key, value) for timestamp, _, key, value in sorted(self.waiting, key=itemgetter(0, 1))]
+        return {"watermark": self.watermark, "late": self.late_records, "waiting": waiting}
+
+    def _groups(self) -> dict[int, list]:
         groups: dict[int, list] = {}
         for key, versions in self.versions.items():
             groups.setdefault(key_group(key), []).append((key, list(versions.times), list(versions.values)))
-        waiting = [(timestamp, key, value) for timestamp, _, key, value in sorted(self.waiting, key=itemgetter(0, 1))]
-        return {"watermark": self.watermark, "late": self.late_records, "groups": groups, "waiting": waiting}
+        return groups
+
+    def _entry(self, identity: tuple) -> tuple | None:
+        versions = self.versions.get(identity[0])
+        return None if versions is None else (identity[0], list(versions.times), list(versions.values))
 
     def restore(self, state) -> None:
         self._reset()
+        self.changes.reset()
         self.watermark, self.late_records = state["watermark"], state["late"]
         for group in sorted(state["groups"]):
             for key, times, values in state["groups"][group]:

@@ -204,6 +204,24 @@ class WindowDelta(Delta):
         return {**self.rest, "operator": {**self.rest["operator"], "groups": groups}}
 
 
+@dataclass(frozen=True)
+class JoinDelta(Delta):
+    """A join's changes since the snapshot it builds on: the entries written and the
+    identities removed, by key group (an entry's identity is its first ``identity`` fields:
+    side and key of a buffer, or the key of a table's versions), and the rest of the
+    join's state whole (``rest``: its snapshot without ``groups``)."""
+
+    written: dict[int, list[tuple]]
+    removed: dict[int, list[tuple]]
+    identity: int
+    rest: dict
+
+    def onto(self, whole: dict | None) -> dict:
+        size = self.identity
+        groups = self._groups_onto(whole["groups"] if whole is not None else {}, lambda entry: entry[:size])
+        return {**self.rest, "groups": groups}
+
+
 def _pane(entry: tuple) -> tuple:
     """A window pane's identity: (start, end, key)."""
     return entry[:3]

@@ -24,11 +24,11 @@ from gearbus.api.windows import (
 )
 from gearbus.api.partitioners import MAX_PARALLELISM, key_group
 from gearbus.runtime.chain import WindowAggregateOp
-from gearbus.runtime.keygroups import WindowDelta
-from gearbus.runtime.snapshots import Lineage, TaskSnapshot
+from gearbus.runtime.snapshots import Lineage
 from gearbus.runtime.state_backend import BACKENDS
 from gearbus.runtime.windows import WindowOperator
 from tests.support.backends import task_holding_state_in
+from tests.support.chains import added_up, snapshot_into
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -219,14 +219,7 @@ def check_chain(make, stream, data, new_task):
         action = data.draw(st.sampled_from(["", "snapshot", "snapshot", "complete", "complete", "compact", "restore"]),
                            label=f"at {i}")
         if action == "snapshot":
-            checkpoint_id = len(stored) + 1
-            step.prepare_checkpoint(checkpoint_id)
-            link, base = lineage.plan(checkpoint_id, 0)
-            state = step.snapshot_since(base.checkpoint_id if base else None)
-            assert base is not None or not isinstance(state, WindowDelta)
-            stored[checkpoint_id] = TaskSnapshot(checkpoint_id, state, False, watermark, 0,
-                                                 (base.checkpoint_id, 0) if base else None, link.depth, link.root)
-            truth[checkpoint_id] = step.snapshot()
+            truth[snapshot_into(stored, lineage, step, watermark)] = step.snapshot()
         elif action == "complete" and stored:
             completed.append(max(stored))
             lineage.completed(max(stored))
@@ -248,17 +241,6 @@ def check_chain(make, stream, data, new_task):
         assert Counter(panes) == Counter(expected)
     for checkpoint_id in stored:
         assert as_panes(added_up(stored, checkpoint_id)) == as_panes(truth[checkpoint_id])
-
-
-def added_up(stored: dict[int, TaskSnapshot], checkpoint_id: int) -> dict:
-    chain, at = [], checkpoint_id
-    while at is not None:
-        chain.insert(0, stored[at].state)
-        at = stored[at].base[0] if stored[at].base else None
-    state = None
-    for part in chain:
-        state = part.onto(state) if isinstance(part, WindowDelta) else part
-    return state
 
 
 def as_panes(state: dict) -> tuple:
