@@ -19,7 +19,9 @@ from tests.support.spark import shared_spark
 
 pytestmark = pytest.mark.spark
 
-N = 100_000
+N = 100_000  # the batch read's records
+#: the streaming tests' records: several micro-batches each (exactness at N is the batch read's)
+STREAMED = 40_000
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,6 @@ def test_batch_read_of_100k_records_is_exact(spark, server):
     assert before - 1 <= min(stamps) <= max(stamps) <= after + 1
     # in stream order within each partition, so the rows by seq carry the payloads in publish order
     assert [r.data for r in sorted(rows, key=lambda r: r.seq)] == data
-    assert df.count() == N
 
 
 def test_batch_read_of_a_range_with_a_subject_filter(spark, server):
@@ -132,7 +133,7 @@ def test_batch_read_of_a_missing_stream_names_it(spark, server):
 
 def test_streaming_reads_each_record_once_and_picks_up_new_ones(spark, server, tmp_path):
     stream, subject = new_stream(server, "live")
-    publish(server, f"{subject}.a", payloads(0, N))
+    publish(server, f"{subject}.a", payloads(0, STREAMED))
     name = f"live_{uuid.uuid4().hex[:8]}"
     query = (stream_source(spark, server, stream).writeStream.format("memory").queryName(name)
              .trigger(processingTime="100 milliseconds")
@@ -141,15 +142,15 @@ def test_streaming_reads_each_record_once_and_picks_up_new_ones(spark, server, t
         query.processAllAvailable()
         count, distinct, low, high = spark.sql(
             f"SELECT count(*), count(DISTINCT data), min(seq), max(seq) FROM {name}").first()
-        assert (count, distinct, low, high) == (N, N, 1, N)
+        assert (count, distinct, low, high) == (STREAMED, STREAMED, 1, STREAMED)
 
-        publish(server, f"{subject}.a", payloads(N, N + 30_000))
+        publish(server, f"{subject}.a", payloads(STREAMED, STREAMED + 30_000))
         query.processAllAvailable()
         count, distinct, low, high = spark.sql(
             f"SELECT count(*), count(DISTINCT data), min(seq), max(seq) FROM {name}").first()
-        assert (count, distinct, low, high) == (N + 30_000, N + 30_000, 1, N + 30_000)
+        assert (count, distinct, low, high) == (STREAMED + 30_000, STREAMED + 30_000, 1, STREAMED + 30_000)
         end = query.lastProgress["sources"][0]["endOffset"]
-        assert (json.loads(end) if isinstance(end, str) else end) == {"seq": N + 30_000}
+        assert (json.loads(end) if isinstance(end, str) else end) == {"seq": STREAMED + 30_000}
     finally:
         query.stop()
         spark.sql(f"DROP VIEW IF EXISTS {name}")
@@ -157,11 +158,11 @@ def test_streaming_reads_each_record_once_and_picks_up_new_ones(spark, server, t
 
 def test_available_now_reads_in_limited_batches_and_resumes_from_its_checkpoint(spark, server, tmp_path):
     stream, subject = new_stream(server, "avail")
-    publish(server, f"{subject}.a", payloads(0, N))
+    publish(server, f"{subject}.a", payloads(0, STREAMED))
     out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
 
     def run():
-        query = (stream_source(spark, server, stream, max_records_per_batch=25_000)
+        query = (stream_source(spark, server, stream, max_records_per_batch=10_000)
                  .select("seq", "data").writeStream.format("parquet").option("path", out)
                  .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
         query.awaitTermination(60)
@@ -169,15 +170,15 @@ def test_available_now_reads_in_limited_batches_and_resumes_from_its_checkpoint(
         assert query.exception() is None
         return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
-    assert run() == [25_000] * 4  # the read limit is respected under Trigger.AvailableNow
+    assert run() == [10_000] * 4  # the read limit is respected under Trigger.AvailableNow
     written = spark.read.parquet(out)
-    assert (written.count(), written.select("data").distinct().count()) == (N, N)
+    assert (written.count(), written.select("data").distinct().count()) == (STREAMED, STREAMED)
 
-    publish(server, f"{subject}.a", payloads(N, N + 10_000))
+    publish(server, f"{subject}.a", payloads(STREAMED, STREAMED + 10_000))
     assert run() == [10_000]  # restarted from the checkpoint: only the new records
     written = spark.read.parquet(out)
-    assert (written.count(), written.select("seq").distinct().count()) == (N + 10_000, N + 10_000)
-    assert sorted(r.data for r in written.select("data").collect()) == payloads(0, N + 10_000)
+    assert (written.count(), written.select("seq").distinct().count()) == (STREAMED + 10_000, STREAMED + 10_000)
+    assert sorted(r.data for r in written.select("data").collect()) == payloads(0, STREAMED + 10_000)
 
 
 # --------------------------------------------------------------------------- sink
@@ -186,8 +187,8 @@ def test_available_now_reads_in_limited_batches_and_resumes_from_its_checkpoint(
 def test_sink_killed_mid_batch_and_restarted_neither_loses_nor_duplicates(spark, server, tmp_path):
     src, src_subject = new_stream(server, "sinksrc")
     out, out_subject = new_stream(server, "sinkout")
-    batch = 20_000
-    publish(server, f"{src_subject}.a", payloads(0, N))
+    total, batch = STREAMED, 10_000  # four micro-batches
+    publish(server, f"{src_subject}.a", payloads(0, total))
     checkpoint = str(tmp_path / "checkpoint")
 
     def start():
@@ -202,7 +203,7 @@ def test_sink_killed_mid_batch_and_restarted_neither_loses_nor_duplicates(spark,
     deadline = time.monotonic() + 60
     while query.isActive and time.monotonic() < deadline:
         stored = messages(server, out)
-        if 0 < stored < N and stored % batch:
+        if 0 < stored < total and stored % batch:
             seen_partial = stored
             query.stop()
             break
@@ -216,7 +217,7 @@ def test_sink_killed_mid_batch_and_restarted_neither_loses_nor_duplicates(spark,
         time.sleep(0.2)
         now = messages(server, out)
         still, stopped_at = (still + 1 if now == stopped_at else 0), now
-    assert seen_partial <= stopped_at < N
+    assert seen_partial <= stopped_at < total
     offsets = [f for f in os.listdir(os.path.join(checkpoint, "offsets")) if f.isdigit()]
     commits = [f for f in os.listdir(os.path.join(checkpoint, "commits")) if f.isdigit()]
     assert len(offsets) == len(commits) + 1  # the batch that ran was planned, not committed
@@ -225,7 +226,7 @@ def test_sink_killed_mid_batch_and_restarted_neither_loses_nor_duplicates(spark,
     query = start()
     query.awaitTermination(60)
     assert query.exception() is None
-    assert messages(server, out) == N
+    assert messages(server, out) == total
 
     # 3. replay the last batch once more (as if the driver died after publishing, before committing)
     last = max(int(f) for f in os.listdir(os.path.join(checkpoint, "commits")) if f.isdigit())
@@ -239,9 +240,8 @@ def test_sink_killed_mid_batch_and_restarted_neither_loses_nor_duplicates(spark,
     assert [p["batchId"] for p in query.recentProgress if p["numInputRows"]] == [last]
 
     target = source(spark, server, out)
-    assert messages(server, out) == N
-    assert (target.count(), target.select("data").distinct().count()) == (N, N)
-    assert sorted(r.data for r in target.select("data").collect()) == payloads(0, N)
+    assert messages(server, out) == total
+    assert sorted(r.data for r in target.select("data").collect()) == payloads(0, total)  # each once
 
 
 def test_batch_sink_uses_id_and_subject_columns(spark, server):
