@@ -78,6 +78,23 @@ class KeyedStates:
         """:meth:`entry`, the key's state read already."""
         return detached(value, self.step, key), self.written.get(key)
 
+    def delta(self, keys) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+        """``keys`` by key group: (written: the entry ``(key, state, written)`` of each key
+        held, removed: the others). One read per key, inline: a checkpoint's cost on the
+        task's path follows the keys changed."""
+        peek, last_write, step = self._peek, self.written.get, self.step
+        written: dict[int, list[tuple]] = {}
+        removed: dict[int, list] = {}
+        for key in keys:
+            value = peek(key, _NONE)
+            if value is _NONE:
+                removed.setdefault(key_group(key), []).append(key)
+                continue
+            if type(value) not in IMMUTABLE_TYPES:
+                value = detached(value, step, key)
+            written.setdefault(key_group(key), []).append((key, value, last_write(key)))
+        return written, removed
+
     def holds(self, key) -> bool:
         """Whether the key has state (a read that keeps nothing)."""
         return self._peek(key, _NONE) is not _NONE
@@ -207,7 +224,11 @@ class KeyedOp(Op):
             for key, entry in self._entries():
                 groups.setdefault(key_group(key), []).append((key, *entry))
             return {"watermark": self.watermark, "groups": groups}
-        return KeyedDelta(self.watermark, *grouped(keys, self._holds, self._entry))
+        return KeyedDelta(self.watermark, *self._delta(keys))
+
+    def _delta(self, keys) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+        """``keys`` by key group: (written entries, removed keys)."""
+        return self.states.delta(keys)
 
     def restore(self, state) -> None:
         values = self.states.values
@@ -396,6 +417,10 @@ class KeyedProcessOp(KeyedOp):
 
     def _held(self) -> int:
         return len(self.states.values) + len(self.event_timers.by_key) + len(self.processing_timers.by_key)
+
+    def _delta(self, keys) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+        """A key is held while it has state or timers; its entry carries both."""
+        return grouped(keys, self._holds, self._entry)
 
     def _entry(self, key) -> tuple:
         return (*self.states.entry(key), self.event_timers.entry(key), self.processing_timers.entry(key))
