@@ -845,3 +845,4 @@ class CheckpointComplete(Message):
     epoch: int
     final: bool = False
     compacted: int = 0  # the last checkpoint whose snapshots the AppMaster compacted (0: none)
+    compacting: int = 0  # this checkpoint when the AppMaster starts compacting it now (0: none)

@@ -569,7 +569,8 @@ class InProcessEngine:
             snapshots = self.completed[action.checkpoint_id]
             for key in action.tasks:
                 snapshots[key] = self._whole(action.checkpoint_id, key).self_contained().encode()
-            self._carry_out(self.state.checkpoint_compacted(action.checkpoint_id, True))
+            self._carry_out(self.state.checkpoint_compacted(action.checkpoint_id, True,
+                                                            {key: len(snapshots[key]) for key in action.tasks}))
         elif kind is cp.PruneCheckpoints:
             for checkpoint_id in action.checkpoint_ids:
                 self.completed.pop(checkpoint_id, None)

@@ -397,8 +397,9 @@ class AppMasterState:
         return self._checkpointing(self.coordinator.ack(checkpoint_id, epoch, task, size_bytes, ended, now,
                                                         alignment_s, root, depth))
 
-    def checkpoint_compacted(self, checkpoint_id: int, ok: bool) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.compacted(checkpoint_id, ok))
+    def checkpoint_compacted(self, checkpoint_id: int, ok: bool, sizes: dict[TaskKey, int] | None = None
+                             ) -> list[Instruction]:
+        return self._checkpointing(self.coordinator.compacted(checkpoint_id, ok, sizes))
 
     def checkpoint_declined(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
                             now: float) -> list[Instruction]:

@@ -20,10 +20,12 @@ enforces it)::
     STORING    store_failed                         IDLE        AbandonCheckpoint [+ FailApplication]
     any        restart (global recovery)            IDLE        AbandonCheckpoint("recovery") if one was in flight
 
-Beside that table, one compaction at a time: a stored checkpoint where a task's snapshot
-chain is ``compact_depth`` deep or more, at least ``compact_depth`` checkpoints after the
-last compaction (the acks of those taken before the tasks heard of it still count the
-chains it cut), gets CompactCheckpoint for every task whose
+Beside that table, one compaction at a time, sized like a tiered LSM's: a stored checkpoint
+whose snapshots' chains hold, since the whole snapshots they start from, at least as many
+bytes as those whole snapshots (or where a chain is ``compact_depth`` deep), at least
+MIN_COMPACT_DEPTH deep and as many checkpoints after the last compaction (the acks of those
+taken before the tasks heard of it still count the chains it cut), gets CompactCheckpoint
+for every task whose
 snapshot builds on another (the shell replaces those snapshots with whole ones, off the
 tasks' path); ``compacted`` ends it: the checkpoint now needs nothing older, and every
 later NotifyComplete names it so the tasks build shorter chains. What is older goes once
@@ -58,6 +60,10 @@ from typing import Any
 
 TaskKey = tuple[int, int]
 """A task: (processor id, task index)."""
+
+#: The shortest chain a compaction replaces: rewriting the whole state to drop one
+#: snapshot's worth of reading costs more than it saves.
+MIN_COMPACT_DEPTH = 2
 
 #: Checkpoints kept in the history (the newest; in progress, completed or failed).
 HISTORY_KEPT = 20
@@ -157,11 +163,13 @@ class StoreCheckpoint:
 @dataclass(frozen=True)
 class NotifyComplete:
     """The checkpoint is durable: tell the tasks (sinks commit); ``final`` lets the app
-    finish; ``compacted``: the last checkpoint whose snapshots were compacted (0: none)."""
+    finish; ``compacted``: the last checkpoint whose snapshots were compacted (0: none);
+    ``compacting``: whether this one's compaction follows."""
     checkpoint_id: int
     epoch: int
     final: bool
     compacted: int = 0
+    compacting: int = 0  # this checkpoint, when its compaction starts now (0: none)
 
 
 @dataclass(frozen=True)
@@ -250,7 +258,8 @@ class CheckpointCoordinator:
         restored_from: CheckpointMeta | None = None,
         compact_depth: int = 0,
     ) -> None:
-        """``compact_depth``: compact a checkpoint once a task's chain is that deep (0: never)."""
+        """``compact_depth``: compact a checkpoint once a task's chain is that deep, or its
+        chains hold as many bytes as the whole snapshots they start from (0: never)."""
         self.tasks: frozenset[TaskKey] = frozenset(tasks)
         self.sources: tuple[TaskKey, ...] = tuple(sorted(set(sources)))
         if not self.tasks:
@@ -274,6 +283,11 @@ class CheckpointCoordinator:
         self._dropped: list[int] = []  # ids no longer kept whose objects a kept one still needs
         self._compacting: int | None = None  # the checkpoint being compacted
         self._compacted = 0  # the last checkpoint compacted
+        #: the bytes of the whole snapshots the chains start from (None: unknown, a restored
+        #: or seeded root), and of each completed checkpoint's snapshots since, by id
+        self._root_bytes: int | None = None
+        self._chain_bytes: dict[int, int] = {}
+        self._compacting_acks: dict[TaskKey, int] = {}  # the sizes the compaction's tasks acked
         #: each task's root in its last acknowledgement: a task's roots never go down, so
         #: nothing it may still build on is older than this
         self._task_roots: dict[TaskKey, int] = {}
@@ -404,27 +418,46 @@ class CheckpointCoordinator:
         self._completed_count += 1
         self._consecutive_failures = 0
         self._finished = self._finished or meta.final
-        actions: list[Action] = [NotifyComplete(meta.checkpoint_id, meta.epoch, meta.final, self._compacted)]
+        if p.chained:
+            self._chain_bytes[meta.checkpoint_id] = meta.size_bytes
+        else:
+            self._root_bytes, self._chain_bytes = meta.size_bytes, {}
+        compact = self._compacts(p, meta)
+        actions: list[Action] = [NotifyComplete(meta.checkpoint_id, meta.epoch, meta.final, self._compacted,
+                                                meta.checkpoint_id if compact else 0)]
         if len(self._completed) > self.keep:
             old, self._completed = self._completed[:-self.keep], self._completed[-self.keep:]
             self._dropped.extend(old)
             for checkpoint_id in old:
                 del self._needs_from[checkpoint_id]
-        if 0 < self.compact_depth <= min(p.depth, meta.checkpoint_id - self._compacted) \
-                and self._compacting is None and not meta.final:
+        if compact:
             self._compacting = meta.checkpoint_id
+            self._compacting_acks = {task: size for task, (size, _) in p.acks.items()}
             actions.append(CompactCheckpoint(meta.checkpoint_id, meta.epoch, tuple(sorted(p.chained))))
         return actions + self._prune() + self._final_if_due(now)
 
-    def compacted(self, checkpoint_id: int, ok: bool) -> list[Action]:
-        """The shell compacted ``checkpoint_id`` (or failed to, ``ok`` False: its chains
-        stay as they were): a restore from it reads nothing older. A task that has not
-        heard of it may still build on an older chain: its last ack's root keeps that."""
+    def _compacts(self, p: _Pending, meta: CheckpointMeta) -> bool:
+        """Whether to compact the checkpoint just stored: its chains are deep, or hold as
+        many bytes as the whole snapshots they start from (so a restore reads at most about
+        twice the state, and the state is rewritten once per its size in changes)."""
+        if self.compact_depth <= 0 or self._compacting is not None or meta.final or \
+                min(p.depth, meta.checkpoint_id - self._compacted) < MIN_COMPACT_DEPTH:
+            return False
+        return p.depth >= self.compact_depth or \
+            (self._root_bytes is not None and sum(self._chain_bytes.values()) >= self._root_bytes)
+
+    def compacted(self, checkpoint_id: int, ok: bool, sizes: dict[TaskKey, int] | None = None) -> list[Action]:
+        """The shell compacted ``checkpoint_id`` into whole snapshots of ``sizes`` bytes by
+        task (or failed to, ``ok`` False: its chains stay as they were): a restore from it
+        reads nothing older. A task that has not heard of it may still build on an older
+        chain: its last ack's root keeps that."""
         if checkpoint_id != self._compacting:
             self.ignored["compacted_unknown"] += 1
             return []
         self._compacting = None
         if ok:
+            self._root_bytes = sum({**self._compacting_acks, **(sizes or {})}.values())
+            self._chain_bytes = {c: size for c, size in self._chain_bytes.items() if c > checkpoint_id}
             self._compacted = checkpoint_id
             if checkpoint_id in self._needs_from:
                 self._needs_from[checkpoint_id] = checkpoint_id
@@ -502,6 +535,7 @@ class CheckpointCoordinator:
         assert self._compacting is None or self._compacting in self._completed or self._compacting in self._dropped, \
             self._compacting  # never pruned while being compacted
         assert self._compacted <= (self._latest.checkpoint_id if self._latest else 0)
+        assert all(c > self._compacted for c in self._chain_bytes), (self._compacted, self._chain_bytes)
 
     # -- transitions ---------------------------------------------------------------------
 

@@ -25,9 +25,11 @@ from gearbus.api.watermarks import WATERMARK_MIN
 
 FORMAT = 2
 #: The longest chain of snapshots building on each other; a restore reads at most this
-#: many plus one per task.
-MAX_DEPTH = 8
-#: The depth at which the AppMaster compacts a completed checkpoint's snapshot.
+#: many plus one per task (and, by the compaction's rule, about twice the whole state's
+#: bytes: see gearbus.runtime.checkpoints).
+MAX_DEPTH = 32
+#: The depth at which the AppMaster compacts a completed checkpoint's snapshots whatever
+#: their bytes.
 COMPACT_DEPTH = MAX_DEPTH // 2
 
 

@@ -438,7 +438,7 @@ class AppMaster(Service):
             self._last_final_sent = time.monotonic()
             self.spawn(self.bus.publish(subjects.checkpoint_complete(self.app_id),
                                         CheckpointComplete(action.checkpoint_id, action.epoch, action.final,
-                                                           action.compacted)),
+                                                           action.compacted, action.compacting)),
                        f"complete-{action.checkpoint_id}")
         elif kind is cp.CompactCheckpoint:
             self._compaction = self.spawn(self._compact(action), f"compact-{action.checkpoint_id}")
@@ -463,20 +463,21 @@ class AppMaster(Service):
         """Replace each deep snapshot of a completed checkpoint with the whole state its
         chain adds up to, one task at a time, the CPU work off the loop. Same object, same
         state: a restore reads either; :meth:`_deploy` waits for this to finish first."""
-        started, ok = time.monotonic(), True
+        started, ok, sizes = time.monotonic(), True, {}
         try:
             for task in compact.tasks:
                 chain = await self.store.snapshot_chain(compact.checkpoint_id, compact.epoch, task)
                 processor = self.app.graph.processors[task[0]]
                 data = await asyncio.to_thread(lambda: whole_snapshot(processor, chain).self_contained().encode())
                 await self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data)
+                sizes[task] = len(data)
         except Exception as exc:
             ok = False
             log.warning("checkpoint_compaction_failed", checkpoint_id=compact.checkpoint_id, error=repr(exc))
         else:
             log.info("checkpoint_compacted", checkpoint_id=compact.checkpoint_id, tasks=len(compact.tasks),
                      seconds=round(time.monotonic() - started, 3))
-        await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, ok))
+        await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, ok, sizes))
 
     async def _prune(self, checkpoint_ids) -> None:
         tasks = [(t.processor, t.index) for t in self._plan_tasks()]

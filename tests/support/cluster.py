@@ -10,8 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from gearbus.client import Client
 from shared import subjects
-from gearbus.runtime.snapshots import COMPACT_DEPTH
-from shared.messages import AppState, CheckpointComplete, ClusterInfo, MasterElected, TaskCheckpointed, decode
+from shared.messages import AppState, CheckpointComplete, ClusterInfo, MasterElected, decode
 
 
 async def wait_until(client: Client, subject: str, probe: Callable[[], Awaitable], timeout: float = 30.0,
@@ -79,29 +78,20 @@ async def kill_an_executor_after_a_checkpoint(cluster, client: Client, app_id: i
 
 
 async def a_compaction_starts(client: Client, app_id: int, timeout: float = 60.0) -> int:
-    """Return as the app's first compaction starts: at the completion of the first
-    checkpoint a task acknowledged with a chain COMPACT_DEPTH deep (the AppMaster compacts
-    it right after it publishes that completion). Its id."""
-    deep: set[int] = set()
+    """Return as the app's first compaction starts: the completion the AppMaster publishes
+    right before it says so (``CheckpointComplete.compacting``). Its id."""
     found = asyncio.get_running_loop().create_future()
-
-    async def on_ack(msg):
-        ack = decode(msg.data)
-        if isinstance(ack, TaskCheckpointed) and ack.depth >= COMPACT_DEPTH:
-            deep.add(ack.checkpoint_id)
 
     async def on_complete(msg):
         complete = decode(msg.data)
-        if isinstance(complete, CheckpointComplete) and complete.checkpoint_id in deep and not found.done():
-            found.set_result(complete.checkpoint_id)
+        if isinstance(complete, CheckpointComplete) and complete.compacting and not found.done():
+            found.set_result(complete.compacting)
 
-    subs = [await client.bus.nc.subscribe(subjects.appmaster_checkpoint_ack(app_id), cb=on_ack),
-            await client.bus.nc.subscribe(subjects.checkpoint_complete(app_id), cb=on_complete)]
+    sub = await client.bus.nc.subscribe(subjects.checkpoint_complete(app_id), cb=on_complete)
     try:
         return await asyncio.wait_for(found, timeout)
     finally:
-        for sub in subs:
-            await sub.unsubscribe()
+        await sub.unsubscribe()
 
 
 async def wait_exited(pid: int, timeout: float) -> None:

@@ -279,7 +279,7 @@ def test_one_compaction_at_a_time_of_deep_chains_moves_the_root_and_is_never_pru
     assert checkpoint(2, 1, lambda task: 0 if task == SRC else 1) == [NotifyComplete(2, 0, False)]
     # MAP0's chain is deep enough: every task whose snapshot builds on another is compacted
     assert checkpoint(3, 1, lambda task: 0 if task == SRC else 2 if task == MAP0 else 1) == [
-        NotifyComplete(3, 0, False), CompactCheckpoint(3, 0, (MAP0, MAP1))]
+        NotifyComplete(3, 0, False, 0, compacting=3), CompactCheckpoint(3, 0, (MAP0, MAP1))]
     assert c.compacted(99, ok=True) == [] and c.ignored["compacted_unknown"] == 1
     assert c.compacted(3, ok=True) == []  # 3 stays kept, and with it what it read
     c.check_invariants()
@@ -287,11 +287,38 @@ def test_one_compaction_at_a_time_of_deep_chains_moves_the_root_and_is_never_pru
     # is not compacted again so soon); it reaches back to 1, so nothing goes
     assert checkpoint(4, 1, lambda task: 3) == [NotifyComplete(4, 0, False, 3)]
     # the tasks learn of it and their chains start at 3: 1 and 2 go (4 stays while 5 needs 3)
-    assert checkpoint(5, 3, lambda task: 2) == [NotifyComplete(5, 0, False, 3), CompactCheckpoint(5, 0, tuple(sorted(TASKS))),
+    assert checkpoint(5, 3, lambda task: 2) == [NotifyComplete(5, 0, False, 3, compacting=5),
+                                                CompactCheckpoint(5, 0, tuple(sorted(TASKS))),
                                                 PruneCheckpoints((1, 2))]
     assert c.compacted(5, ok=False) == []  # a failed compaction leaves the chains as they are
     assert checkpoint(6, 3, lambda task: 1) == [NotifyComplete(6, 0, False, 3)]  # 6 -> 5 -> 4 -> 3
     assert checkpoint(7, 0, lambda task: 0) == [NotifyComplete(7, 0, False, 3), PruneCheckpoints((3, 4, 5, 6))]
+    c.check_invariants()
+
+
+def test_chains_are_compacted_once_their_bytes_reach_the_whole_snapshots_they_start_from():
+    """Tiered by size: with deep compaction far off, a checkpoint is compacted once the
+    snapshots since the whole ones add up to as many bytes, then again once the changes
+    since the compacted one do (its size as the compaction wrote it)."""
+    c = coordinator(interval_s=1, timeout_s=100, keep=3, compact_depth=16)
+    roots = {task: 0 for task in TASKS}
+
+    def checkpoint(cid: int, size_of) -> list:
+        c.tick(now=cid)
+        for task in TASKS:
+            depth = 0 if roots[task] == 0 else cid - roots[task]
+            c.ack(cid, 0, task, size_bytes=size_of(task), ended=False, now=cid, root=roots[task] or cid, depth=depth)
+        actions = c.stored(cid, now=cid)
+        c.check_invariants()
+        return [a for a in actions if isinstance(a, CompactCheckpoint)]
+
+    assert checkpoint(1, lambda task: 100) == []  # whole: 300 bytes
+    roots.update({task: 1 for task in TASKS})
+    compacted_at = [cid for cid in range(2, 20) if checkpoint(cid, lambda task: 10)]
+    assert compacted_at[0] == 11  # 10 checkpoints of 30 bytes: 300
+    c.compacted(11, ok=True, sizes={task: 20 for task in TASKS})  # the state shrank: 60 bytes whole
+    roots.update({task: 11 for task in TASKS})
+    assert [cid for cid in range(20, 30) if checkpoint(cid, lambda task: 10)] == [20]  # 12..20: 270 >= 60
     c.check_invariants()
 
 
