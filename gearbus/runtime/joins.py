@@ -23,7 +23,7 @@ from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
 from gearbus.api.partitioners import key_group, owned_groups
 from gearbus.runtime.keygroups import ChangeLog, JoinDelta, estimated_bytes, keyed_share
-from gearbus.runtime.state_backend import settle_of
+from gearbus.runtime.state_backend import held_bytes, settle_of
 
 LEFT, RIGHT = 0, 1
 _value = itemgetter(0)
@@ -315,10 +315,9 @@ class IntervalJoinOp(_IncrementalJoin):
 
     def state_size(self) -> tuple[int, int]:
         """(records held, their estimated bytes; on disk, as the tables measure themselves)."""
-        if not isinstance(self.sides[0], dict):
-            return self.held, sum(side.size()[1] for side in self.sides) if self.held else 0
-        values = (v for buffers in self.sides for b in buffers.values() for v in b.values)
-        return self.held, estimated_bytes(values, self.held)
+        def values():
+            return (v for buffers in self.sides for b in buffers.values() for v in b.values)
+        return self.held, held_bytes(self.sides, values, self.held)
 
 
 class TableJoinOp(_IncrementalJoin):
@@ -499,13 +498,10 @@ class TableJoinOp(_IncrementalJoin):
 
     def state_size(self) -> tuple[int, int]:
         """(versions and waiting records, their estimated bytes)."""
-        entries = self.held + len(self.waiting)
-        if not isinstance(self.versions, dict):
-            stored = self.versions.size()[1] if self.held else 0
-            return entries, stored + estimated_bytes((w[3] for w in self.waiting), len(self.waiting))
-        values = itertools.chain((v for b in self.versions.values() for v in b.values),
-                                 (w[3] for w in self.waiting))
-        return entries, estimated_bytes(values, entries)
+        versions = held_bytes([self.versions], lambda: (v for b in self.versions.values() for v in b.values),
+                              self.held)
+        return self.held + len(self.waiting), \
+            versions + estimated_bytes((w[3] for w in self.waiting), len(self.waiting))
 
 
 def _rescaled(states: list[dict], index: int, parallelism: int) -> dict:

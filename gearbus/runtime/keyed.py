@@ -18,9 +18,9 @@ from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, KeyedDelta, detached, estimated_bytes, grouped,
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, KeyedDelta, detached, grouped,
                                        keyed_share)
-from gearbus.runtime.state_backend import StateBackendError, settle_of
+from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
@@ -106,10 +106,9 @@ class KeyedStates:
 
     @property
     def size(self) -> tuple[int, int]:
-        """(keys, estimated bytes): a table that writes back measures itself."""
-        if isinstance(self.values, dict):
-            return len(self.values), estimated_bytes(iter(self.values.items()), len(self.values))
-        return self.values.size()
+        """(keys, estimated bytes)."""
+        values = self.values
+        return len(values), held_bytes([values], lambda: iter(values.items()), len(values))
 
 
 class Timers:

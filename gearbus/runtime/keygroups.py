@@ -147,45 +147,69 @@ class ChangeLog:
 class Delta:
     """A step's snapshot holding what changed since the snapshot it builds on: entries
     ``written`` and ``removed`` by key group. :meth:`onto` adds it to the whole state of
-    that snapshot (savepoints.whole_snapshot adds up a chain of them)."""
+    that snapshot; :func:`chain_onto` adds up a chain of them at once."""
 
     written: dict[int, list[tuple]]
     removed: dict[int, list]
 
     def onto(self, whole: Any) -> Any:
+        return chain_onto(whole, [self])
+
+    def identity_of(self, entry: tuple) -> Any:
+        """What tells an entry (a removal is that identity)."""
         raise NotImplementedError
 
-    def _groups_onto(self, groups: dict[int, list], ident) -> dict[int, list]:
-        """``groups`` with these changes: an entry is told by ``ident(entry)``, a removal
-        is that identity."""
-        groups = dict(groups)
-        for group in self.written.keys() | self.removed.keys():
-            by_ident = {ident(entry): entry for entry in groups.get(group, ())}
-            for removed in self.removed.get(group, ()):
-                by_ident.pop(removed, None)
-            for entry in self.written.get(group, ()):
-                by_ident[ident(entry)] = entry
-            if by_ident:
-                groups[group] = list(by_ident.values())
-            else:
-                groups.pop(group, None)
-        return groups
+    def groups_of(self, whole: Any) -> dict[int, list]:
+        """The entries by key group of a whole state of the step."""
+        raise NotImplementedError
+
+    def with_groups(self, groups: dict[int, list]) -> Any:
+        """The whole state holding ``groups`` and, whole, the rest of this snapshot."""
+        raise NotImplementedError
+
+
+def chain_onto(whole: Any, deltas: list[Delta]) -> Any:
+    """The whole state ``whole`` (None: nothing) becomes with ``deltas`` applied in order.
+    Each key group is indexed once for the whole chain, so adding up a chain costs the
+    whole state once plus the changes, not once per snapshot in it."""
+    last = deltas[-1]
+    groups = dict(last.groups_of(whole)) if whole is not None else {}
+    touched: dict[int, dict] = {}
+    for delta in deltas:
+        identity = delta.identity_of
+        for group in delta.written.keys() | delta.removed.keys():
+            by_identity = touched.get(group)
+            if by_identity is None:
+                by_identity = touched[group] = {identity(entry): entry for entry in groups.get(group, ())}
+            for removed in delta.removed.get(group, ()):
+                by_identity.pop(removed, None)
+            for entry in delta.written.get(group, ()):
+                by_identity[identity(entry)] = entry
+    for group, by_identity in touched.items():
+        if by_identity:
+            groups[group] = list(by_identity.values())
+        else:
+            groups.pop(group, None)
+    return last.with_groups(groups)
 
 
 @dataclass(frozen=True)
 class KeyedDelta(Delta):
     """A keyed step's changes since the snapshot it builds on: the entries of the keys
-    written and the keys removed, by key group, and the step's watermark."""
+    written and the keys removed, by key group, and the step's watermark. A whole state
+    is ``{"watermark": ..., "groups": {group: [(key, *entry)]}}``."""
 
     watermark: int
     written: dict[int, list[tuple]]
     removed: dict[int, list]
 
-    def onto(self, whole: dict | None) -> dict:
-        """The whole state (``{"watermark": ..., "groups": {group: [(key, *entry)]}}``)
-        ``whole`` becomes with these changes."""
-        return {"watermark": self.watermark,
-                "groups": self._groups_onto(whole["groups"] if whole is not None else {}, itemgetter(0))}
+    identity_of = staticmethod(itemgetter(0))
+
+    def groups_of(self, whole: dict) -> dict[int, list]:
+        return whole["groups"]
+
+    def with_groups(self, groups: dict[int, list]) -> dict:
+        return {"watermark": self.watermark, "groups": groups}
 
 
 @dataclass(frozen=True)
@@ -199,32 +223,35 @@ class WindowDelta(Delta):
     removed: dict[int, list[tuple]]
     rest: dict
 
-    def onto(self, whole: dict | None) -> dict:
-        groups = self._groups_onto(whole["operator"]["groups"] if whole is not None else {}, _pane)
+    identity_of = staticmethod(itemgetter(slice(0, 3)))  # a pane's (start, end, key)
+
+    def groups_of(self, whole: dict) -> dict[int, list]:
+        return whole["operator"]["groups"]
+
+    def with_groups(self, groups: dict[int, list]) -> dict:
         return {**self.rest, "operator": {**self.rest["operator"], "groups": groups}}
 
 
 @dataclass(frozen=True)
 class JoinDelta(Delta):
     """A join's changes since the snapshot it builds on: the entries written and the
-    identities removed, by key group (an entry's identity is its first ``identity`` fields:
-    side and key of a buffer, or the key of a table's versions), and the rest of the
-    join's state whole (``rest``: its snapshot without ``groups``)."""
+    identities removed, by key group (an entry's identity is its first ``identity``
+    fields: side and key of a buffer, or the key of a table's versions), and the rest of
+    the join's state whole (``rest``: its snapshot without ``groups``)."""
 
     written: dict[int, list[tuple]]
     removed: dict[int, list[tuple]]
     identity: int
     rest: dict
 
-    def onto(self, whole: dict | None) -> dict:
-        size = self.identity
-        groups = self._groups_onto(whole["groups"] if whole is not None else {}, lambda entry: entry[:size])
+    def identity_of(self, entry: tuple) -> tuple:
+        return entry[:self.identity]
+
+    def groups_of(self, whole: dict) -> dict[int, list]:
+        return whole["groups"]
+
+    def with_groups(self, groups: dict[int, list]) -> dict:
         return {**self.rest, "groups": groups}
-
-
-def _pane(entry: tuple) -> tuple:
-    """A window pane's identity: (start, end, key)."""
-    return entry[:3]
 
 
 def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], dict[int, list]]:

@@ -20,7 +20,7 @@ from gearbus.api.partitioners import KEY_LAYOUT
 from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
 from gearbus.api.task import NotRescalable, Task, not_rescalable
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
-from gearbus.runtime.keygroups import Delta
+from gearbus.runtime.keygroups import Delta, chain_onto
 from gearbus.runtime.snapshots import TaskSnapshot
 
 
@@ -99,10 +99,14 @@ def whole_snapshot(processor: Processor, chain: list[TaskSnapshot]) -> TaskSnaps
     then each holding what changed since the one before), in the newest's envelope."""
     if len(chain) == 1:
         return chain[0]
-    steps: dict[str, Any] = {}
+    states: dict[str, list] = {}  # each step's last whole state (or None), then the deltas after it
     for envelope in chain:
         for step, state in split_task_state(processor, envelope.state).items():
-            steps[step] = state.onto(steps.get(step)) if isinstance(state, Delta) else state
+            if isinstance(state, Delta):
+                states.setdefault(step, [None]).append(state)
+            else:
+                states[step] = [state]
+    steps = {step: chain_onto(whole, deltas) if deltas else whole for step, (whole, *deltas) in states.items()}
     return chain[-1].whole(join_task_state(processor, steps))
 
 

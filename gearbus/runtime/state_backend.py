@@ -152,11 +152,21 @@ class RocksDBBackend:
 
 def settle_of(table) -> Callable[[], None]:
     """What writes a table's waiting entries out between batches (nothing for a dict)."""
-    return getattr(table, "settle", _nothing)
+    return getattr(table, "settle", nothing)
 
 
-def _nothing() -> None:
-    """A dict's settle: nothing waits to be written."""
+def nothing(*_) -> None:
+    """A dict's settle (and any step's for what it holds in memory): nothing waits."""
+
+
+def held_bytes(tables, values: Callable[[], Iterator], count: int) -> int:
+    """The estimated bytes ``count`` entries of ``tables`` (one step's) hold: tables on
+    disk measure themselves; dicts are estimated from a sample of ``values()``."""
+    if not count:
+        return 0
+    if isinstance(tables[0], dict):
+        return estimated_bytes(values(), count)
+    return sum(table.size()[1] for table in tables)
 
 
 def open_backend(name: str, root: str | None, label: str):

@@ -32,7 +32,7 @@ from gearbus.api.windows import (
 )
 from gearbus.api.partitioners import key_group, owned_groups
 from gearbus.runtime.keygroups import ChangeLog, detached, estimated_bytes, keyed_share
-from gearbus.runtime.state_backend import Keys, decode_key, encode_key, exact_key
+from gearbus.runtime.state_backend import Keys, decode_key, encode_key, exact_key, nothing
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
 _tuple = tuple.__new__
@@ -161,10 +161,6 @@ def _new_dict(window: Window) -> dict:
     return {}
 
 
-def _ignore(*_) -> None:
-    """Nothing to do for panes held in memory."""
-
-
 def window_limits(watermark: int, allowed_lateness_ms: int) -> tuple[float, float]:
     """The lateness rule: under ``watermark``, a window with end <= the first limit is
     complete (a record for it fires a LATE pane), and one with end <= the second is past
@@ -224,7 +220,7 @@ class WindowOperator:
         self._windows: dict[Window, dict[Any, _Pane]] = {}
         self._table = None  # the disk table holding the panes, if any
         self._new_panes, self._peek, self._peek_items = _new_dict, dict.get, dict.items
-        self._forget = self.settle = _ignore
+        self._forget = self.settle = nothing
         #: Sessions only: key -> its windows, sorted and disjoint.
         self._sessions: dict[Any, list[Window]] = {}
         #: Heaps of (end, start): windows waiting to complete, and complete windows

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from gearbus.runtime.keygroups import Delta
+from gearbus.runtime.keygroups import Delta, chain_onto
 from gearbus.runtime.snapshots import Lineage, TaskSnapshot
 
 
 def added_up(stored: dict[int, TaskSnapshot], checkpoint_id: int):
     """The whole state the chain of ``checkpoint_id``'s snapshot adds up to: its root,
-    then each later snapshot's changes onto it."""
+    then each later snapshot's changes onto it (and :func:`chain_onto` says the same)."""
     chain, at = [], checkpoint_id
     while at is not None:
         chain.insert(0, stored[at].state)
@@ -16,6 +16,10 @@ def added_up(stored: dict[int, TaskSnapshot], checkpoint_id: int):
     state = None
     for part in chain:
         state = part.onto(state) if isinstance(part, Delta) else part
+    whole = max((n for n, part in enumerate(chain) if not isinstance(part, Delta)), default=None)
+    deltas = chain[whole + 1:] if whole is not None else chain
+    if deltas:  # the chain added up at once, as a restore and a compaction do, agrees
+        assert chain_onto(chain[whole] if whole is not None else None, deltas) == state
     return state
 
 
