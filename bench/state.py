@@ -21,13 +21,19 @@ gets; a fill at full speed takes about KEYS / 170,000 s here), for ``--seconds``
 the events counted per second (the records the counting processor took in over the
 measured time), the keys held at the end, and from the AppMaster's history of the last 20
 checkpoints (``gearbus status --json``), those triggered in the measured time: the duration
-p50/p99 (of at most 20: the slowest), the longest barrier
+p50/p99 (of at most 20 per run: the slowest), the longest barrier
 alignment p50 (the time a barrier waited for its siblings: queueing, not snapshotting) and
 the bytes written p50 of the completed ones, with how many completed and failed. Ratios: incremental / baseline
 checkpoint duration and bytes, and throughput with checkpoints (each mode) / off. Every
 mode keeps its state in ``--backend``; the executors' resident memory is sampled every
 second, and the largest is printed, split into heap (anonymous) and file-backed pages
 (mapped files, and the page cache the kernel reclaims under pressure).
+
+The modes run ``--rounds`` times (2 by default), in turn forward and backward, so a
+machine that speeds up or slows down over the minutes favours none of them: events/s are
+the mean of a mode's runs (each run's are printed as it ends: on a shared 2-core machine
+they vary by a fifth between runs), the checkpoint figures are over all of its runs'
+checkpoints, the memory is the largest.
 
 ``--store-seconds S`` instead runs the incremental mode alone for S seconds and samples,
 every 10 s, the bytes the app's checkpoint object store holds (its JetStream stream: every
@@ -119,9 +125,20 @@ async def run_mode(client: Client, cluster: LocalCluster, mode: str, opts) -> di
     alignments = [c.alignment_ms / 1000 for c in history]
     sizes = [c.size_bytes for c in history]
     return {"rate": (counted(status) - counted_at_start) / elapsed, "keys": sum(p.state_keys for p in status.processors),
-            "completed": len(history), "failed": failed, "p50": median(durations),
-            "p99": max(durations, default=NAN), "alignment": median(alignments), "bytes": median(sizes),
-            "rss": memory["VmRSS"], "heap": memory["RssAnon"], "file": memory["RssFile"]}
+            "completed": len(history), "failed": failed, "durations": durations, "alignments": alignments,
+            "sizes": sizes, "rss": memory["VmRSS"], "heap": memory["RssAnon"], "file": memory["RssFile"]}
+
+
+def merged(runs: list[dict]) -> dict:
+    """A mode's figures over its rounds: the mean rate, the checkpoints of every round
+    together, the largest memory."""
+    durations = [d for run in runs for d in run["durations"]]
+    return {"rate": statistics.mean(run["rate"] for run in runs), "keys": runs[-1]["keys"],
+            "completed": sum(run["completed"] for run in runs), "failed": sum(run["failed"] for run in runs),
+            "p50": median(durations), "p99": max(durations, default=NAN),
+            "alignment": median([a for run in runs for a in run["alignments"]]),
+            "bytes": median([s for run in runs for s in run["sizes"]]),
+            **{key: max(run[key] for run in runs) for key in ("rss", "heap", "file")}}
 
 
 def warm(status, opts) -> bool:
@@ -171,10 +188,14 @@ async def bench(opts, tmp: str) -> int:
             if opts.store_seconds:
                 samples = await store_run(client, opts)
             else:
-                results = {}
-                for mode in MODES:
-                    print(f"running {mode} for {opts.seconds:g} s ...", file=sys.stderr, flush=True)
-                    results[mode] = await run_mode(client, cluster, mode, opts)
+                runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+                for round_ in range(opts.rounds):
+                    for mode in (list(MODES) if round_ % 2 == 0 else list(MODES)[::-1]):
+                        print(f"round {round_ + 1}: running {mode} for {opts.seconds:g} s ...", file=sys.stderr,
+                              flush=True)
+                        runs[mode].append(await run_mode(client, cluster, mode, opts))
+                        print(f"  {runs[mode][-1]['rate']:,.0f} events/s", file=sys.stderr, flush=True)
+                results = {mode: merged(mode_runs) for mode, mode_runs in runs.items()}
     finally:
         cluster.stop()
         server.stop()
@@ -200,7 +221,8 @@ def print_table(results: dict, opts) -> None:
     inc, base, off = results["incremental"], results["baseline"], results["off"]
     what = f"{opts.app} {opts.app_args}" if opts.app else \
         f"keyed running count over {opts.keys:,} keys, parallelism {opts.parallelism}"
-    print(f"{what}, checkpoints every {opts.interval_ms} ms, {opts.seconds:g} s per run, state backend {opts.backend}")
+    print(f"{what}, checkpoints every {opts.interval_ms} ms, {opts.seconds:g} s per run, {opts.rounds} round(s), "
+          f"state backend {opts.backend}")
     print(f"{'':34}{'incremental':>14}{'baseline':>14}{'ratio':>9}")
     rows = [("checkpoint duration p50 (s)", "p50", "{:.3f}"), ("checkpoint duration p99 (s)", "p99", "{:.3f}"),
             ("longest alignment p50 (s)", "alignment", "{:.3f}"), ("bytes per checkpoint p50", "bytes", "{:,.0f}")]
@@ -226,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, default=2, help="tasks per step")
     parser.add_argument("--rate", type=float, default=1e9, help="the source's events/s (the default: flat out)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each app to start")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="run the modes this many times, in turn forward and backward (figures merged)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, store)")
     parser.add_argument("--backend", choices=("memory", "rocksdb"), default="memory",
                         help="the state backend of every run")
@@ -234,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store-seconds", type=float, default=0.0,
                         help="run the incremental mode alone this long, sampling the checkpoint store's size")
     opts = parser.parse_args(argv)
-    if opts.keys < 1 or opts.seconds <= 0 or opts.interval_ms < 1 or opts.parallelism < 1:
-        parser.error("--keys, --seconds, --interval-ms and --parallelism must be positive")
+    if opts.keys < 1 or opts.seconds <= 0 or opts.interval_ms < 1 or opts.parallelism < 1 or opts.rounds < 1:
+        parser.error("--keys, --seconds, --interval-ms, --parallelism and --rounds must be positive")
     return in_temp_dir("gearbus-state-", opts.keep, lambda tmp: asyncio.run(bench(opts, tmp)))
 
 
