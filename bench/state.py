@@ -4,6 +4,7 @@
                           [--parallelism 2] [--rate 1000000000] [--timeout 600] [--keep]
                           [--backend memory|rocksdb]
     python bench/state.py --store-seconds 600 [--keys 1000000] [--rate 200000]
+    python bench/state.py --kill-trials 3 [--keys 10000000] [--seconds 20]
     python bench/state.py --app examples/nexmark/q5.py --app-args "--rate 20000 --blackhole"
 
 A keyed running count (bench/state_app.py: a generator source of ``n * 7919 % KEYS`` ->
@@ -35,6 +36,12 @@ the mean of a mode's runs (each run's are printed as it ends: on a shared 2-core
 they vary by a fifth between runs), the checkpoint figures are over all of its runs'
 checkpoints, the memory is the largest.
 
+``--kill-trials N`` instead runs the incremental mode alone: once it holds every key, N
+times (``--seconds`` apart) an executor is SIGKILLed, and the seconds from the kill until
+a checkpoint triggered after it completes are printed: the time until the app commits
+output again (a transactional sink publishes at each completed checkpoint), restore of
+every task's state included. Exactness through such kills is the chaos tests'.
+
 ``--store-seconds S`` instead runs the incremental mode alone for S seconds and samples,
 every 10 s, the bytes the app's checkpoint object store holds (its JetStream stream: every
 kept snapshot, whole, incremental or compacted, and the chunks of any object being
@@ -53,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import os
+import signal
 import sys
 import time
 
@@ -100,14 +108,20 @@ def executor_memory(cluster: LocalCluster) -> dict[str, int]:
     return largest
 
 
-async def run_mode(client: Client, cluster: LocalCluster, mode: str, opts) -> dict:
-    """One run of the app in ``mode``: its figures."""
-    app_id = await submit(client, opts, MODES[mode])
+async def warmed_up(client: Client, app_id: int, mode: str, opts):
+    """The app's status once it runs holding every key (see :func:`warm`)."""
     deadline = time.monotonic() + opts.timeout
     while (status := await client.status(app_id)).state != AppState.ACTIVE or not warm(status, opts):
         if status.state in AppState.TERMINAL or time.monotonic() > deadline:
             raise BenchError(f"{mode}: the app is {status.state}: {status.error}")
         await asyncio.sleep(0.2)
+    return status
+
+
+async def run_mode(client: Client, cluster: LocalCluster, mode: str, opts) -> dict:
+    """One run of the app in ``mode``: its figures."""
+    app_id = await submit(client, opts, MODES[mode])
+    status = await warmed_up(client, app_id, mode, opts)
     started, counted_at_start, started_ms = time.monotonic(), counted(status), time.time() * 1000
     memory = executor_memory(cluster)
     while time.monotonic() - started < opts.seconds:
@@ -156,6 +170,36 @@ def counted(status) -> int:
     return max((p.records_in for p in status.processors if p.state_keys), default=0)
 
 
+async def kill_run(client: Client, cluster: LocalCluster, opts) -> list[float]:
+    """``--kill-trials N``: the incremental mode, holding every key; N times, an executor
+    is SIGKILLed ``--seconds`` after the app last checkpointed again, and the seconds from
+    the kill until a checkpoint triggered after it completes (committed output again: what
+    a transactional sink publishes) are taken."""
+    app_id = await submit(client, opts, {})
+    status = await warmed_up(client, app_id, "kill", opts)
+    taken = []
+    for trial in range(opts.kill_trials):
+        await asyncio.sleep(opts.seconds)
+        victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
+        killed, killed_ms = time.monotonic(), time.time() * 1000
+        os.kill(victim, signal.SIGKILL)
+        while not committed_since(status := await client.status(app_id), killed_ms):
+            if status.state in AppState.TERMINAL or time.monotonic() - killed > opts.timeout:
+                raise BenchError(f"trial {trial + 1}: the app is {status.state}: {status.error}")
+            await asyncio.sleep(0.05)
+        taken.append(time.monotonic() - killed)
+        print(f"trial {trial + 1}: committed again {taken[-1]:.2f} s after the kill ({status.restarts} restarts, "
+              f"{sum(p.state_keys for p in status.processors):,} keys)", file=sys.stderr, flush=True)
+    await client.kill(app_id)
+    return taken
+
+
+def committed_since(status, ms: float) -> bool:
+    """Whether a checkpoint triggered after ``ms`` (epoch ms) completed."""
+    history = status.checkpoints.history if status.checkpoints else []
+    return any(c.status == "completed" and c.trigger_ms > ms for c in history)
+
+
 async def store_run(client: Client, opts) -> list[tuple[float, int, int, int]]:
     """The incremental mode for ``--store-seconds``: every 10 s, (seconds, store bytes,
     one whole snapshot's bytes, checkpoints completed)."""
@@ -187,6 +231,8 @@ async def bench(opts, tmp: str) -> int:
         async with Client(server.url, timeout=60) as client:
             if opts.store_seconds:
                 samples = await store_run(client, opts)
+            elif opts.kill_trials:
+                kills = await kill_run(client, cluster, opts)
             else:
                 runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
                 for round_ in range(opts.rounds):
@@ -201,6 +247,12 @@ async def bench(opts, tmp: str) -> int:
         server.stop()
     if opts.store_seconds:
         print_store(samples, opts)
+    elif opts.kill_trials:
+        print(f"executor SIGKILL with a keyed running count over {opts.keys:,} keys, checkpoints every "
+              f"{opts.interval_ms} ms, state backend {opts.backend}: seconds from the kill until a checkpoint "
+              f"triggered after it completes, over {len(kills)} trials")
+        print(f"p50 {statistics.median(kills):.2f}  max {max(kills):.2f}  (each: "
+              f"{', '.join(f'{k:.2f}' for k in kills)})")
     else:
         print_table(results, opts)
     return 0
@@ -255,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the state backend of every run")
     parser.add_argument("--app", default="", help="run this app instead of the keyed count")
     parser.add_argument("--app-args", default="", help="its arguments, as one string")
+    parser.add_argument("--kill-trials", type=int, default=0,
+                        help="kill an executor this many times instead, timing committed output again")
     parser.add_argument("--store-seconds", type=float, default=0.0,
                         help="run the incremental mode alone this long, sampling the checkpoint store's size")
     opts = parser.parse_args(argv)

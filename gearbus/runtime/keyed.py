@@ -104,6 +104,15 @@ class KeyedStates:
         if value is not None:
             self.put(key, value, watermark if written is None else written)
 
+    def restore_group(self, entries: list[tuple], watermark: int) -> None:
+        """Put back a key group's snapshot entries ``(key, state, written)``: in one update
+        when no TTL needs their write times (a restore resets the change log after)."""
+        if self.ttl_ms is None:
+            self.values.update((key, value) for key, value, _ in entries if value is not None)
+            return
+        for key, value, written in entries:
+            self.restore(key, value, written, watermark)
+
     @property
     def size(self) -> tuple[int, int]:
         """(keys, estimated bytes)."""
@@ -235,10 +244,12 @@ class KeyedOp(Op):
         self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, values)
         self.watermark = state["watermark"]
         for group in sorted(state["groups"]):
-            for key, *entry in state["groups"][group]:
-                self._restore_entry(key, tuple(entry))
+            self._restore_group(state["groups"][group])
             self.states.settle()
         self.changes.reset()
+
+    def _restore_group(self, entries: list[tuple]) -> None:
+        self.states.restore_group(entries, self.watermark)
 
     def rescale(self, states, index, parallelism):
         return keyed_share(states, index, parallelism)
@@ -427,6 +438,10 @@ class KeyedProcessOp(KeyedOp):
     def restore(self, state) -> None:
         self.event_timers, self.processing_timers = Timers(self.changes.changed), Timers(self.changes.changed)
         super().restore(state)
+
+    def _restore_group(self, entries: list[tuple]) -> None:
+        for key, *entry in entries:
+            self._restore_entry(key, tuple(entry))
 
     def _restore_entry(self, key, entry: tuple) -> None:
         super()._restore_entry(key, entry)

@@ -351,7 +351,8 @@ class AppMaster(Service):
         """Launch every executor's tasks in the deployment's epoch (replacing older ones),
         then start them all once all are subscribed."""
         restore = deploy.restore
-        if self._compaction is not None:  # fenced: a restore never reads a snapshot being replaced
+        if self._compaction is not None:  # fenced: a restore never reads a snapshot being replaced;
+            self._compaction.cancel()  # the chains it would have shortened read the same state
             await asyncio.wait([self._compaction])
         try:
             await asyncio.gather(*(self.bus.request(
@@ -462,7 +463,8 @@ class AppMaster(Service):
     async def _compact(self, compact: cp.CompactCheckpoint) -> None:
         """Replace each deep snapshot of a completed checkpoint with the whole state its
         chain adds up to, one task at a time, the CPU work off the loop. Same object, same
-        state: a restore reads either; :meth:`_deploy` waits for this to finish first."""
+        state: a restore reads either; :meth:`_deploy` cancels it (its chains stay as they
+        were) and waits for it to end first, so no put is under way while tasks restore."""
         started, ok, sizes = time.monotonic(), True, {}
         try:
             for task in compact.tasks:
@@ -471,6 +473,11 @@ class AppMaster(Service):
                 data = await asyncio.to_thread(lambda: whole_snapshot(processor, chain).self_contained().encode())
                 await self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data)
                 sizes[task] = len(data)
+        except asyncio.CancelledError:  # a deployment is waiting: it restores from the chains
+            log.info("checkpoint_compaction_cancelled", checkpoint_id=compact.checkpoint_id,
+                     seconds=round(time.monotonic() - started, 3))
+            await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, False))
+            raise
         except Exception as exc:
             ok = False
             log.warning("checkpoint_compaction_failed", checkpoint_id=compact.checkpoint_id, error=repr(exc))
