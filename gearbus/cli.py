@@ -19,7 +19,6 @@ from gearbus.artifact import ArtifactError, load_local
 from gearbus.client import Client
 from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
-from gearbus.runners.spark import SparkRunner, SparkUnavailable
 from gearbus.runtime import state_query
 from gearbus.terminal import processor_table, show_progress, top
 from gearbus.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
@@ -135,12 +134,20 @@ def error_text(app: AppSummary) -> str:
     return f"app {app.app_id} {app.state}{where}: {app.error.error_type}: {app.error.message}"
 
 
+class UsageError(Exception):
+    """What the user must change before the command can work (exit 2)."""
+
+
 async def _run(args) -> int:
     loop = asyncio.get_running_loop()
     started = loop.time()
     if args.runner in ("test", "spark"):
         if args.runner == "spark":
-            result = SparkRunner(args.spark_master, nats_url=args.nats).run(args.app, args.app_args)
+            from gearbus.runners.spark import SparkRunner, SparkUnavailable  # its imports: for its runner only
+            try:
+                result = SparkRunner(args.spark_master, nats_url=args.nats).run(args.app, args.app_args)
+            except SparkUnavailable as exc:
+                raise UsageError(str(exc)) from exc
         else:
             result = TestRunner().run(args.app, args.app_args, raise_on_failure=False)
         app = AppSummary(app_id=0, name=result.name, state=result.state, submitted_ms=0, error=result.error)
@@ -551,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.update(Security.from_args(args).tls_env())
         result = args.handler(args)
         return asyncio.run(result) if asyncio.iscoroutine(result) else result
-    except (ArtifactError, GraphError, SparkUnavailable) as exc:
+    except (ArtifactError, GraphError, UsageError) as exc:
         print(f"gearbus {args.command}: {exc}", file=sys.stderr)
         return 2
     except RequestError as exc:

@@ -82,6 +82,11 @@ log = structlog.get_logger()
 
 MASTER_RETRY_S = 30.0  # how long requests to the master are retried while it fails over
 RESOURCE_TIMEOUT_S = 65.0  # a slot request waits at most this (the master's own wait, and a margin)
+#: How long a launch that restores state may take to reply: its tasks reply once they hold
+#: their state again, which takes time in step with its size (10 s, the default of a
+#: request, was less than a restore of 5,000,000 keys, and each deployment failed). An
+#: executor that hangs meanwhile is found by its heartbeats, which a restore never stops.
+RESTORE_TIMEOUT_S = 600.0
 DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s": a task whose watermark stands still this long is stalled
 DEFAULT_CHECKPOINT_INTERVAL_MS = 1000  # app config "checkpoint_interval_ms"; 0 turns periodic checkpoints off
 DEFAULT_CHECKPOINT_TIMEOUT_MS = 60_000  # app config "checkpoint_timeout_ms": then a checkpoint is abandoned
@@ -359,7 +364,8 @@ class AppMaster(Service):
                 subjects.executor_control(self.app_id, executor_id),
                 LaunchTasks([TaskId(*t) for t in tasks], self.app.graph.digest(), self.start_ms, deploy.epoch,
                             restore.checkpoint_id if restore else 0, restore.epoch if restore else 0),
-                expect=TaskRegistered) for executor_id, tasks in deploy.assignments))
+                expect=TaskRegistered, **({"timeout": RESTORE_TIMEOUT_S} if restore else {}))
+                for executor_id, tasks in deploy.assignments))
             for executor_id, _ in deploy.assignments:
                 await self.bus.request(subjects.executor_control(self.app_id, executor_id), StartAllTasks())
         except RequestError as exc:  # an executor failed while tasks were being launched
@@ -471,7 +477,12 @@ class AppMaster(Service):
                 chain = await self.store.snapshot_chain(compact.checkpoint_id, compact.epoch, task)
                 processor = self.app.graph.processors[task[0]]
                 data = await asyncio.to_thread(lambda: whole_snapshot(processor, chain).self_contained().encode())
-                await self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data)
+                put = asyncio.ensure_future(self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data))
+                try:
+                    await asyncio.shield(put)
+                except asyncio.CancelledError:  # a put cut short leaves chunks no object names
+                    await put
+                    raise
                 sizes[task] = len(data)
         except asyncio.CancelledError:  # a deployment is waiting: it restores from the chains
             log.info("checkpoint_compaction_cancelled", checkpoint_id=compact.checkpoint_id,
@@ -553,6 +564,12 @@ class AppMaster(Service):
         await self.carry_out(self.state.savepoint_written(request_id))
         return SavepointTaken(self.app_id, name, meta.checkpoint_id, meta.size_bytes, sorted(steps))
 
+    @staticmethod
+    def _pickled_steps(processor, chain: list) -> dict[str, bytes]:
+        """Each step's whole state that a task's chain of snapshots adds up to, pickled."""
+        return {step: pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+                for step, state in split_task_state(processor, whole_snapshot(processor, chain).state).items()}
+
     async def _write_savepoint(self, name: str, meta: cp.CheckpointMeta) -> dict[str, int]:
         """Copy a completed checkpoint's state, step by step, under the savepoint's name
         (once a compaction of it, which replaces its objects, is done)."""
@@ -563,8 +580,9 @@ class AppMaster(Service):
         for processor in self.app.graph.processors:
             for index in range(processor.parallelism):
                 chain = await self.store.snapshot_chain(meta.checkpoint_id, meta.epoch, (processor.id, index))
-                for step, state in split_task_state(processor, whole_snapshot(processor, chain).state).items():
-                    parts[(step, index)] = pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+                pickled = await asyncio.to_thread(self._pickled_steps, processor, chain)  # off the loop: the heartbeats
+                for step, data in pickled.items():
+                    parts[(step, index)] = data
                     steps[step] = processor.parallelism
         record = SavepointRecord(name, self.app_id, self.app.name, meta.checkpoint_id, int(time.time() * 1000), steps)
         await self.store.put_savepoint(record, parts)
