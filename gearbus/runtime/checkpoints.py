@@ -20,12 +20,13 @@ enforces it)::
     STORING    store_failed                         IDLE        AbandonCheckpoint [+ FailApplication]
     any        restart (global recovery)            IDLE        AbandonCheckpoint("recovery") if one was in flight
 
-Beside that table, one compaction at a time, sized like a tiered LSM's: a stored checkpoint
-whose snapshots' chains hold, since the whole snapshots they start from, at least as many
-bytes as those whole snapshots (or where a chain is ``compact_depth`` deep), at least
-MIN_COMPACT_DEPTH deep and as many checkpoints after the last compaction (the acks of those
-taken before the tasks heard of it still count the chains it cut), gets CompactCheckpoint
-for every task whose
+Beside that table, one compaction at a time, sized like a tiered LSM's. A chain's depth
+counts here at most the checkpoints since the last compaction (the acks of those taken
+before the tasks heard of it still count the chains it cut). A stored checkpoint whose
+chains are ``compact_depth`` deep, or at least MIN_COMPACT_DEPTH deep and holding, since
+the whole snapshots they start from, at least as many bytes as those whole snapshots (the
+last whole checkpoint's, or what the last compaction wrote), gets CompactCheckpoint for
+every task whose
 snapshot builds on another (the shell replaces those snapshots with whole ones, off the
 tasks' path); ``compacted`` ends it: the checkpoint now needs nothing older, and every
 later NotifyComplete names it so the tasks build shorter chains. What is older goes once
@@ -286,6 +287,7 @@ class CheckpointCoordinator:
         #: the bytes of the whole snapshots the chains start from (None: unknown, a restored
         #: or seeded root), and of each completed checkpoint's snapshots since, by id
         self._root_bytes: int | None = None
+        self._root_id = 0  # the checkpoint whose whole snapshots _root_bytes measures
         self._chain_bytes: dict[int, int] = {}
         self._compacting_acks: dict[TaskKey, int] = {}  # the sizes the compaction's tasks acked
         #: each task's root in its last acknowledgement: a task's roots never go down, so
@@ -418,10 +420,8 @@ class CheckpointCoordinator:
         self._completed_count += 1
         self._consecutive_failures = 0
         self._finished = self._finished or meta.final
-        if p.chained:
-            self._chain_bytes[meta.checkpoint_id] = meta.size_bytes
-        else:
-            self._root_bytes, self._chain_bytes = meta.size_bytes, {}
+        if self.compact_depth > 0:
+            self._count_bytes(p, meta)
         compact = self._compacts(p, meta)
         actions: list[Action] = [NotifyComplete(meta.checkpoint_id, meta.epoch, meta.final, self._compacted,
                                                 meta.checkpoint_id if compact else 0)]
@@ -436,15 +436,26 @@ class CheckpointCoordinator:
             actions.append(CompactCheckpoint(meta.checkpoint_id, meta.epoch, tuple(sorted(p.chained))))
         return actions + self._prune() + self._final_if_due(now)
 
+    def _count_bytes(self, p: _Pending, meta: CheckpointMeta) -> None:
+        """Keep the bytes the chains hold: those of the checkpoints after the oldest root
+        any task builds on (older ones are in no chain), or none after a whole one."""
+        if not p.chained:
+            self._root_bytes, self._root_id, self._chain_bytes = meta.size_bytes, meta.checkpoint_id, {}
+            return
+        self._chain_bytes[meta.checkpoint_id] = meta.size_bytes
+        for old in [c for c in self._chain_bytes if c <= meta.root]:
+            del self._chain_bytes[old]
+
     def _compacts(self, p: _Pending, meta: CheckpointMeta) -> bool:
         """Whether to compact the checkpoint just stored: its chains are deep, or hold as
         many bytes as the whole snapshots they start from (so a restore reads at most about
         twice the state, and the state is rewritten once per its size in changes)."""
-        if self.compact_depth <= 0 or self._compacting is not None or meta.final or \
-                min(p.depth, meta.checkpoint_id - self._compacted) < MIN_COMPACT_DEPTH:
+        if self.compact_depth <= 0 or self._compacting is not None or meta.final:
             return False
-        return p.depth >= self.compact_depth or \
-            (self._root_bytes is not None and sum(self._chain_bytes.values()) >= self._root_bytes)
+        # a depth acked before the tasks heard of the last compaction counts from the old root
+        deep = min(p.depth, meta.checkpoint_id - self._compacted)
+        return deep >= self.compact_depth or (deep >= MIN_COMPACT_DEPTH and self._root_bytes is not None
+                                              and sum(self._chain_bytes.values()) >= self._root_bytes)
 
     def compacted(self, checkpoint_id: int, ok: bool, sizes: dict[TaskKey, int] | None = None) -> list[Action]:
         """The shell compacted ``checkpoint_id`` into whole snapshots of ``sizes`` bytes by
@@ -456,8 +467,9 @@ class CheckpointCoordinator:
             return []
         self._compacting = None
         if ok:
-            self._root_bytes = sum({**self._compacting_acks, **(sizes or {})}.values())
-            self._chain_bytes = {c: size for c, size in self._chain_bytes.items() if c > checkpoint_id}
+            if checkpoint_id > self._root_id:  # unless a whole checkpoint completed since
+                self._root_bytes, self._root_id = sum({**self._compacting_acks, **(sizes or {})}.values()), checkpoint_id
+                self._chain_bytes = {c: size for c, size in self._chain_bytes.items() if c > checkpoint_id}
             self._compacted = checkpoint_id
             if checkpoint_id in self._needs_from:
                 self._needs_from[checkpoint_id] = checkpoint_id
@@ -535,7 +547,8 @@ class CheckpointCoordinator:
         assert self._compacting is None or self._compacting in self._completed or self._compacting in self._dropped, \
             self._compacting  # never pruned while being compacted
         assert self._compacted <= (self._latest.checkpoint_id if self._latest else 0)
-        assert all(c > self._compacted for c in self._chain_bytes), (self._compacted, self._chain_bytes)
+        assert all(c > max(self._compacted, self._root_id) for c in self._chain_bytes), \
+            (self._compacted, self._root_id, self._chain_bytes)
 
     # -- transitions ---------------------------------------------------------------------
 

@@ -357,7 +357,8 @@ class AppMaster(Service):
         then start them all once all are subscribed."""
         restore = deploy.restore
         if self._compaction is not None:  # fenced: a restore never reads a snapshot being replaced;
-            self._compaction.cancel()  # the chains it would have shortened read the same state
+            if not self._compaction.cancelling():  # once: a second cancel would cut its last put short
+                self._compaction.cancel()  # the chains it would have shortened read the same state
             await asyncio.wait([self._compaction])
         try:
             await asyncio.gather(*(self.bus.request(

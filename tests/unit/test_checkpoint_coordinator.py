@@ -322,6 +322,35 @@ def test_chains_are_compacted_once_their_bytes_reach_the_whole_snapshots_they_st
     c.check_invariants()
 
 
+def test_a_depth_acked_before_the_tasks_heard_of_a_compaction_starts_no_other_and_a_newer_whole_one_stays_the_root():
+    """The depths of checkpoints the tasks took before they heard of a compaction still
+    count from the old root: they do not start another compaction of the whole state. A
+    whole checkpoint that completes while a compaction runs is the root the bytes count
+    from, whatever the compaction wrote."""
+    c = coordinator(interval_s=1, timeout_s=100, keep=3, compact_depth=16)
+
+    def checkpoint(cid: int, root: int, size: int = 10) -> list:
+        c.tick(now=cid)
+        for task in TASKS:
+            c.ack(cid, 0, task, size_bytes=size, ended=False, now=cid, root=root if root else cid,
+                  depth=cid - root if root else 0)
+        actions = c.stored(cid, now=cid)
+        c.check_invariants()
+        return [a.checkpoint_id for a in actions if isinstance(a, CompactCheckpoint)]
+
+    assert checkpoint(1, 0, size=100_000) == []
+    assert [cid for cid in range(2, 18) if checkpoint(cid, 1)] == [17]  # 16 deep
+    assert [cid for cid in range(18, 21) if checkpoint(cid, 1)] == []  # while it runs
+    c.compacted(17, ok=True, sizes={task: 100_000 for task in TASKS})
+    assert checkpoint(21, 1) == []  # 20 deep from the old root: 4 from the compacted one
+    assert [cid for cid in range(22, 40) if checkpoint(cid, 17)] == [33]  # 16 from 17
+
+    # a whole checkpoint completes while a compaction of a large state runs
+    assert checkpoint(40, 0, size=100) == []  # 300 bytes whole: the root now
+    c.compacted(33, ok=True, sizes={task: 100_000 for task in TASKS})
+    assert [cid for cid in range(41, 50) if checkpoint(cid, 40, size=50)] == [42]  # 300 bytes of changes
+
+
 def test_restart_abandons_the_checkpoint_in_flight_bumps_the_epoch_and_ids_go_on():
     c = coordinator(interval_s=1, timeout_s=100)
     c.tick(now=1)
