@@ -33,12 +33,13 @@ settings.register_profile(QUICK_PROFILE, deadline=None)
 settings.load_profile(FULL_PROFILE if os.environ.get("CI") else QUICK_PROFILE)
 
 
-#: The files that take longest (measured in .ci/run's two workers, 30 s or more), longest
-#: first: run first in one process. pytest-xdist hands files out by how many tests they
-#: hold instead: with --no-loadscope-reorder it keeps this order, which ended a run 9 s
-#: sooner but ran the Spark files beside the CLI's timed ones, which then failed.
+#: The files that take longest (measured in .ci/run's two workers, 30 s or more), run
+#: first, so that no long file is left running alone at the end (.ci/run keeps this order
+#: with --no-loadscope-reorder: pytest-xdist would hand out the files with the most tests
+#: first, and the long files of one or two tests last). The CLI's file, whose tests time
+#: commands, goes first beside the fuzzing (one core), before any Spark file starts a JVM.
 SLOWEST_FILES = [
-    "integration/test_spark_jetstream.py", "unit/test_fuzz_decoders.py", "integration/test_cli.py",
+    "integration/test_cli.py", "unit/test_fuzz_decoders.py", "integration/test_spark_jetstream.py",
     "chaos/test_exactly_once.py", "integration/test_spark_joins.py", "integration/test_nexmark_recovery.py",
     "integration/test_spark_runner.py", "integration/test_backfill.py", "integration/test_recovery.py",
     "chaos/test_files_exactly_once.py", "integration/test_security.py", "integration/test_cluster.py",
