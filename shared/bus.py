@@ -46,6 +46,9 @@ def nats_servers(given: Sequence[str] | None, environ: Mapping[str, str] = os.en
     return [url.strip() for url in environ.get(NATS_URL_ENV, "").split(",") if url.strip()] or [DEFAULT_NATS_URL]
 
 
+#: How long a request waits for its reply unless it says otherwise.
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+
 class RequestError(Exception):
     """Raised by a handler to answer with a specific ErrorReply code."""
 
@@ -221,7 +224,7 @@ class Bus:
         self,
         subject: str,
         message: Message,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
         expect: type[M] | tuple[type[Message], ...] = (),
         retry_s: float = 0.0,
         idempotent: bool = False,

@@ -165,7 +165,7 @@ class StoreCheckpoint:
 class NotifyComplete:
     """The checkpoint is durable: tell the tasks (sinks commit); ``final`` lets the app
     finish; ``compacted``: the last checkpoint whose snapshots were compacted (0: none);
-    ``compacting``: whether this one's compaction follows."""
+    ``compacting``: this checkpoint when its compaction follows (0: none)."""
     checkpoint_id: int
     epoch: int
     final: bool

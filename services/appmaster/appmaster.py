@@ -29,7 +29,7 @@ from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, launch_security, parse_launched_args
 from shared import subjects
-from shared.bus import RequestError, RequestTimeout
+from shared.bus import DEFAULT_REQUEST_TIMEOUT_S, RequestError, RequestTimeout
 from shared.logging import configure
 from shared.messages import (
     AppError,
@@ -356,6 +356,7 @@ class AppMaster(Service):
         """Launch every executor's tasks in the deployment's epoch (replacing older ones),
         then start them all once all are subscribed."""
         restore = deploy.restore
+        launch_timeout = RESTORE_TIMEOUT_S if restore else DEFAULT_REQUEST_TIMEOUT_S
         if self._compaction is not None:  # fenced: a restore never reads a snapshot being replaced;
             if not self._compaction.cancelling():  # once: a second cancel would cut its last put short
                 self._compaction.cancel()  # the chains it would have shortened read the same state
@@ -365,7 +366,7 @@ class AppMaster(Service):
                 subjects.executor_control(self.app_id, executor_id),
                 LaunchTasks([TaskId(*t) for t in tasks], self.app.graph.digest(), self.start_ms, deploy.epoch,
                             restore.checkpoint_id if restore else 0, restore.epoch if restore else 0),
-                expect=TaskRegistered, **({"timeout": RESTORE_TIMEOUT_S} if restore else {}))
+                expect=TaskRegistered, timeout=launch_timeout)
                 for executor_id, tasks in deploy.assignments))
             for executor_id, _ in deploy.assignments:
                 await self.bus.request(subjects.executor_control(self.app_id, executor_id), StartAllTasks())
