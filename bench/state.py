@@ -27,8 +27,11 @@ alignment p50 (the time a barrier waited for its siblings: queueing, not snapsho
 the bytes written p50 of the completed ones, with how many completed and failed. Ratios: incremental / baseline
 checkpoint duration and bytes, and throughput with checkpoints (each mode) / off. Every
 mode keeps its state in ``--backend``; the executors' resident memory is sampled every
-second, and the largest is printed, split into heap (anonymous) and file-backed pages
-(mapped files, and the page cache the kernel reclaims under pressure).
+second, and the largest is printed (and the AppMaster's, which compacts), split into heap (anonymous) and file-backed pages
+(mapped files, and the page cache the kernel reclaims under pressure). The cores each
+role kept busy over the measured time (CPU seconds / seconds: the executors together, the
+AppMaster, which compacts checkpoints, and the nats-server, which stores them) say where a
+checkpoint's cost lands on a machine the roles share.
 
 The modes run ``--rounds`` times (2 by default), in turn forward and backward, so a
 machine that speeds up or slows down over the minutes favours none of them: events/s are
@@ -77,6 +80,8 @@ from shared.messages import AppState  # noqa: E402
 
 APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "state_app.py")
 NAN = float("nan")
+#: The processes whose CPU time a run reports: the app's, and the nats-server storing its checkpoints.
+ROLES = ("executor", "appmaster", "nats-server")
 MODES = {"incremental": {"incremental_checkpoints": True}, "baseline": {"incremental_checkpoints": False},
          "off": {"checkpoint_interval_ms": 0}}
 
@@ -90,8 +95,9 @@ async def submit(client: Client, opts, config: dict) -> int:
                                        **config})
 
 
-def executor_memory(cluster: LocalCluster) -> dict[str, int]:
-    """The largest executor's resident memory now, and its heap and file-backed parts (bytes)."""
+def largest_memory(cluster: LocalCluster, role: str) -> dict[str, int]:
+    """The resident memory now of the largest process of ``role`` ("executor" or
+    "appmaster"), and its heap and file-backed parts (bytes)."""
     largest = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
     for pid, _, kind in cluster.processes():
         found = {}
@@ -103,9 +109,32 @@ def executor_memory(cluster: LocalCluster) -> dict[str, int]:
                         found[name] = int(value.split()[0]) * 1024
         except OSError:
             continue
-        if kind == "executor" and found.get("VmRSS", 0) > largest["VmRSS"]:
+        if kind == role and found.get("VmRSS", 0) > largest["VmRSS"]:
             largest.update(found)
     return largest
+
+
+def cpu_seconds(cluster: LocalCluster, server: NatsServer) -> dict[int, tuple[str, float]]:
+    """Each app process's and the nats-server's CPU time so far (user + system), by pid."""
+    processes = [(pid, kind) for pid, _, kind in cluster.processes()] + [(server.process.pid, "nats-server")]
+    found = {}
+    for pid, kind in processes:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        found[pid] = (kind, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return found
+
+
+def cores_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                  elapsed: float) -> dict[str, float]:
+    """The cores each role kept busy between two :func:`cpu_seconds` samples."""
+    cores: dict[str, float] = dict.fromkeys(ROLES, 0.0)
+    for pid, (kind, seconds) in after.items():
+        cores[kind] += (seconds - before.get(pid, (kind, 0.0))[1]) / elapsed
+    return cores
 
 
 async def warmed_up(client: Client, app_id: int, mode: str, opts):
@@ -118,17 +147,20 @@ async def warmed_up(client: Client, app_id: int, mode: str, opts):
     return status
 
 
-async def run_mode(client: Client, cluster: LocalCluster, mode: str, opts) -> dict:
+async def run_mode(client: Client, cluster: LocalCluster, server: NatsServer, mode: str, opts) -> dict:
     """One run of the app in ``mode``: its figures."""
     app_id = await submit(client, opts, MODES[mode])
     status = await warmed_up(client, app_id, mode, opts)
     started, counted_at_start, started_ms = time.monotonic(), counted(status), time.time() * 1000
-    memory = executor_memory(cluster)
+    cpu_at_start = cpu_seconds(cluster, server)
+    memory, appmaster = largest_memory(cluster, "executor"), 0
     while time.monotonic() - started < opts.seconds:
         await asyncio.sleep(1)
-        memory = max(memory, executor_memory(cluster), key=lambda sample: sample["VmRSS"])
+        memory = max(memory, largest_memory(cluster, "executor"), key=lambda sample: sample["VmRSS"])
+        appmaster = max(appmaster, largest_memory(cluster, "appmaster")["VmRSS"])
     status = await client.status(app_id)
     elapsed = time.monotonic() - started
+    cores = cores_by_role(cpu_at_start, cpu_seconds(cluster, server), elapsed)
     if status.state != AppState.ACTIVE:
         raise BenchError(f"{mode}: the app is {status.state}: {status.error}")
     await client.kill(app_id)
@@ -140,7 +172,8 @@ async def run_mode(client: Client, cluster: LocalCluster, mode: str, opts) -> di
     sizes = [c.size_bytes for c in history]
     return {"rate": (counted(status) - counted_at_start) / elapsed, "keys": sum(p.state_keys for p in status.processors),
             "completed": len(history), "failed": failed, "durations": durations, "alignments": alignments,
-            "sizes": sizes, "rss": memory["VmRSS"], "heap": memory["RssAnon"], "file": memory["RssFile"]}
+            "sizes": sizes, "rss": memory["VmRSS"], "heap": memory["RssAnon"], "file": memory["RssFile"],
+            "appmaster_rss": appmaster, "cores": cores}
 
 
 def merged(runs: list[dict]) -> dict:
@@ -152,7 +185,8 @@ def merged(runs: list[dict]) -> dict:
             "p50": median(durations), "p99": max(durations, default=NAN),
             "alignment": median([a for run in runs for a in run["alignments"]]),
             "bytes": median([s for run in runs for s in run["sizes"]]),
-            **{key: max(run[key] for run in runs) for key in ("rss", "heap", "file")}}
+            **{key: max(run[key] for run in runs) for key in ("rss", "heap", "file", "appmaster_rss")},
+            "cores": {role: statistics.mean(run["cores"][role] for run in runs) for role in ROLES}}
 
 
 def warm(status, opts) -> bool:
@@ -234,12 +268,12 @@ async def bench(opts, tmp: str) -> int:
             elif opts.kill_trials:
                 kills = await kill_run(client, cluster, opts)
             else:
-                runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+                runs: dict[str, list[dict]] = {mode: [] for mode in opts.modes}
                 for round_ in range(opts.rounds):
-                    for mode in (list(MODES) if round_ % 2 == 0 else list(MODES)[::-1]):
+                    for mode in (opts.modes if round_ % 2 == 0 else opts.modes[::-1]):
                         print(f"round {round_ + 1}: running {mode} for {opts.seconds:g} s ...", file=sys.stderr,
                               flush=True)
-                        runs[mode].append(await run_mode(client, cluster, mode, opts))
+                        runs[mode].append(await run_mode(client, cluster, server, mode, opts))
                         print(f"  {runs[mode][-1]['rate']:,.0f} events/s", file=sys.stderr, flush=True)
                 results = {mode: merged(mode_runs) for mode, mode_runs in runs.items()}
     finally:
@@ -269,8 +303,14 @@ def print_store(samples: list[tuple[float, int, int, int]], opts) -> None:
     print(f"{'checkpoints completed':26}{samples[-1][3]:>8,}")
 
 
+def not_run() -> dict:
+    """The figures of a mode left out (``--modes``): all NaN."""
+    return {"rate": NAN, "keys": 0, "completed": 0, "failed": 0, "p50": NAN, "p99": NAN, "alignment": NAN,
+            "bytes": NAN, "rss": NAN, "heap": NAN, "file": NAN, "appmaster_rss": NAN, "cores": dict.fromkeys(ROLES, NAN)}
+
+
 def print_table(results: dict, opts) -> None:
-    inc, base, off = results["incremental"], results["baseline"], results["off"]
+    inc, base, off = (results.get(mode) or not_run() for mode in MODES)
     what = f"{opts.app} {opts.app_args}" if opts.app else \
         f"keyed running count over {opts.keys:,} keys, parallelism {opts.parallelism}"
     print(f"{what}, checkpoints every {opts.interval_ms} ms, {opts.seconds:g} s per run, {opts.rounds} round(s), "
@@ -281,15 +321,20 @@ def print_table(results: dict, opts) -> None:
     for label, key, fmt in rows:
         ratio = inc[key] / base[key] if base[key] else float("nan")
         print(f"{label:34}{fmt.format(inc[key]):>14}{fmt.format(base[key]):>14}{ratio:>9.2f}")
-    done = {mode: f"{results[mode]['completed']} / {results[mode]['failed']}" for mode in ("incremental", "baseline")}
+    done = {mode: f"{figures['completed']} / {figures['failed']}" for mode, figures in (("incremental", inc),
+                                                                                           ("baseline", base))}
     print(f"{'checkpoints completed / failed':34}{done['incremental']:>14}{done['baseline']:>14}")
     print(f"{'keys held at the end':34}{inc['keys']:>14,}{base['keys']:>14,}")
     print(f"{'events/s':34}{inc['rate']:>14,.0f}{base['rate']:>14,.0f}{inc['rate'] / base['rate']:>9.2f}")
     print(f"{'events/s, checkpoints off':34}{off['rate']:>14,.0f}")
     print(f"{'events/s with / off':34}{inc['rate'] / off['rate']:>14.2f}{base['rate'] / off['rate']:>14.2f}")
     for label, key in (("largest executor RSS (MiB)", "rss"), ("  of it heap (MiB)", "heap"),
-                       ("  of it file-backed (MiB)", "file")):
+                       ("  of it file-backed (MiB)", "file"), ("largest AppMaster RSS (MiB)", "appmaster_rss")):
         print(f"{label:34}{inc[key] / 2**20:>14,.0f}{base[key] / 2**20:>14,.0f}{'':>9}{off[key] / 2**20:>10,.0f} off")
+    for role in ROLES:
+        label = f"cores busy: {role}s" if role != "nats-server" else "cores busy: nats-server"
+        print(f"{label:34}{inc['cores'][role]:>14.2f}{base['cores'][role]:>14.2f}{'':>9}"
+              f"{off['cores'][role]:>10.2f} off")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each app to start")
     parser.add_argument("--rounds", type=int, default=2,
                         help="run the modes this many times, in turn forward and backward (figures merged)")
+    parser.add_argument("--modes", type=lambda text: [mode for mode in text.split(",") if mode],
+                        default=list(MODES), help=f"the modes to run, of {','.join(MODES)} (figures of the others: nan)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, store)")
     parser.add_argument("--backend", choices=("memory", "rocksdb"), default="memory",
                         help="the state backend of every run")
@@ -314,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.keys < 1 or opts.seconds <= 0 or opts.interval_ms < 1 or opts.parallelism < 1 or opts.rounds < 1:
         parser.error("--keys, --seconds, --interval-ms, --parallelism and --rounds must be positive")
+    if not opts.modes or set(opts.modes) - set(MODES):
+        parser.error(f"--modes takes some of {','.join(MODES)}, comma-separated")
     return in_temp_dir("gearbus-state-", opts.keep, lambda tmp: asyncio.run(bench(opts, tmp)))
 
 
