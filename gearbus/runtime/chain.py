@@ -18,7 +18,7 @@ from gearbus.api.partitioners import Partitioner, key_group, owned_groups
 from gearbus.api.task import Record, Task, new_record, not_rescalable
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.runtime.keygroups import WindowDelta
+from gearbus.runtime.keygroups import Delta, WindowDelta
 from gearbus.runtime.state_backend import StateBackendError, open_backend
 from gearbus.runtime.windows import WindowOperator
 from shared.messages import AppError
@@ -586,6 +586,11 @@ class ChainTask(Task):
         (see gearbus/runtime/snapshots.py)."""
         return {op.step: state for op in self.ops if (state := op.snapshot_since(base)) is not None}
 
+    def builds_on_base(self, snapshot) -> bool:
+        """Whether ``snapshot`` (of :meth:`snapshot_since`) holds some step's changes only,
+        not the whole state: a whole one starts a chain of its own."""
+        return any(isinstance(state, Delta) for state in snapshot.values())
+
     def restore(self, state) -> None:
         by_step = {op.step: op for op in self.ops}
         unknown = sorted(set(state) - set(by_step))
@@ -632,6 +637,9 @@ class ChainSourceTask(ChainTask, DataSourceTask):
 
     def snapshot_since(self, base: int | None):
         return {"source": DataSourceTask.snapshot(self), "steps": ChainTask.snapshot_since(self, base)}
+
+    def builds_on_base(self, snapshot) -> bool:
+        return ChainTask.builds_on_base(self, snapshot["steps"])
 
     def restore(self, state) -> None:
         if state["source"] is not None:  # None: restored from a savepoint that had no state for it

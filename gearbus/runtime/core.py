@@ -329,6 +329,8 @@ class TaskCore:
         link, base = self.lineage.plan(checkpoint_id, self.epoch)
         since = getattr(self.task, "snapshot_since", None)
         taken = since(base.checkpoint_id if base is not None else None) if since is not None else self.task.snapshot()
+        if base is not None and (since is None or not self.task.builds_on_base(taken)):
+            link, base = self.lineage.taken_whole(checkpoint_id), None
         state = TaskSnapshot(checkpoint_id, taken, self.ended, self.watermark, self.epoch,
                              (base.checkpoint_id, base.epoch) if base is not None else None, link.depth, link.root)
         return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark)

@@ -22,7 +22,7 @@ from gearbus.api.task import Record, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import ChangeLog, JoinDelta, estimated_bytes, keyed_share
+from gearbus.runtime.keygroups import ChangeLog, Groups, JoinDelta, estimated_bytes, keyed_share
 from gearbus.runtime.state_backend import held_bytes, settle_of
 
 LEFT, RIGHT = 0, 1
@@ -165,7 +165,7 @@ class _IncrementalJoin(Op):
         follows what changed."""
         changed = self.changes.take(self._checkpoint, base, self._identities_held())
         if changed is None:
-            return {**self._rest(), "groups": self._groups()}
+            return {**self._rest(), "groups": Groups(self._groups())}
         written: dict[int, list[tuple]] = {}
         removed: dict[int, list[tuple]] = {}
         for identity in changed:

@@ -18,7 +18,7 @@ from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, KeyedDelta, detached, grouped,
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Groups, KeyedDelta, detached, grouped,
                                        keyed_share)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
@@ -231,7 +231,7 @@ class KeyedOp(Op):
             groups: dict[int, list] = {}
             for key, entry in self._entries():
                 groups.setdefault(key_group(key), []).append((key, *entry))
-            return {"watermark": self.watermark, "groups": groups}
+            return {"watermark": self.watermark, "groups": Groups(groups)}
         return KeyedDelta(self.watermark, *self._delta(keys))
 
     def _delta(self, keys) -> tuple[dict[int, list[tuple]], dict[int, list]]:

@@ -144,6 +144,27 @@ class ChangeLog:
         self._forgot, self._whole_before = False, 0
 
 
+class Groups(dict):
+    """A step's entries by key group, as a snapshot holds them: pickled one key group at a
+    time. Pickle holds the interpreter lock for the whole of a call, and one call over a
+    state of millions of keys stopped every thread of the process for seconds (its
+    heartbeats too: an AppMaster compacting such a state was declared lost, and so were
+    the executors whose heartbeats it could not answer). Between groups, other threads run."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return _unpickled_groups, ([(group, pickle.dumps(entries, pickle.HIGHEST_PROTOCOL))
+                                    for group, entries in self.items()],)
+
+    def __copy__(self) -> Groups:
+        return Groups(self)
+
+
+def _unpickled_groups(parts: list[tuple[int, bytes]]) -> Groups:
+    return Groups((group, pickle.loads(data)) for group, data in parts)
+
+
 class Delta:
     """A step's snapshot holding what changed since the snapshot it builds on: entries
     ``written`` and ``removed`` by key group. :meth:`onto` adds it to the whole state of
@@ -151,6 +172,11 @@ class Delta:
 
     written: dict[int, list[tuple]]
     removed: dict[int, list]
+
+    def __post_init__(self):
+        for field in ("written", "removed"):
+            if type(getattr(self, field)) is not Groups:
+                object.__setattr__(self, field, Groups(getattr(self, field)))
 
     def onto(self, whole: Any) -> Any:
         return chain_onto(whole, [self])
@@ -209,7 +235,7 @@ class KeyedDelta(Delta):
         return whole["groups"]
 
     def with_groups(self, groups: dict[int, list]) -> dict:
-        return {"watermark": self.watermark, "groups": groups}
+        return {"watermark": self.watermark, "groups": Groups(groups)}
 
 
 @dataclass(frozen=True)
@@ -229,7 +255,7 @@ class WindowDelta(Delta):
         return whole["operator"]["groups"]
 
     def with_groups(self, groups: dict[int, list]) -> dict:
-        return {**self.rest, "operator": {**self.rest["operator"], "groups": groups}}
+        return {**self.rest, "operator": {**self.rest["operator"], "groups": Groups(groups)}}
 
 
 @dataclass(frozen=True)
@@ -251,7 +277,7 @@ class JoinDelta(Delta):
         return whole["groups"]
 
     def with_groups(self, groups: dict[int, list]) -> dict:
-        return {**self.rest, "groups": groups}
+        return {**self.rest, "groups": Groups(groups)}
 
 
 def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], dict[int, list]]:
@@ -274,5 +300,5 @@ def keyed_share(states: list[dict], index: int, parallelism: int) -> dict:
     owns one contiguous range of groups, so at most a few of ``states`` contribute."""
     groups = owned_groups(index, parallelism)
     return {"watermark": min(state["watermark"] for state in states),
-            "groups": {group: entries for state in states for group, entries in state["groups"].items()
-                       if group in groups}}
+            "groups": Groups((group, entries) for state in states for group, entries in state["groups"].items()
+                             if group in groups)}

@@ -137,6 +137,15 @@ class Lineage:
             self._floor = checkpoint_id
         return link, base
 
+    def taken_whole(self, checkpoint_id: int) -> Link:
+        """The snapshot just planned for ``checkpoint_id`` turned out whole (nothing in
+        the task keeps track of changes, or every step snapshotted all it holds): it
+        builds on nothing, so its chain starts there."""
+        planned = self._links[checkpoint_id]
+        self._links[checkpoint_id] = link = Link(checkpoint_id, planned.epoch, 0, checkpoint_id)
+        self._floor = checkpoint_id
+        return link
+
     def completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: later snapshots build on its."""
         link = self._links.get(checkpoint_id)

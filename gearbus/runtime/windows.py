@@ -31,7 +31,7 @@ from gearbus.api.windows import (
     checked_millis,
 )
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import ChangeLog, detached, estimated_bytes, keyed_share
+from gearbus.runtime.keygroups import ChangeLog, Groups, detached, estimated_bytes, keyed_share
 from gearbus.runtime.state_backend import Keys, decode_key, encode_key, exact_key, nothing
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
@@ -410,7 +410,7 @@ class WindowOperator:
             for key, pane in self._peek_items(panes):
                 groups.setdefault(key_group(key), []).append((start, end, key, detached(pane.acc, step, key),
                                                               pane.count))
-        return {**self.snapshot_rest(), "groups": groups}
+        return {**self.snapshot_rest(), "groups": Groups(groups)}
 
     def snapshot_rest(self) -> dict:
         """:meth:`snapshot` without the panes: what an incremental snapshot holds whole."""

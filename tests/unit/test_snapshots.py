@@ -7,6 +7,7 @@ import pytest
 from gearbus import CollectSink, Pipeline
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.planner import plan
+from gearbus.runtime.keygroups import Groups, KeyedDelta
 from gearbus.runtime.savepoints import SavepointRecord, stateful_steps, task_states
 from gearbus.runtime.snapshots import TaskSnapshot
 
@@ -14,6 +15,22 @@ from gearbus.runtime.snapshots import TaskSnapshot
 def test_a_task_snapshot_survives_encoding():
     snapshot = TaskSnapshot(7, {"counts": {"a": 3}, "offset": (1, 2)}, True, WATERMARK_MAX)
     assert TaskSnapshot.decode(snapshot.encode()) == snapshot
+
+
+def test_state_by_key_group_is_pickled_a_group_at_a_time():
+    """One pickle call over a whole state holds the interpreter lock throughout (seconds,
+    for millions of keys: heartbeats stop): a snapshot's entries by key group are pickled
+    one group per call, and decode as they were."""
+    groups = Groups({group: [(f"k{group}-{n}", n, None) for n in range(3)] for group in range(5)})
+    _, (parts,) = groups.__reduce__()
+    assert [group for group, _ in parts] == list(range(5))
+    assert all(pickle.loads(data) == groups[group] for group, data in parts)
+    delta = KeyedDelta(7, {1: [("a", 1, None)]}, {2: ["b"]})
+    assert type(delta.written) is Groups and type(delta.removed) is Groups  # built from plain dicts
+    envelope = TaskSnapshot(3, {"count": delta, "other": {"watermark": 1, "groups": groups}}, False, 1)
+    decoded = TaskSnapshot.decode(envelope.encode())
+    assert decoded == envelope
+    assert type(decoded.state["other"]["groups"]) is Groups and type(decoded.state["count"].written) is Groups
 
 
 def test_a_seeded_snapshot_starts_fresh_with_the_state():

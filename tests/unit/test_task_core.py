@@ -212,3 +212,16 @@ def test_output_of_frames_held_behind_a_barrier_follows_the_barrier():
     [snapshot] = [x for x in actions if type(x) is Snapshot]
     assert [r.value for r in snapshot.records] == [1]  # only what came before the barrier
     assert [r.value for r in task.output] == [2]  # the held frame's output waits for the next send
+
+
+def test_a_task_whose_snapshots_are_whole_builds_no_chain():
+    """A task that keeps no track of changes snapshots all it holds every time: each
+    snapshot is whole and stands alone (depth 0, its own root), so the AppMaster never
+    compacts it and a restore reads one snapshot."""
+    task, core = make_core(senders=(A,), credit=100)
+    a = Channel(A)
+    for checkpoint_id in (1, 2, 3):
+        core.receive(A, a.frame([checkpoint_id]))
+        [snapshot] = [x for x in core.receive(A, a.frame([], barrier=checkpoint_id)) if type(x) is Snapshot]
+        assert (snapshot.state.base, snapshot.state.depth, snapshot.state.root) == (None, 0, checkpoint_id)
+        core.completed(checkpoint_id)
