@@ -9,7 +9,7 @@ import copy
 import itertools
 import pickle
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -146,23 +146,79 @@ class ChangeLog:
 
 class Groups(dict):
     """A step's entries by key group, as a snapshot holds them: pickled one key group at a
-    time. Pickle holds the interpreter lock for the whole of a call, and one call over a
-    state of millions of keys stopped every thread of the process for seconds (its
-    heartbeats too: an AppMaster compacting such a state was declared lost, and so were
-    the executors whose heartbeats it could not answer). Between groups, other threads run."""
+    time, and read back one key group at a time (:class:`StoredGroups`).
+
+    Pickle holds the interpreter lock for the whole of a call, and one call over a state of
+    millions of keys stopped every thread of the process for seconds (its heartbeats too:
+    an AppMaster compacting such a state was declared lost, and so were the executors
+    whose heartbeats it could not answer). Between groups, other threads run."""
 
     __slots__ = ()
 
     def __reduce__(self):
-        return _unpickled_groups, ([(group, pickle.dumps(entries, pickle.HIGHEST_PROTOCOL))
-                                    for group, entries in self.items()],)
+        return _stored_groups, ([(group, pickle.dumps(entries, pickle.HIGHEST_PROTOCOL))
+                                 for group, entries in self.items()],)
 
     def __copy__(self) -> Groups:
         return Groups(self)
 
 
-def _unpickled_groups(parts: list[tuple[int, bytes]]) -> Groups:
-    return Groups((group, pickle.loads(data)) for group, data in parts)
+class LazyGroups(Mapping):
+    """Entries by key group worked out only when a group is read, and not kept: what a
+    restore or a compaction adds up holds one key group's entries in memory at a time,
+    beside the stored bytes. Pickled a group at a time, as :class:`Groups`. Two are equal
+    when their groups that hold entries are."""
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]
+
+    def pickled(self, group: int) -> bytes | None:
+        """The group's entries pickled (None: it holds none)."""
+        entries = self[group]
+        return pickle.dumps(entries, pickle.HIGHEST_PROTOCOL) if entries else None
+
+    def __reduce__(self):
+        return _stored_groups, ([(group, data) for group in self if (data := self.pickled(group)) is not None],)
+
+    def __eq__(self, other):
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return _holding(self) == _holding(other)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({_holding(self)!r})"
+
+
+def _holding(groups: Mapping) -> dict[int, list]:
+    return {group: list(entries) for group in groups if (entries := groups[group])}
+
+
+class StoredGroups(LazyGroups):
+    """Entries by key group as stored: each group unpickled when read."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, parts: dict[int, bytes]):
+        self._parts = parts
+
+    def __getitem__(self, group: int) -> list:
+        return pickle.loads(self._parts[group])
+
+    def __iter__(self):
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def __contains__(self, group) -> bool:
+        return group in self._parts
+
+    def pickled(self, group: int) -> bytes | None:
+        return self._parts[group]
+
+
+def _stored_groups(parts: list[tuple[int, bytes]]) -> StoredGroups:
+    return StoredGroups(dict(parts))
 
 
 class Delta:
@@ -170,12 +226,12 @@ class Delta:
     ``written`` and ``removed`` by key group. :meth:`onto` adds it to the whole state of
     that snapshot; :func:`chain_onto` adds up a chain of them at once."""
 
-    written: dict[int, list[tuple]]
-    removed: dict[int, list]
+    written: Mapping[int, list[tuple]]
+    removed: Mapping[int, list]
 
     def __post_init__(self):
         for field in ("written", "removed"):
-            if type(getattr(self, field)) is not Groups:
+            if type(getattr(self, field)) is dict:
                 object.__setattr__(self, field, Groups(getattr(self, field)))
 
     def onto(self, whole: Any) -> Any:
@@ -185,38 +241,60 @@ class Delta:
         """What tells an entry (a removal is that identity)."""
         raise NotImplementedError
 
-    def groups_of(self, whole: Any) -> dict[int, list]:
+    def groups_of(self, whole: Any) -> Mapping[int, list]:
         """The entries by key group of a whole state of the step."""
         raise NotImplementedError
 
-    def with_groups(self, groups: dict[int, list]) -> Any:
+    def with_groups(self, groups: Mapping[int, list]) -> Any:
         """The whole state holding ``groups`` and, whole, the rest of this snapshot."""
         raise NotImplementedError
 
 
 def chain_onto(whole: Any, deltas: list[Delta]) -> Any:
-    """The whole state ``whole`` (None: nothing) becomes with ``deltas`` applied in order.
-    Each key group is indexed once for the whole chain, so adding up a chain costs the
-    whole state once plus the changes, not once per snapshot in it."""
+    """The whole state ``whole`` (None: nothing) becomes with ``deltas`` applied in order,
+    its groups added up as they are read (:class:`ChainedGroups`)."""
     last = deltas[-1]
-    groups = dict(last.groups_of(whole)) if whole is not None else {}
-    touched: dict[int, dict] = {}
-    for delta in deltas:
-        identity = delta.identity_of
-        for group in delta.written.keys() | delta.removed.keys():
-            by_identity = touched.get(group)
-            if by_identity is None:
-                by_identity = touched[group] = {identity(entry): entry for entry in groups.get(group, ())}
+    return last.with_groups(ChainedGroups(last.groups_of(whole) if whole is not None else {}, deltas))
+
+
+class ChainedGroups(LazyGroups):
+    """The groups of a whole state with a chain of deltas applied in order, each added up
+    when read: its entries indexed once for the whole chain, so a group costs its whole
+    entries once plus its changes. A group no delta touches is the whole state's as it is
+    (stored: its bytes are pickled again as they are)."""
+
+    __slots__ = ("_whole", "_deltas", "_groups")
+
+    def __init__(self, whole: Mapping[int, list], deltas: list[Delta]):
+        self._whole, self._deltas = whole, deltas
+        self._groups = sorted(set(whole).union(*(delta.written.keys() for delta in deltas)))
+
+    def _changing(self, group: int) -> list[Delta]:
+        return [delta for delta in self._deltas if group in delta.written or group in delta.removed]
+
+    def __getitem__(self, group: int) -> list:
+        changing = self._changing(group)
+        if not changing:
+            return self._whole[group]
+        by_identity = {changing[0].identity_of(entry): entry for entry in self._whole.get(group, ())}
+        for delta in changing:
+            identity = delta.identity_of
             for removed in delta.removed.get(group, ()):
                 by_identity.pop(removed, None)
             for entry in delta.written.get(group, ()):
                 by_identity[identity(entry)] = entry
-    for group, by_identity in touched.items():
-        if by_identity:
-            groups[group] = list(by_identity.values())
-        else:
-            groups.pop(group, None)
-    return last.with_groups(groups)
+        return list(by_identity.values())
+
+    def __iter__(self):
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def pickled(self, group: int) -> bytes | None:
+        if not self._changing(group) and isinstance(self._whole, LazyGroups):
+            return self._whole.pickled(group)
+        return super().pickled(group)
 
 
 @dataclass(frozen=True)
@@ -231,11 +309,11 @@ class KeyedDelta(Delta):
 
     identity_of = staticmethod(itemgetter(0))
 
-    def groups_of(self, whole: dict) -> dict[int, list]:
+    def groups_of(self, whole: dict) -> Mapping[int, list]:
         return whole["groups"]
 
-    def with_groups(self, groups: dict[int, list]) -> dict:
-        return {"watermark": self.watermark, "groups": Groups(groups)}
+    def with_groups(self, groups: Mapping[int, list]) -> dict:
+        return {"watermark": self.watermark, "groups": groups}
 
 
 @dataclass(frozen=True)
@@ -251,11 +329,11 @@ class WindowDelta(Delta):
 
     identity_of = staticmethod(itemgetter(slice(0, 3)))  # a pane's (start, end, key)
 
-    def groups_of(self, whole: dict) -> dict[int, list]:
+    def groups_of(self, whole: dict) -> Mapping[int, list]:
         return whole["operator"]["groups"]
 
-    def with_groups(self, groups: dict[int, list]) -> dict:
-        return {**self.rest, "operator": {**self.rest["operator"], "groups": Groups(groups)}}
+    def with_groups(self, groups: Mapping[int, list]) -> dict:
+        return {**self.rest, "operator": {**self.rest["operator"], "groups": groups}}
 
 
 @dataclass(frozen=True)
@@ -273,11 +351,11 @@ class JoinDelta(Delta):
     def identity_of(self, entry: tuple) -> tuple:
         return entry[:self.identity]
 
-    def groups_of(self, whole: dict) -> dict[int, list]:
+    def groups_of(self, whole: dict) -> Mapping[int, list]:
         return whole["groups"]
 
-    def with_groups(self, groups: dict[int, list]) -> dict:
-        return {**self.rest, "groups": Groups(groups)}
+    def with_groups(self, groups: Mapping[int, list]) -> dict:
+        return {**self.rest, "groups": groups}
 
 
 def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], dict[int, list]]:
@@ -300,5 +378,5 @@ def keyed_share(states: list[dict], index: int, parallelism: int) -> dict:
     owns one contiguous range of groups, so at most a few of ``states`` contribute."""
     groups = owned_groups(index, parallelism)
     return {"watermark": min(state["watermark"] for state in states),
-            "groups": Groups((group, entries) for state in states for group, entries in state["groups"].items()
+            "groups": Groups((group, state["groups"][group]) for state in states for group in state["groups"]
                              if group in groups)}

@@ -27,10 +27,12 @@ FORMAT = 2
 #: The longest chain of snapshots building on each other; a restore reads at most this
 #: many plus one per task (and, by the compaction's rule, about twice the whole state's
 #: bytes: see gearbus.runtime.checkpoints).
-MAX_DEPTH = 32
+MAX_DEPTH = 64
 #: The depth at which the AppMaster compacts a completed checkpoint's snapshots whatever
-#: their bytes.
-COMPACT_DEPTH = MAX_DEPTH // 2
+#: their bytes. Well below MAX_DEPTH: a compaction of tens of millions of keys takes a
+#: minute or more, through which the chains grow, and a task reaching MAX_DEPTH snapshots
+#: all it holds.
+COMPACT_DEPTH = 16
 
 
 @dataclass(frozen=True)

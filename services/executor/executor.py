@@ -223,9 +223,8 @@ class Executor(Service):
                 if launch.restore_checkpoint:
                     chain = await self.store.snapshot_chain(launch.restore_checkpoint, launch.restore_epoch,
                                                             (task_id.processor, task_id.index))
-                    # off the loop: adding up millions of keys must not stop the heartbeats
-                    envelope = await asyncio.to_thread(whole_snapshot, self.app.graph.processors[task_id.processor],
-                                                       chain)
+                    # added up a key group at a time as the task restores it, off the loop
+                    envelope = whole_snapshot(self.app.graph.processors[task_id.processor], chain)
                 runner = TaskRunner(
                     self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
                     self.on_snapshot, self.on_task_ended, launch.start_ms, launch.epoch, envelope, self.servers,

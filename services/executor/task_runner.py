@@ -190,8 +190,9 @@ class TaskRunner:
         try:
             self.task.on_start()
             started = True
-            if self.restore_envelope is not None:
-                await asyncio.to_thread(self.core.restore, self.restore_envelope)  # a sink re-commits: may block
+            restore, self.restore_envelope = self.restore_envelope, None  # its chain is not kept past the restore
+            if restore is not None:
+                await asyncio.to_thread(self.core.restore, restore)  # a sink re-commits: may block
                 if self.core.ended:  # it had ended before the checkpoint: its receivers hear the end again
                     await self.outputs.publish(self.outputs.sender.finish(WATERMARK_MAX))
                     await self.on_ended(self)

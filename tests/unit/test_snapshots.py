@@ -7,7 +7,7 @@ import pytest
 from gearbus import CollectSink, Pipeline
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.planner import plan
-from gearbus.runtime.keygroups import Groups, KeyedDelta
+from gearbus.runtime.keygroups import Groups, KeyedDelta, StoredGroups, chain_onto
 from gearbus.runtime.savepoints import SavepointRecord, stateful_steps, task_states
 from gearbus.runtime.snapshots import TaskSnapshot
 
@@ -17,10 +17,10 @@ def test_a_task_snapshot_survives_encoding():
     assert TaskSnapshot.decode(snapshot.encode()) == snapshot
 
 
-def test_state_by_key_group_is_pickled_a_group_at_a_time():
+def test_state_by_key_group_is_pickled_and_read_back_a_group_at_a_time():
     """One pickle call over a whole state holds the interpreter lock throughout (seconds,
     for millions of keys: heartbeats stop): a snapshot's entries by key group are pickled
-    one group per call, and decode as they were."""
+    one group per call, and read back one group at a time, when read."""
     groups = Groups({group: [(f"k{group}-{n}", n, None) for n in range(3)] for group in range(5)})
     _, (parts,) = groups.__reduce__()
     assert [group for group, _ in parts] == list(range(5))
@@ -30,7 +30,18 @@ def test_state_by_key_group_is_pickled_a_group_at_a_time():
     envelope = TaskSnapshot(3, {"count": delta, "other": {"watermark": 1, "groups": groups}}, False, 1)
     decoded = TaskSnapshot.decode(envelope.encode())
     assert decoded == envelope
-    assert type(decoded.state["other"]["groups"]) is Groups and type(decoded.state["count"].written) is Groups
+    stored = decoded.state["other"]["groups"]
+    assert type(stored) is StoredGroups and stored[4] == groups[4] and stored[4] is not stored[4]  # not kept
+
+
+def test_a_chain_adds_up_group_by_group_and_stores_the_groups_it_did_not_change_as_they_were():
+    whole = pickle.loads(pickle.dumps({"watermark": 0, "groups": Groups({1: [("a", 1, None)], 2: [("b", 2, None)]})}))
+    deltas = [KeyedDelta(5, {2: [("c", 3, None)], 3: [("d", 4, None)]}, {}), KeyedDelta(6, {}, {3: ["d"]})]
+    added = chain_onto(whole, deltas)
+    assert added == {"watermark": 6, "groups": {1: [("a", 1, None)], 2: [("b", 2, None), ("c", 3, None)]}}
+    assert sorted(added["groups"]) == [1, 2, 3] and added["groups"][3] == []  # emptied: holds nothing
+    _, (parts,) = added["groups"].__reduce__()
+    assert dict(parts)[1] is whole["groups"].pickled(1) and 3 not in dict(parts)
 
 
 def test_a_seeded_snapshot_starts_fresh_with_the_state():
