@@ -263,16 +263,19 @@ class ChainedGroups(LazyGroups):
     entries once plus its changes. A group no delta touches is the whole state's as it is
     (stored: its bytes are pickled again as they are)."""
 
-    __slots__ = ("_whole", "_deltas", "_groups")
+    __slots__ = ("_whole", "_deltas", "_groups", "_held")
 
     def __init__(self, whole: Mapping[int, list], deltas: list[Delta]):
         self._whole, self._deltas = whole, deltas
-        self._groups = sorted(set(whole).union(*(delta.written.keys() for delta in deltas)))
+        self._held = set(whole).union(*(delta.written.keys() for delta in deltas))
+        self._groups = sorted(self._held)
 
     def _changing(self, group: int) -> list[Delta]:
         return [delta for delta in self._deltas if group in delta.written or group in delta.removed]
 
     def __getitem__(self, group: int) -> list:
+        if group not in self._held:
+            raise KeyError(group)
         changing = self._changing(group)
         if not changing:
             return self._whole[group]
@@ -290,6 +293,9 @@ class ChainedGroups(LazyGroups):
 
     def __len__(self) -> int:
         return len(self._groups)
+
+    def __contains__(self, group) -> bool:
+        return group in self._held
 
     def pickled(self, group: int) -> bytes | None:
         if not self._changing(group) and isinstance(self._whole, LazyGroups):

@@ -23,7 +23,9 @@ from typing import Any
 
 from gearbus.api.watermarks import WATERMARK_MIN
 
-FORMAT = 2
+#: 3: entries by key group pickled a group at a time (gearbus.runtime.keygroups.Groups);
+#: 2: the same tuple, groups as dicts (still read, as is 1).
+FORMAT = 3
 #: The longest chain of snapshots building on each other; a restore reads at most this
 #: many plus one per task (and, by the compaction's rule, about twice the whole state's
 #: bytes: see gearbus.runtime.checkpoints).
@@ -75,12 +77,14 @@ class TaskSnapshot:
     @classmethod
     def decode(cls, data: bytes) -> TaskSnapshot:
         """The inverse of :meth:`encode` (an envelope of format 1, without lineage, reads as
-        a whole snapshot nothing builds on); ValueError for bytes of another format."""
+        a whole snapshot nothing builds on; one of format 2 as it was); ValueError for
+        bytes of another format. An older gearbus reading format 3 fails: pickle cannot
+        find the class of its groups."""
         loaded = pickle.loads(data)
         if type(loaded) is tuple and len(loaded) == 5 and loaded[0] == 1:
             _, checkpoint_id, state, ended, watermark = loaded
             return cls(checkpoint_id, state, ended, watermark)
-        if type(loaded) is not tuple or len(loaded) != 9 or loaded[0] != FORMAT:
+        if type(loaded) is not tuple or len(loaded) != 9 or loaded[0] not in (2, FORMAT):
             raise ValueError(f"not a task snapshot of format {FORMAT}")
         _, checkpoint_id, state, ended, watermark, epoch, base, depth, root = loaded
         return cls(checkpoint_id, state, ended, watermark, epoch, tuple(base) if base is not None else None,
@@ -130,8 +134,8 @@ class Lineage:
         """The snapshot of ``checkpoint_id`` about to be taken: its link, and the base it
         holds the changes since (None: it holds everything)."""
         base = self.base
-        if base is not None and base.depth >= self.max_depth:
-            base = None
+        if base is not None and (base.depth >= self.max_depth or base.checkpoint_id < self._floor):
+            base = None  # too deep; or older than a whole snapshot taken since, which may reach the AppMaster first
         link = Link(checkpoint_id, epoch, 0, checkpoint_id) if base is None else \
             Link(checkpoint_id, epoch, base.depth + 1, base.root, base.checkpoint_id)
         self._links[checkpoint_id] = link
@@ -142,7 +146,9 @@ class Lineage:
     def taken_whole(self, checkpoint_id: int) -> Link:
         """The snapshot just planned for ``checkpoint_id`` turned out whole (nothing in
         the task keeps track of changes, or every step snapshotted all it holds): it
-        builds on nothing, so its chain starts there."""
+        builds on nothing, so its chain starts there. Its ack names it as the task's root,
+        so no later snapshot may build on an older base (:meth:`plan`): the AppMaster may
+        prune what that base reads."""
         planned = self._links[checkpoint_id]
         self._links[checkpoint_id] = link = Link(checkpoint_id, planned.epoch, 0, checkpoint_id)
         self._floor = checkpoint_id

@@ -479,6 +479,7 @@ class AppMaster(Service):
                 chain = await self.store.snapshot_chain(compact.checkpoint_id, compact.epoch, task)
                 processor = self.app.graph.processors[task[0]]
                 data = await asyncio.to_thread(lambda: whole_snapshot(processor, chain).self_contained().encode())
+                del chain  # one task's chain and bytes in memory at a time
                 put = asyncio.ensure_future(self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data))
                 try:
                     await asyncio.shield(put)
@@ -486,6 +487,7 @@ class AppMaster(Service):
                     await put
                     raise
                 sizes[task] = len(data)
+                del data
         except asyncio.CancelledError:  # a deployment is waiting: it restores from the chains
             log.info("checkpoint_compaction_cancelled", checkpoint_id=compact.checkpoint_id,
                      seconds=round(time.monotonic() - started, 3))
@@ -583,6 +585,7 @@ class AppMaster(Service):
             for index in range(processor.parallelism):
                 chain = await self.store.snapshot_chain(meta.checkpoint_id, meta.epoch, (processor.id, index))
                 pickled = await asyncio.to_thread(self._pickled_steps, processor, chain)  # off the loop: the heartbeats
+                del chain
                 for step, data in pickled.items():
                     parts[(step, index)] = data
                     steps[step] = processor.parallelism

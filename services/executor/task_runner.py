@@ -182,6 +182,12 @@ class TaskRunner:
         self._subs.append(await self.nc.subscribe(subjects.task_inbox(self.app_id, processor, index), cb=on_data, **limit))
         self._subs.append(await self.nc.subscribe(subjects.task_credit(self.app_id, processor, index), cb=on_credit, **limit))
 
+    async def _restore(self) -> None:
+        """Restore the task from its envelope, off the loop (a sink re-commits: it may
+        block), then let the envelope go: its chain's bytes are not kept past the restore."""
+        envelope, self.restore_envelope = self.restore_envelope, None
+        await asyncio.to_thread(self.core.restore, envelope)
+
     async def run(self) -> None:
         """Run the task until it is stopped (its final checkpoint committed, or it is
         retired) or fails; then tell ``on_done``."""
@@ -190,9 +196,8 @@ class TaskRunner:
         try:
             self.task.on_start()
             started = True
-            restore, self.restore_envelope = self.restore_envelope, None  # its chain is not kept past the restore
-            if restore is not None:
-                await asyncio.to_thread(self.core.restore, restore)  # a sink re-commits: may block
+            if self.restore_envelope is not None:
+                await self._restore()
                 if self.core.ended:  # it had ended before the checkpoint: its receivers hear the end again
                     await self.outputs.publish(self.outputs.sender.finish(WATERMARK_MAX))
                     await self.on_ended(self)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gearbus.api.keyed import KeyedProcessFunction
 from gearbus.runtime.keygroups import ChangeLog, KeyedDelta
 from gearbus.runtime.keyed import KeyedProcessOp
-from gearbus.runtime.snapshots import Lineage, TaskSnapshot
+from gearbus.runtime.snapshots import Lineage, Link, TaskSnapshot
 from tests.support.backends import task_holding_state_in
 
 KEYS = st.sampled_from(["a", "b", "c", ("t", 1), 7, 3.5])
@@ -259,3 +259,21 @@ def test_a_completion_come_late_is_no_base_once_a_later_whole_snapshot_was_taken
     lineage.completed(4)
     link, base = lineage.plan(5, 0)
     assert base.checkpoint_id == 4 and link.root == 4
+
+
+def test_no_snapshot_builds_on_a_base_older_than_a_whole_one_taken_since():
+    """6 is taken whole, so its ack names 6 as the task's root and the AppMaster may prune
+    1..5 once 6 completes; 7, planned before the task hears of 6's completion, must not
+    build on 5 (its chain would reach back to 1)."""
+    lineage = Lineage()
+    for checkpoint_id in range(1, 6):
+        lineage.plan(checkpoint_id, 0)
+        lineage.completed(checkpoint_id)
+    lineage.plan(6, 0)
+    assert lineage.taken_whole(6) == Link(6, 0, 0, 6)
+    link, base = lineage.plan(7, 0)
+    assert base is None and link.root == 7
+    lineage.completed(6)
+    lineage.completed(7)
+    link, base = lineage.plan(8, 0)
+    assert base.checkpoint_id == 7 and link.root == 7

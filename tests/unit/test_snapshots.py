@@ -44,6 +44,12 @@ def test_a_chain_adds_up_group_by_group_and_stores_the_groups_it_did_not_change_
     assert dict(parts)[1] is whole["groups"].pickled(1) and 3 not in dict(parts)
 
 
+def test_an_envelope_of_format_2_with_groups_as_dicts_still_decodes():
+    state = {"watermark": 4, "groups": {3: [("a", 1, None)]}}
+    old = pickle.dumps((2, 9, state, False, 4, 1, (8, 1), 2, 7))
+    assert TaskSnapshot.decode(old) == TaskSnapshot(9, state, False, 4, 1, (8, 1), 2, 7)
+
+
 def test_a_seeded_snapshot_starts_fresh_with_the_state():
     assert TaskSnapshot.seeded(1, {"x": 1}) == TaskSnapshot(1, {"x": 1}, False, WATERMARK_MIN)
 
