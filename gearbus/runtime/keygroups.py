@@ -167,10 +167,20 @@ class LazyGroups(Mapping):
     """Entries by key group worked out only when a group is read, and not kept: what a
     restore or a compaction adds up holds one key group's entries in memory at a time,
     beside the stored bytes. Pickled a group at a time, as :class:`Groups`. Two are equal
-    when their groups that hold entries are."""
+    when their groups that hold entries are. ``_groups``: a dict whose keys are the
+    groups, in order."""
 
-    __slots__ = ()
+    __slots__ = ("_groups",)
     __hash__ = None  # type: ignore[assignment]
+
+    def __iter__(self):
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __contains__(self, group) -> bool:
+        return group in self._groups
 
     def pickled(self, group: int) -> bytes | None:
         """The group's entries pickled (None: it holds none)."""
@@ -196,25 +206,16 @@ def _holding(groups: Mapping) -> dict[int, list]:
 class StoredGroups(LazyGroups):
     """Entries by key group as stored: each group unpickled when read."""
 
-    __slots__ = ("_parts",)
+    __slots__ = ()
 
     def __init__(self, parts: dict[int, bytes]):
-        self._parts = parts
+        self._groups = parts
 
     def __getitem__(self, group: int) -> list:
-        return pickle.loads(self._parts[group])
-
-    def __iter__(self):
-        return iter(self._parts)
-
-    def __len__(self) -> int:
-        return len(self._parts)
-
-    def __contains__(self, group) -> bool:
-        return group in self._parts
+        return pickle.loads(self._groups[group])
 
     def pickled(self, group: int) -> bytes | None:
-        return self._parts[group]
+        return self._groups[group]
 
 
 def _stored_groups(parts: list[tuple[int, bytes]]) -> StoredGroups:
@@ -263,18 +264,17 @@ class ChainedGroups(LazyGroups):
     entries once plus its changes. A group no delta touches is the whole state's as it is
     (stored: its bytes are pickled again as they are)."""
 
-    __slots__ = ("_whole", "_deltas", "_groups", "_held")
+    __slots__ = ("_whole", "_deltas")
 
     def __init__(self, whole: Mapping[int, list], deltas: list[Delta]):
         self._whole, self._deltas = whole, deltas
-        self._held = set(whole).union(*(delta.written.keys() for delta in deltas))
-        self._groups = sorted(self._held)
+        self._groups = dict.fromkeys(sorted(set(whole).union(*(delta.written.keys() for delta in deltas))))
 
     def _changing(self, group: int) -> list[Delta]:
         return [delta for delta in self._deltas if group in delta.written or group in delta.removed]
 
     def __getitem__(self, group: int) -> list:
-        if group not in self._held:
+        if group not in self._groups:
             raise KeyError(group)
         changing = self._changing(group)
         if not changing:
@@ -287,15 +287,6 @@ class ChainedGroups(LazyGroups):
             for entry in delta.written.get(group, ()):
                 by_identity[identity(entry)] = entry
         return list(by_identity.values())
-
-    def __iter__(self):
-        return iter(self._groups)
-
-    def __len__(self) -> int:
-        return len(self._groups)
-
-    def __contains__(self, group) -> bool:
-        return group in self._held
 
     def pickled(self, group: int) -> bytes | None:
         if not self._changing(group) and isinstance(self._whole, LazyGroups):

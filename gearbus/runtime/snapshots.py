@@ -136,12 +136,17 @@ class Lineage:
         base = self.base
         if base is not None and (base.depth >= self.max_depth or base.checkpoint_id < self._floor):
             base = None  # too deep; or older than a whole snapshot taken since, which may reach the AppMaster first
-        link = Link(checkpoint_id, epoch, 0, checkpoint_id) if base is None else \
-            Link(checkpoint_id, epoch, base.depth + 1, base.root, base.checkpoint_id)
-        self._links[checkpoint_id] = link
         if base is None:
-            self._floor = checkpoint_id
+            return self._whole(checkpoint_id, epoch), None
+        link = self._links[checkpoint_id] = Link(checkpoint_id, epoch, base.depth + 1, base.root, base.checkpoint_id)
         return link, base
+
+    def _whole(self, checkpoint_id: int, epoch: int) -> Link:
+        """A whole snapshot of ``checkpoint_id``: its chain starts there, and no later one
+        builds on an older base."""
+        link = self._links[checkpoint_id] = Link(checkpoint_id, epoch, 0, checkpoint_id)
+        self._floor = checkpoint_id
+        return link
 
     def taken_whole(self, checkpoint_id: int) -> Link:
         """The snapshot just planned for ``checkpoint_id`` turned out whole (nothing in
@@ -149,10 +154,7 @@ class Lineage:
         builds on nothing, so its chain starts there. Its ack names it as the task's root,
         so no later snapshot may build on an older base (:meth:`plan`): the AppMaster may
         prune what that base reads."""
-        planned = self._links[checkpoint_id]
-        self._links[checkpoint_id] = link = Link(checkpoint_id, planned.epoch, 0, checkpoint_id)
-        self._floor = checkpoint_id
-        return link
+        return self._whole(checkpoint_id, self._links[checkpoint_id].epoch)
 
     def completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: later snapshots build on its."""
