@@ -16,7 +16,7 @@ import nats.js.errors
 from gearbus.runtime.savepoints import SavepointRecord
 from gearbus.runtime.snapshots import TaskSnapshot
 from shared import subjects
-from shared.bus import ride_out
+from shared.bus import object_bytes, ride_out
 
 
 async def ensure_buckets(js, replicas: int) -> None:
@@ -50,10 +50,7 @@ class CheckpointStore:
     async def _ride_out(self, op, what: str):
         return await ride_out(op, f"app {self.app_id}: {what}", self.patience_s)
 
-    async def _store(self, app_id: int | None = None):
-        """This app's object store, or (to read a savepoint) another app's."""
-        if app_id is not None and app_id != self.app_id:
-            return await self.js.object_store(subjects.snapshot_bucket(app_id))
+    async def _store(self):
         if self._objects is None:
             self._objects = await self.js.object_store(subjects.snapshot_bucket(self.app_id))
         return self._objects
@@ -71,7 +68,7 @@ class CheckpointStore:
     async def _get_object(self, name: str, app_id: int | None = None) -> bytes | None:
         async def get():
             try:
-                return (await (await self._store(app_id)).get(name)).data
+                return await object_bytes(self.js, subjects.snapshot_bucket(self.app_id if app_id is None else app_id), name)
             except nats.js.errors.ObjectNotFoundError:
                 return None
         return await self._ride_out(get, f"reading {name}")

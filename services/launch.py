@@ -16,7 +16,7 @@ import signal
 from gearbus.api.graph import Application
 from gearbus.artifact import ArtifactError, load_artifact
 from shared import digests, subjects
-from shared.bus import ride_out
+from shared.bus import object_bytes, ride_out
 from shared.messages import LaunchExecutor, decode
 from shared.security import ENV_CREDS, Security
 
@@ -62,7 +62,7 @@ async def fetch_application(bus, launch: LaunchExecutor) -> Application:
     """Download the artifact from the object store (waiting out a JetStream outage) and
     build the user's Application."""
     async def download() -> bytes:
-        return (await (await bus.js.object_store(subjects.ARTIFACT_BUCKET)).get(launch.artifact)).data
+        return await object_bytes(bus.js, subjects.ARTIFACT_BUCKET, launch.artifact)
 
     data = await ride_out(download, f"downloading artifact {launch.artifact}")
     if launch.artifact_digest and digests.sha256_hex(data) != launch.artifact_digest:
