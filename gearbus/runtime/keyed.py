@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import MutableMapping
 from heapq import heappop, heappush
+from operator import itemgetter
 from typing import Any
 
 from gearbus.api.keyed import KeyedContext
@@ -19,12 +20,13 @@ from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group
 from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Groups, KeyedDelta, detached, grouped,
-                                       keyed_share)
+                                       keyed_share, layers)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
 _NONE = object()
+_key_of, _state_of = itemgetter(0), itemgetter(1)
 
 
 class KeyedStates:
@@ -108,10 +110,19 @@ class KeyedStates:
         """Put back a key group's snapshot entries ``(key, state, written)``: in one update
         when no TTL needs their write times (a restore resets the change log after)."""
         if self.ttl_ms is None:
-            self.values.update((key, value) for key, value, _ in entries if value is not None)
+            if None in map(_state_of, entries):
+                entries = [entry for entry in entries if entry[1] is not None]
+            self.values.update(zip(map(_key_of, entries), map(_state_of, entries)))
             return
         for key, value, written in entries:
             self.restore(key, value, written, watermark)
+
+    def forget(self, keys: list) -> None:
+        """Remove ``keys`` (a restore applying a snapshot's removals)."""
+        values, written = self.values, self.written
+        for key in keys:
+            values.pop(key, None)
+            written.pop(key, None)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -243,10 +254,18 @@ class KeyedOp(Op):
         values.clear()
         self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, values)
         self.watermark = state["watermark"]
-        for group in sorted(state["groups"]):
-            self._restore_group(state["groups"][group])
+        groups = state["groups"]
+        for group in sorted(groups):
+            self._restore_layers(groups, group)
             self.states.settle()
         self.changes.reset()
+
+    def _restore_layers(self, groups, group: int) -> None:
+        """Put back key group ``group`` of a snapshot: a chain's layers one after another,
+        straight into the state (its dict is the only index they need)."""
+        for removed, written in layers(groups, group):
+            self.states.forget(removed)
+            self._restore_group(written)
 
     def _restore_group(self, entries: list[tuple]) -> None:
         self.states.restore_group(entries, self.watermark)
@@ -438,6 +457,10 @@ class KeyedProcessOp(KeyedOp):
     def restore(self, state) -> None:
         self.event_timers, self.processing_timers = Timers(self.changes.changed), Timers(self.changes.changed)
         super().restore(state)
+
+    def _restore_layers(self, groups, group: int) -> None:
+        """A key group added up first: a later layer's timers replace a key's, not add to them."""
+        self._restore_group(groups[group])
 
     def _restore_group(self, entries: list[tuple]) -> None:
         for key, *entry in entries:

@@ -9,7 +9,7 @@ import copy
 import itertools
 import pickle
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -279,19 +279,37 @@ class ChainedGroups(LazyGroups):
         changing = self._changing(group)
         if not changing:
             return self._whole[group]
-        by_identity = {changing[0].identity_of(entry): entry for entry in self._whole.get(group, ())}
+        whole = self._whole.get(group, ())
+        by_identity = dict(zip(map(changing[0].identity_of, whole), whole))
         for delta in changing:
-            identity = delta.identity_of
             for removed in delta.removed.get(group, ()):
                 by_identity.pop(removed, None)
-            for entry in delta.written.get(group, ()):
-                by_identity[identity(entry)] = entry
+            written = delta.written.get(group, ())
+            by_identity.update(zip(map(delta.identity_of, written), written))
         return list(by_identity.values())
 
     def pickled(self, group: int) -> bytes | None:
         if not self._changing(group) and isinstance(self._whole, LazyGroups):
             return self._whole.pickled(group)
         return super().pickled(group)
+
+    def layers(self, group: int) -> Iterator[tuple[list, list]]:
+        """The group as (removed, written) in order: the whole state's entries, then each
+        change to it; what a step whose entries are its state's own index applies in place,
+        without the index :meth:`__getitem__` builds."""
+        if group not in self._groups:
+            raise KeyError(group)
+        yield [], self._whole.get(group, [])
+        for delta in self._changing(group):
+            yield delta.removed.get(group, []), delta.written.get(group, [])
+
+
+def layers(groups: Mapping[int, list], group: int) -> Iterator[tuple[list, list]]:
+    """Group ``group`` of ``groups`` as (removed, written) layers to apply in order (see
+    :meth:`ChainedGroups.layers`): one for groups already added up."""
+    if isinstance(groups, ChainedGroups):
+        return groups.layers(group)
+    return iter([([], groups[group])])
 
 
 @dataclass(frozen=True)

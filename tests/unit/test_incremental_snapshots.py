@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gearbus.api.keyed import KeyedProcessFunction
-from gearbus.runtime.keygroups import ChangeLog, KeyedDelta
-from gearbus.runtime.keyed import KeyedProcessOp
+from gearbus.runtime.keygroups import ChangeLog, KeyedDelta, chain_onto
+from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
 from gearbus.runtime.snapshots import Lineage, Link, TaskSnapshot
 from tests.support.backends import task_holding_state_in
 
@@ -277,3 +277,33 @@ def test_no_snapshot_builds_on_a_base_older_than_a_whole_one_taken_since():
     lineage.completed(7)
     link, base = lineage.plan(8, 0)
     assert base.checkpoint_id == 7 and link.root == 7
+
+
+@settings(max_examples=200, deadline=None)
+@given(rounds=st.lists(st.lists(st.tuples(KEYS, st.one_of(st.none(), st.integers(0, 9))), max_size=12), min_size=1,
+                       max_size=6),
+       ttl_ms=st.sampled_from([None, 1000]), backend=st.sampled_from(["memory", "rocksdb"]))
+def test_a_stateful_map_restores_a_chain_layer_by_layer_to_what_it_held(rounds, ttl_ms, backend):
+    """A ``stateful_map`` step puts a chain back one layer after another, straight into
+    its state (a value None forgets the key): the same state, and the same TTL write
+    times, as the step held, with keys written, removed and written again across layers."""
+    with contextlib.ExitStack() as backends:
+        def new_step() -> StatefulMapOp:
+            op = StatefulMapOp("count", lambda state, value: (value, None), ttl_ms)
+            op.open(task_holding_state_in(backend, backends, context=_Context()))
+            return op
+
+        op, whole_state, deltas = new_step(), None, []
+        for checkpoint_id, writes in enumerate(rounds, 1):
+            op.process([(value, checkpoint_id, key) for key, value in writes])
+            op.prepare_checkpoint(checkpoint_id)
+            state = op.snapshot_since(None if whole_state is None else checkpoint_id - 1)
+            if isinstance(state, KeyedDelta):
+                deltas.append(state)
+            else:
+                whole_state, deltas = state, []
+        held = {key: (op.states.values.get(key), op.states.written.get(key)) for key in op.states.values}
+        restored = new_step()
+        restored.restore(chain_onto(whole_state, deltas) if deltas else whole_state)
+        assert {key: (restored.states.values.get(key), restored.states.written.get(key))
+                for key in restored.states.values} == held
