@@ -33,11 +33,11 @@ def inbox(identity: str) -> str:
 
 
 def _read_stream(stream: str) -> list[str]:
-    """JetStream API calls that read a stream: its info, one message, and an ordered consumer
-    (nats-py looks the stream up by name first)."""
+    """JetStream API calls that read a stream: its info, one message, an ordered consumer
+    and a pull consumer's fetches (nats-py looks the stream up by name first)."""
     return ["$JS.API.STREAM.NAMES", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}",
             f"$JS.API.DIRECT.GET.{stream}.>", f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
-            f"$JS.API.CONSUMER.DELETE.{stream}.>", f"$JS.FC.{stream}.>"]
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.>", f"$JS.FC.{stream}.>"]
 
 
 def role(name: str) -> Permissions:
