@@ -10,6 +10,10 @@ without a network (as the checkpoint coordinator is).
 Each app not yet ended is in one phase; ``_ALLOWED`` enforces the moves::
 
     phase        event                                     -> phase        instructions
+    (new)        accepted: recorded, its stores being made ACCEPTED
+    ACCEPTED     submitted: its stores are made            LAUNCHING    LaunchAppMaster(attempt 0)
+    ACCEPTED     its stores could not be made              ENDED        as a failed launch, below
+    ENDED        submitted (it was killed while ACCEPTED)  ENDED
     (new)        submitted                                 LAUNCHING    LaunchAppMaster(attempt 0)
     (new)        took office: app in KV, not ended         UNCONFIRMED  (deadline: grace)
     LAUNCHING    launched on worker W                      REGISTERING  (deadline: register timeout)
@@ -22,6 +26,12 @@ Each app not yet ended is in one phase; ``_ALLOWED`` enforces the moves::
     UNCONFIRMED    its worker lost, or its worker came
                    back without it
     any          state report: ended, or kill              ENDED        SetState [+ StopAppProcesses]
+
+A submission is known here from the moment clients can see its app (``accepted``), not
+only once the master has made the app's stores and asks for a slot (``submitted``): a kill
+in between ends the app and answers the waiting submitter "killed while starting", and
+``submitted`` then launches nothing. (Were the app unknown here meanwhile, the kill would
+find nothing to end, and the submission would go on to start the killed app.)
 
 "lost": the AppMaster is gone. During the first launch the submission fails (the
 submitter is answered with the reason). Later the old AppMaster is fenced (its worker kills
@@ -51,6 +61,7 @@ DEFAULT_APPMASTER_RESTARTS = 3  # app config "appmaster_restarts": relaunches be
 
 
 class Phase(enum.Enum):
+    ACCEPTED = "accepted"        # recorded PENDING and visible; its stores are being made, no launch yet
     LAUNCHING = "launching"      # an AppMaster launch is under way (slot, then the worker's answer)
     REGISTERING = "registering"  # launched on a worker; waiting for it to register
     RUNNING = "running"          # registered; heartbeats keep its deadline moving
@@ -59,6 +70,7 @@ class Phase(enum.Enum):
 
 
 _ALLOWED: dict[Phase, frozenset[Phase]] = {
+    Phase.ACCEPTED: frozenset({Phase.LAUNCHING, Phase.RUNNING, Phase.ENDED}),
     Phase.LAUNCHING: frozenset({Phase.REGISTERING, Phase.RUNNING, Phase.LAUNCHING, Phase.ENDED}),
     Phase.REGISTERING: frozenset({Phase.RUNNING, Phase.LAUNCHING, Phase.ENDED}),
     Phase.RUNNING: frozenset({Phase.RUNNING, Phase.LAUNCHING, Phase.ENDED}),
@@ -161,8 +173,21 @@ class AppLifecycles:
 
     # -- events ----------------------------------------------------------------------------
 
+    def accepted(self, app_id: int, restarts_allowed: int) -> None:
+        """A submission is recorded and its submitter waits; the master makes the app's
+        stores before it asks for a slot. Known from now on, so a kill meanwhile ends it."""
+        self._apps[app_id] = _App(Phase.ACCEPTED, 0, restarts_allowed, answering=True)
+
     def submitted(self, app_id: int, restarts_allowed: int) -> list[Instruction]:
-        self._apps[app_id] = _App(Phase.LAUNCHING, 0, restarts_allowed, answering=True)
+        """The app is ready to start: launch its first AppMaster, unless it ended since it
+        was accepted (a kill, which answered the submitter). Decided now, not when the
+        submission arrived, so a kill during the master's work in between is never lost."""
+        app = self._apps.get(app_id)
+        if app is None:
+            app = self._apps[app_id] = _App(Phase.ACCEPTED, 0, restarts_allowed, answering=True)
+        if app.phase is not Phase.ACCEPTED:
+            return []
+        self._enter(app, Phase.LAUNCHING)
         return [LaunchAppMaster(app_id, 0)]
 
     def took_office(self, apps: Iterable[tuple[int, str, str, int, int]], now: float) -> list[Instruction]:
@@ -187,8 +212,9 @@ class AppLifecycles:
         return []
 
     def launch_failed(self, app_id: int, attempt: int, reason: str) -> list[Instruction]:
+        """The AppMaster could not be launched; for an ACCEPTED app, its stores could not be made."""
         app = self._current(app_id, attempt)
-        if app is None or app.phase is not Phase.LAUNCHING:
+        if app is None or app.phase not in (Phase.ACCEPTED, Phase.LAUNCHING):
             return []
         if app.answering:
             return self._fail_start(app_id, app, reason)
@@ -223,7 +249,7 @@ class AppLifecycles:
 
     def appmaster_exited(self, app_id: int, attempt: int, worker_id: str, reason: str) -> list[Instruction]:
         app = self._current(app_id, attempt)
-        if app is None or app.phase in (Phase.ENDED, Phase.LAUNCHING) or worker_id != app.worker:
+        if app is None or app.phase in (Phase.ENDED, Phase.ACCEPTED, Phase.LAUNCHING) or worker_id != app.worker:
             return []
         return self._lost(app_id, app, reason, fence=False)
 
@@ -290,8 +316,9 @@ class AppLifecycles:
         for app_id, app in self._apps.items():
             waits = app.phase in (Phase.REGISTERING, Phase.RUNNING, Phase.UNCONFIRMED)
             assert waits == (app.deadline is not None), (app_id, app)
-            assert not app.answering or (app.attempt == 0 and app.phase in (Phase.LAUNCHING, Phase.REGISTERING)), \
-                (app_id, app)
+            assert not app.answering or (app.attempt == 0 and app.phase in (
+                Phase.ACCEPTED, Phase.LAUNCHING, Phase.REGISTERING)), (app_id, app)
+            assert app.phase is not Phase.ACCEPTED or app.answering, (app_id, app)
             assert not app.pending_in_kv or app.phase is Phase.UNCONFIRMED or app.phase is Phase.ENDED, (app_id, app)
             assert app.phase is Phase.ENDED or app.attempt <= app.restarts_allowed, (app_id, app)
 

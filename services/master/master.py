@@ -305,13 +305,24 @@ class Master(Service):
             entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args), config=dict(msg.config),
             user=msg.user, priority=msg.priority, artifact_digest=digest,
         )
-        await self._save(record)
-        await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
-                       f"creating the snapshot store of app {app_id}")
-        log.info("app_submitted", app_id=app_id, name=msg.name)
+        allowed = self._relaunches_allowed(record)
+        await self.store.save(record)
+        # Durable first, then visible (app.list, app.kill) and known to the lifecycle machine
+        # in one step, with the answer waiting: whenever a kill comes from now on, it ends the
+        # app and answers this submission, and the machine launches nothing for it.
         answer = self._submitters[app_id] = asyncio.get_running_loop().create_future()
+        self.lifecycles.accepted(app_id, allowed)
+        self.apps[app_id] = record
+        log.info("app_submitted", app_id=app_id, name=msg.name)
         try:
-            await self._act(self.lifecycles.submitted(app_id, self._relaunches_allowed(record)))
+            try:
+                await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
+                               f"creating the snapshot store of app {app_id}")
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError, RequestError) as exc:  # the app fails
+                await self._act(self.lifecycles.launch_failed(
+                    app_id, 0, f"its snapshot store could not be created: {exc!r}"))
+            else:
+                await self._act(self.lifecycles.submitted(app_id, allowed))
             await answer
         finally:
             self._submitters.pop(app_id, None)
@@ -645,14 +656,14 @@ class Master(Service):
         try:
             return await asyncio.wait_for(future, self.resource_timeout)
         except asyncio.TimeoutError:
-            self.scheduler.cancel(request)
             raise RequestError(
                 ErrorCode.UNAVAILABLE,
                 f"no {min_slots or slots} free slot(s) within {self.resource_timeout:g} s "
                 f"({self.scheduler.free_slots} free of {self.scheduler.total_slots})",
                 retryable=True,
             ) from None
-        finally:
+        finally:  # timed out, or cancelled (a kill cancels its app's launch): it waits no more
+            self.scheduler.cancel(request)
             self._waiting_resources.pop(request.arrival, None)
 
     def _reschedule(self) -> None:

@@ -3,6 +3,7 @@ next application id. Master HA builds on this: a new leader reloads everything h
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from typing import Any
@@ -82,6 +83,7 @@ class StateStore:
         self.kv = kv
         self.lease = lease
         self._revisions: dict[str, int] = {}
+        self._turns: dict[str, asyncio.Lock] = {}  # one write of a key at a time
 
     @classmethod
     async def open(cls, nc, lease, replicas: int = 1) -> StateStore:
@@ -97,6 +99,17 @@ class StateStore:
             raise LeaseLost("this master does not hold the lease")
 
     async def _write(self, key: str, value: bytes) -> None:
+        """Write ``key`` after any write of it under way, and see the write through even if
+        the caller is cancelled (a kill cancels its app's launch, which may be recording
+        its attempt): two writes at once, or one whose new revision was never noted, would
+        make the next compare-and-set fail as if another master had written the key."""
+        await asyncio.shield(self._write_in_turn(key, value))
+
+    async def _write_in_turn(self, key: str, value: bytes) -> None:
+        async with self._turns.setdefault(key, asyncio.Lock()):
+            await self._write_now(key, value)
+
+    async def _write_now(self, key: str, value: bytes) -> None:
         self._fence()
         last = self._revisions.get(key, 0)
         try:
