@@ -20,7 +20,7 @@ from gearbus.api.partitioners import KEY_LAYOUT
 from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
 from gearbus.api.task import NotRescalable, Task, not_rescalable
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
-from gearbus.runtime.keygroups import Delta, chain_onto
+from gearbus.runtime.keygroups import Delta, chain_onto, collector_paused
 from gearbus.runtime.snapshots import TaskSnapshot
 
 
@@ -108,6 +108,13 @@ def whole_snapshot(processor: Processor, chain: list[TaskSnapshot]) -> TaskSnaps
                 states[step] = [state]
     steps = {step: chain_onto(whole, deltas) if deltas else whole for step, (whole, *deltas) in states.items()}
     return chain[-1].whole(join_task_state(processor, steps))
+
+
+def compacted(processor: Processor, chain: list[TaskSnapshot]) -> bytes:
+    """What a compaction stores for a task: the whole state its chain adds up to, encoded
+    as a snapshot that needs no other."""
+    with collector_paused():
+        return whole_snapshot(processor, chain).self_contained().encode()
 
 
 def rescaled_state(processor: Processor, step: str, states: list, index: int) -> Any:

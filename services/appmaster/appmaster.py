@@ -20,8 +20,8 @@ from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
-from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, split_task_state, task_states,
-                                        whole_snapshot)
+from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, compacted, split_task_state,
+                                        task_states, whole_snapshot)
 from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
@@ -478,7 +478,7 @@ class AppMaster(Service):
             for task in compact.tasks:
                 chain = await self.store.snapshot_chain(compact.checkpoint_id, compact.epoch, task)
                 processor = self.app.graph.processors[task[0]]
-                data = await asyncio.to_thread(lambda: whole_snapshot(processor, chain).self_contained().encode())
+                data = await asyncio.to_thread(compacted, processor, chain)
                 del chain  # one task's chain and bytes in memory at a time
                 put = asyncio.ensure_future(self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data))
                 try:

@@ -26,6 +26,7 @@ from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
 from gearbus.runtime.executor_tasks import RECOVERABLE
 from gearbus.runtime.frames import Frame, FrameReader, decode_credit, encode_credit
+from gearbus.runtime.keygroups import collector_paused
 from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from services.executor.outputs import DataPlaneConfig, Outputs
@@ -186,7 +187,11 @@ class TaskRunner:
         """Restore the task from its envelope, off the loop (a sink re-commits: it may
         block), then let the envelope go: its chain's bytes are not kept past the restore."""
         envelope, self.restore_envelope = self.restore_envelope, None
-        await asyncio.to_thread(self.core.restore, envelope)
+
+        def restore() -> None:
+            with collector_paused():
+                self.core.restore(envelope)
+        await asyncio.to_thread(restore)
 
     async def run(self) -> None:
         """Run the task until it is stopped (its final checkpoint committed, or it is

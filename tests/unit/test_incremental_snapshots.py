@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
+import threading
 from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gearbus.api.keyed import KeyedProcessFunction
-from gearbus.runtime.keygroups import ChangeLog, KeyedDelta, chain_onto
+from gearbus.runtime.keygroups import ChangeLog, KeyedDelta, chain_onto, collector_paused
 from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
 from gearbus.runtime.snapshots import Lineage, Link, TaskSnapshot
 from tests.support.backends import task_holding_state_in
@@ -307,3 +309,24 @@ def test_a_stateful_map_restores_a_chain_layer_by_layer_to_what_it_held(rounds, 
         restored.restore(chain_onto(whole_state, deltas) if deltas else whole_state)
         assert {key: (restored.states.values.get(key), restored.states.written.get(key))
                 for key in restored.states.values} == held
+
+
+def test_the_collector_is_paused_while_any_pause_lasts_and_runs_again_after():
+    """Pauses in several threads share one: the collector runs again once the last ends."""
+    assert gc.isenabled()
+    inside, leave = threading.Event(), threading.Event()
+
+    def other_pause():
+        with collector_paused():
+            inside.set()
+            leave.wait(5)
+
+    other = threading.Thread(target=other_pause)
+    other.start()
+    inside.wait(5)
+    with collector_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread's pause lasts
+    leave.set()
+    other.join(5)
+    assert gc.isenabled()
