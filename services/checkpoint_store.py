@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 
 import msgpack
+import nats.js.api
 import nats.js.errors
+from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE
 
 from gearbus.runtime.savepoints import SavepointRecord
 from gearbus.runtime.snapshots import TaskSnapshot
@@ -40,10 +42,12 @@ class CheckpointStore:
     a stream electing its leader) for up to ``patience_s`` before it fails: a rollback or a
     restore would rather be late than fail the app."""
 
-    def __init__(self, js, app_id: int, patience_s: float = 30.0):
+    def __init__(self, js, app_id: int, patience_s: float = 30.0, chunk_bytes: int = OBJ_DEFAULT_CHUNK_SIZE):
+        """``chunk_bytes``: the chunk size of the objects it writes (shared.bus.object_chunk_bytes)."""
         self.js = js
         self.app_id = app_id
         self.patience_s = patience_s
+        self.chunk_bytes = chunk_bytes
         self._objects = None
         self._kv = None
 
@@ -62,7 +66,8 @@ class CheckpointStore:
 
     async def _put_object(self, name: str, data: bytes) -> None:
         async def put():
-            await (await self._store()).put(name, data)
+            meta = nats.js.api.ObjectMeta(name=name, options=nats.js.api.ObjectMetaOptions(max_chunk_size=self.chunk_bytes))
+            await (await self._store()).put(name, data, meta=meta)
         await self._ride_out(put, f"storing {name}")
 
     async def _get_object(self, name: str, app_id: int | None = None) -> bytes | None:

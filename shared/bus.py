@@ -113,6 +113,17 @@ async def ride_out(op: Callable[[], Awaitable[T]], what: str, patience_s: float 
 #: What one fetch of an object's chunks asks for, in bytes: far below a subscription's
 #: pending limit, which a connection past it is cut off for.
 OBJECT_FETCH_BYTES = 8 << 20
+#: The largest chunk of an object written (see object_chunk_bytes).
+MAX_OBJECT_CHUNK = 8 << 20
+
+
+def object_chunk_bytes(nc) -> int:
+    """The chunk size of the objects a role writes: as large as the server lets a message
+    be, up to MAX_OBJECT_CHUNK (nats-py's default is 128 KiB). Each chunk is a JetStream
+    publish whose acknowledgement the writer awaits, on an event loop that runs tasks in
+    between: on a busy executor each wait took tens of milliseconds, and storing a
+    snapshot of 1.5 MB took up to a second of a checkpoint's time."""
+    return max(OBJ_DEFAULT_CHUNK_SIZE, min(nc.max_payload, MAX_OBJECT_CHUNK))
 
 
 async def object_bytes(js, bucket: str, name: str) -> bytes:

@@ -29,7 +29,7 @@ from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.checkpoint_store import CheckpointStore
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, launch_security, parse_launched_args
 from shared import subjects
-from shared.bus import DEFAULT_REQUEST_TIMEOUT_S, RequestError, RequestTimeout
+from shared.bus import DEFAULT_REQUEST_TIMEOUT_S, RequestError, RequestTimeout, object_chunk_bytes
 from shared.logging import configure
 from shared.messages import (
     AppError,
@@ -148,7 +148,7 @@ class AppMaster(Service):
     # --- lifecycle -------------------------------------------------------------
 
     async def setup(self) -> None:
-        self.store = CheckpointStore(self.bus.js, self.app_id)
+        self.store = CheckpointStore(self.bus.js, self.app_id, chunk_bytes=object_chunk_bytes(self.bus.nc))
         await self.bus.serve(subjects.appmaster_executor_register(self.app_id), {RegisterExecutor: self.on_register})
         await self.bus.serve(subjects.appmaster_executor_heartbeat(self.app_id), {ExecutorHeartbeat: self.on_heartbeat})
         await self.bus.listen(subjects.appmaster_executor_stopped(self.app_id), {ExecutorStopped: self.on_stopped})

@@ -25,7 +25,7 @@ from services.executor.task_runner import TaskRunner
 from services.launch import (WORKER_ENV, WORKER_GONE_SIGNAL, fetch_application, launch_from_env,
                              launch_security, parse_launched_args)
 from shared import subjects
-from shared.bus import RequestError
+from shared.bus import RequestError, object_chunk_bytes
 from shared.logging import configure
 from shared.messages import (
     AppError,
@@ -97,7 +97,7 @@ class Executor(Service):
     async def setup(self) -> None:
         self.app = await fetch_application(self.bus, self.launch)
         self.config = DataPlaneConfig.from_config({**self.app.config, **self.launch.config})
-        self.store = CheckpointStore(self.bus.js, self.app_id)
+        self.store = CheckpointStore(self.bus.js, self.app_id, chunk_bytes=object_chunk_bytes(self.bus.nc))
         await self.bus.serve(
             subjects.executor_control(self.app_id, self.executor_id),
             {LaunchTasks: self.on_launch_tasks, StartAllTasks: self.on_start_all_tasks},
