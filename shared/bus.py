@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import collections
-import hashlib
 import io
 import os
 import urllib.parse
@@ -20,9 +18,9 @@ import nats.js.api
 import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
-from nats.js.object_store import (OBJ_CHUNKS_PRE_TEMPLATE, OBJ_DEFAULT_CHUNK_SIZE, OBJ_DIGEST_TEMPLATE,
-                                  OBJ_STREAM_TEMPLATE)
+from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_DEFAULT_CHUNK_SIZE, OBJ_STREAM_TEMPLATE
 
+from shared import digests
 from shared.messages import Ack, ErrorCode, ErrorReply, Message, ProtocolError, decode
 from shared.security import Security, nats_connect
 
@@ -150,7 +148,7 @@ async def object_bytes(js, bucket: str, name: str) -> bytes:
     finally:
         await chunks.unsubscribe()
     data = b"".join(parts)
-    if info.digest != OBJ_DIGEST_TEMPLATE.format(digest=base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode()):
+    if digests.from_object_store(info.digest) != digests.sha256_hex(data):
         raise nats.js.errors.DigestMismatchError
     return data
 
