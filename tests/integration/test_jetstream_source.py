@@ -256,7 +256,10 @@ def test_the_buffer_holds_no_more_than_its_limit(nats_server):
     source = opened(url, JetStreamSource("EV", until="now", buffer_records=300))
     try:
         records = source.read(1)
-        time.sleep(0.5)  # nobody reads: the reader must stop at the limit
+        deadline = time.monotonic() + 10  # nobody reads: the reader fills the buffer, and stops at the limit
+        while len(source._reader.buffer) < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # had it not stopped, it would be past the limit by now
         assert len(source._reader.buffer) == 300
         while (got := source.read(7)) is not None:
             assert len(source._reader.buffer) <= 300
