@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import sys
 import zlib
+from collections.abc import Collection, Iterator
+from itertools import repeat
+from operator import and_
 
 from gearbus.api.task import Record
 
@@ -27,7 +30,8 @@ stable_hash = _crc_hash if sys.flags.hash_randomization else _fixed_seed_hash
 
 
 #: The number of key groups, and so the largest parallelism of a hash-partitioned
-#: processor. Part of every checkpoint's layout: it must never change.
+#: processor. Part of every checkpoint's layout: it must never change. A power of two
+#: (:func:`key_groups` masks by it).
 MAX_PARALLELISM = 128
 
 
@@ -45,6 +49,15 @@ def key_group(key) -> int:
     ``stable_hash`` does: executors run with PYTHONHASHSEED=0.
     """
     return stable_hash(key) % MAX_PARALLELISM
+
+
+def key_groups(keys: Collection) -> Iterator[int]:
+    """:func:`key_group` of each of ``keys``, in order. Where the built-in hash is stable
+    (executors) and no key is None, computed without a Python call per key: a checkpoint
+    groups every key changed since the last, and the call was most of that."""
+    if stable_hash is _fixed_seed_hash and None not in keys:
+        return map(and_, map(hash, keys), repeat(MAX_PARALLELISM - 1))  # x % 2**n == x & (2**n - 1)
+    return map(key_group, keys)
 
 
 def group_owner(group: int, num_partitions: int) -> int:

@@ -18,9 +18,9 @@ from gearbus.api.keyed import KeyedContext
 from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
-from gearbus.api.partitioners import key_group
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Groups, KeyedDelta, detached, grouped,
-                                       keyed_share, layers)
+from gearbus.api.partitioners import key_group, key_groups
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Groups, KeyedDelta, by_group, detached,
+                                       grouped, keyed_share, layers)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
@@ -32,12 +32,13 @@ _key_of, _state_of = itemgetter(0), itemgetter(1)
 class KeyedStates:
     """Each key's state, and when it was last written (event time) for the TTL: a key
     not written for ``ttl_ms`` is forgotten once the watermark reaches the last write +
-    ``ttl_ms``. Every key written or forgotten goes into ``changed``.
+    ``ttl_ms``. Every key written goes into ``changed`` with its state, every key
+    forgotten with None (:class:`Changes`).
 
     ``values`` is the state backend's table for the step (a dict in memory); a table that
     writes back is settled between batches."""
 
-    def __init__(self, step: str, ttl_ms: int | None, changed: set, values: MutableMapping | None = None):
+    def __init__(self, step: str, ttl_ms: int | None, changed: Changes, values: MutableMapping | None = None):
         self.step = step
         self.ttl_ms = ttl_ms
         self.changed = changed
@@ -52,7 +53,7 @@ class KeyedStates:
         self._order = itertools.count()
 
     def put(self, key, value, timestamp: int) -> None:
-        self.changed.add(key)
+        self.changed[key] = value
         if value is None:
             self.values.pop(key, None)
             self.written.pop(key, None)
@@ -70,7 +71,7 @@ class KeyedStates:
             if last is not None and last + ttl == expires:  # not written again since
                 del written[key]
                 del self.values[key]
-                self.changed.add(key)
+                self.changed[key] = None
 
     def entry(self, key) -> tuple:
         """What a snapshot keeps of ``key``: its state and the time of its last write."""
@@ -80,16 +81,24 @@ class KeyedStates:
         """:meth:`entry`, the key's state read already."""
         return detached(value, self.step, key), self.written.get(key)
 
-    def delta(self, keys) -> tuple[dict[int, list[tuple]], dict[int, list]]:
-        """``keys`` by key group: (written: the entry ``(key, state, written)`` of each key
-        held, removed: the others). One read per key, inline: a checkpoint's cost on the
-        task's path follows the keys changed."""
+    def delta(self, changed: Changes) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+        """The ``changed`` keys by key group: (written: the entry ``(key, state, written)``
+        of each key held, removed: the others). The states written are taken as they are
+        (copied when they can change); only a key without one is read: a checkpoint's cost
+        on the task's path follows the keys changed, and mostly without touching the state."""
+        if None in changed.values() or not IMMUTABLE_TYPES.issuperset(map(type, changed.values())):
+            return self._delta_read(changed)
+        keys = changed.keys()
+        times = map(self.written.get, keys) if self.ttl_ms is not None else itertools.repeat(None)
+        return by_group(key_groups(keys), zip(keys, changed.values(), times)), {}
+
+    def _delta_read(self, changed: Changes) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+        """:meth:`delta` when some keys must be read or their states copied: a key at a time."""
         peek, last_write, step = self._peek, self.written.get, self.step
         written: dict[int, list[tuple]] = {}
         removed: dict[int, list] = {}
-        for key in keys:
-            value = peek(key, _NONE)
-            if value is _NONE:
+        for key, value in changed.items():
+            if value is None and (value := peek(key, _NONE)) is _NONE:
                 removed.setdefault(key_group(key), []).append(key)
                 continue
             if type(value) not in IMMUTABLE_TYPES:
@@ -136,7 +145,7 @@ class Timers:
     order (deleted timers stay in the heap and are skipped). Every key whose timers
     change goes into ``changed``."""
 
-    def __init__(self, changed: set):
+    def __init__(self, changed: Changes):
         self.changed = changed
         self.by_key: dict[Any, set[int]] = {}
         self.count = 0
@@ -237,17 +246,17 @@ class KeyedOp(Op):
     def snapshot_since(self, base: int | None):
         """Every key's entry by key group, or (building on ``base``'s snapshot) a
         :class:`KeyedDelta` of the keys changed since: its cost follows the changes."""
-        keys = self.changes.take(self._checkpoint, base, self._held())
-        if keys is None:
+        changed = self.changes.take(self._checkpoint, base, self._held())
+        if changed is None:
             groups: dict[int, list] = {}
             for key, entry in self._entries():
                 groups.setdefault(key_group(key), []).append((key, *entry))
             return {"watermark": self.watermark, "groups": Groups(groups)}
-        return KeyedDelta(self.watermark, *self._delta(keys))
+        return KeyedDelta(self.watermark, *self._delta(changed))
 
-    def _delta(self, keys) -> tuple[dict[int, list[tuple]], dict[int, list]]:
-        """``keys`` by key group: (written entries, removed keys)."""
-        return self.states.delta(keys)
+    def _delta(self, changed: Changes) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+        """The ``changed`` keys by key group: (written entries, removed keys)."""
+        return self.states.delta(changed)
 
     def restore(self, state) -> None:
         values = self.states.values
@@ -321,7 +330,7 @@ class _Context(KeyedContext):
         change it without assigning it back)."""
         value = self._op.states.values.get(self.key)
         if value is not None and type(value) not in IMMUTABLE_TYPES:
-            self._op.changes.changed.add(self.key)
+            self._op.changes.changed[self.key] = value  # the object the user changes
         return value
 
     @state.setter
@@ -447,9 +456,9 @@ class KeyedProcessOp(KeyedOp):
     def _held(self) -> int:
         return len(self.states.values) + len(self.event_timers.by_key) + len(self.processing_timers.by_key)
 
-    def _delta(self, keys) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+    def _delta(self, changed: Changes) -> tuple[dict[int, list[tuple]], dict[int, list]]:
         """A key is held while it has state or timers; its entry carries both."""
-        return grouped(keys, self._holds, self._entry)
+        return grouped(changed, self._holds, self._entry)
 
     def _entry(self, key) -> tuple:
         return (*self.states.entry(key), self.event_timers.entry(key), self.processing_timers.entry(key))

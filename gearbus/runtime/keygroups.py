@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from gearbus.api.partitioners import key_group, owned_groups
+from gearbus.api.partitioners import MAX_PARALLELISM, key_group, owned_groups
 
 
 #: Types a snapshot can share with live state instead of copying it.
@@ -119,13 +119,25 @@ def collector_paused():
                 gc.enable()
 
 
+class Changes(dict):
+    """The keys a step changed since its last snapshot, each with the state the step last
+    wrote for it when it wrote one (a snapshot takes it as it is: no read of the key in a
+    state of millions, whose cache misses were most of a checkpoint's cost on the task's
+    path), else None: the snapshot reads the key (removed, changed in place, or another
+    part of its entry changed). :meth:`add` marks a key changed, keeping a state written."""
+
+    __slots__ = ()
+    add = dict.setdefault  # a C call on every change, as set.add was
+
+
 class ChangeLog:
     """The keys a keyed step changed (written, removed, or read as a value that can change
     in place), so a snapshot holds only what changed since the one it builds on.
 
-    ``changed`` collects keys since the last snapshot; each snapshot keeps its set by
-    checkpoint until its base moves past it (see :class:`gearbus.runtime.snapshots.Lineage`),
-    so a snapshot building on checkpoint b holds every key changed since b's snapshot.
+    ``changed`` (:class:`Changes`) collects keys since the last snapshot; each snapshot
+    keeps its own by checkpoint until its base moves past it (see
+    :class:`gearbus.runtime.snapshots.Lineage`), so a snapshot building on checkpoint b
+    holds every key changed since b's snapshot.
 
     What it remembers is bounded (:meth:`bound`): past a few times the keys held (many keys
     come and go, or no checkpoint completes, or checkpoints are off) it forgets, and the
@@ -135,16 +147,17 @@ class ChangeLog:
     SLACK = 1024
 
     def __init__(self):
-        self.changed: set = set()
-        self._taken: dict[int, set] = {}
+        self.changed = Changes()
+        self._taken: dict[int, Changes] = {}
         self._forgot = False  # since the last snapshot
         self._whole_before = 0  # snapshots building on an older base than this are whole
 
-    def take(self, checkpoint_id: int | None, base: int | None, held: int | None = None) -> set | None:
-        """The keys to snapshot for ``checkpoint_id`` building on ``base``'s snapshot
-        (None: every key, a whole snapshot; also when at least ``held``, the keys held,
-        changed since: a whole snapshot is then no larger, and cheaper to take)."""
-        changed = set(self.changed)
+    def take(self, checkpoint_id: int | None, base: int | None, held: int | None = None) -> Changes | None:
+        """The keys to snapshot for ``checkpoint_id`` building on ``base``'s snapshot, with
+        the states written (see :class:`Changes`; None: every key, a whole snapshot; also
+        when at least ``held``, the keys held, changed since: a whole snapshot is then no
+        larger, and cheaper to take)."""
+        changed = Changes(self.changed)
         self.changed.clear()
         if checkpoint_id is not None:
             self._taken[checkpoint_id] = changed
@@ -154,7 +167,11 @@ class ChangeLog:
             return None
         for old in [c for c in self._taken if c <= base]:
             del self._taken[old]
-        since = changed.union(*self._taken.values())
+        since = changed
+        if older := [self._taken[c] for c in sorted(self._taken) if c != checkpoint_id]:
+            since = Changes()
+            for taken in [*older, changed]:  # in order: a later change's state wins
+                since.update(taken)
         return None if held is not None and len(since) >= held else since
 
     def bound(self, held: int) -> None:
@@ -398,6 +415,16 @@ class JoinDelta(Delta):
 
     def with_groups(self, groups: Mapping[int, list]) -> dict:
         return {**self.rest, "groups": groups}
+
+
+def by_group(groups: Iterable[int], items: Iterable) -> dict[int, list]:
+    """``items`` by key group, ``groups`` giving each one's in order (groups holding none
+    left out)."""
+    lists: list[list] = [[] for _ in range(MAX_PARALLELISM)]
+    appends = [held.append for held in lists]
+    for group, item in zip(groups, items):
+        appends[group](item)
+    return {group: held for group, held in enumerate(lists) if held}
 
 
 def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], dict[int, list]]:

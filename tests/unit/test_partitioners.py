@@ -4,9 +4,12 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gearbus import BroadcastPartitioner, CoLocationPartitioner, HashPartitioner, Partitioner, Record, ShufflePartitioner
-from gearbus.api.partitioners import MAX_PARALLELISM, group_owner, key_owner, owned_groups
+from gearbus.api import partitioners
+from gearbus.api.partitioners import MAX_PARALLELISM, group_owner, key_group, key_groups, key_owner, owned_groups
 
 
 def records(values, keyed=False):
@@ -52,6 +55,21 @@ def test_hash_routing_agrees_across_processes(seed_env):
         for _ in range(3)
     }
     assert len(outputs) == 1
+
+
+KEYS = st.one_of(st.none(), st.integers(), st.text(max_size=8), st.floats(allow_nan=False), st.booleans(),
+                 st.tuples(st.integers(), st.text(max_size=4)))
+
+
+@pytest.mark.parametrize("stable_hash", ["_fixed_seed_hash", "_crc_hash"])
+@given(keys=st.lists(KEYS, max_size=50, unique=True))
+def test_the_key_groups_of_many_keys_are_each_ones_key_group(stable_hash, keys):
+    """key_groups masks the built-in hash without a call per key where it is stable (as
+    in executors, negative hashes and None keys included) and is key_group elsewhere."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(partitioners, "stable_hash", getattr(partitioners, stable_hash))
+        changed = dict.fromkeys(keys)
+        assert list(key_groups(changed.keys())) == [key_group(key) for key in changed]
 
 
 def test_shuffle_is_round_robin_across_batches():
