@@ -9,7 +9,7 @@ key's state and timers by key group, as the window operator does.
 from __future__ import annotations
 
 import itertools
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from heapq import heappop, heappush
 from operator import itemgetter
 from typing import Any
@@ -19,8 +19,8 @@ from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group, key_groups
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Groups, KeyedDelta, by_group, detached,
-                                       grouped, keyed_share, layers)
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, detached,
+                                       grouped, in_layers, keyed_share)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
@@ -81,30 +81,29 @@ class KeyedStates:
         """:meth:`entry`, the key's state read already."""
         return detached(value, self.step, key), self.written.get(key)
 
-    def delta(self, changed: Changes) -> tuple[dict[int, list[tuple]], dict[int, list]]:
-        """The ``changed`` keys by key group: (written: the entry ``(key, state, written)``
-        of each key held, removed: the others). The states written are taken as they are
+    def delta(self, changed: Changes) -> tuple[Columns, dict[int, list]]:
+        """The ``changed`` keys: (written: the entries ``(key, state, written)`` of the keys
+        held, removed: the others, by key group). The states written are taken as they are
         (copied when they can change); only a key without one is read: a checkpoint's cost
         on the task's path follows the keys changed, and mostly without touching the state."""
         if None in changed.values() or not IMMUTABLE_TYPES.issuperset(map(type, changed.values())):
             return self._delta_read(changed)
-        keys = changed.keys()
-        times = map(self.written.get, keys) if self.ttl_ms is not None else itertools.repeat(None)
-        return by_group(key_groups(keys), zip(keys, changed.values(), times)), {}
+        keys = list(changed)
+        times = list(map(self.written.get, keys)) if self.ttl_ms is not None else None
+        return Columns(keys, list(changed.values()), times, bytes(key_groups(keys))), {}
 
-    def _delta_read(self, changed: Changes) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+    def _delta_read(self, changed: Changes) -> tuple[Columns, dict[int, list]]:
         """:meth:`delta` when some keys must be read or their states copied: a key at a time."""
-        peek, last_write, step = self._peek, self.written.get, self.step
-        written: dict[int, list[tuple]] = {}
-        removed: dict[int, list] = {}
+        peek, step = self._peek, self.step
+        keys, states, removed = [], [], {}
         for key, value in changed.items():
             if value is None and (value := peek(key, _NONE)) is _NONE:
                 removed.setdefault(key_group(key), []).append(key)
                 continue
-            if type(value) not in IMMUTABLE_TYPES:
-                value = detached(value, step, key)
-            written.setdefault(key_group(key), []).append((key, value, last_write(key)))
-        return written, removed
+            keys.append(key)
+            states.append(value if type(value) in IMMUTABLE_TYPES else detached(value, step, key))
+        times = list(map(self.written.get, keys)) if self.ttl_ms is not None else None
+        return Columns(keys, states, times, bytes(key_groups(keys))), removed
 
     def holds(self, key) -> bool:
         """Whether the key has state (a read that keeps nothing)."""
@@ -124,6 +123,15 @@ class KeyedStates:
             self.values.update(zip(map(_key_of, entries), map(_state_of, entries)))
             return
         for key, value, written in entries:
+            self.restore(key, value, written, watermark)
+
+    def restore_columns(self, columns: Columns, watermark: int) -> None:
+        """Put back a delta's written entries as :meth:`restore_group` does, from its
+        columns (states never None) in one update when no TTL needs their write times."""
+        if self.ttl_ms is None:
+            self.values.update(columns.pairs())
+            return
+        for key, value, written in columns.entries():
             self.restore(key, value, written, watermark)
 
     def forget(self, keys: list) -> None:
@@ -254,8 +262,8 @@ class KeyedOp(Op):
             return {"watermark": self.watermark, "groups": Groups(groups)}
         return KeyedDelta(self.watermark, *self._delta(changed))
 
-    def _delta(self, changed: Changes) -> tuple[dict[int, list[tuple]], dict[int, list]]:
-        """The ``changed`` keys by key group: (written entries, removed keys)."""
+    def _delta(self, changed: Changes) -> tuple[Mapping[int, list[tuple]], dict[int, list]]:
+        """The ``changed`` keys: (written entries, removed keys), by key group."""
         return self.states.delta(changed)
 
     def restore(self, state) -> None:
@@ -263,21 +271,24 @@ class KeyedOp(Op):
         values.clear()
         self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, values)
         self.watermark = state["watermark"]
-        groups = state["groups"]
-        for group in sorted(groups):
-            self._restore_layers(groups, group)
-            self.states.settle()
+        self._restore_groups(state["groups"])
         self.changes.reset()
 
-    def _restore_layers(self, groups, group: int) -> None:
-        """Put back key group ``group`` of a snapshot: a chain's layers one after another,
-        straight into the state (its dict is the only index they need)."""
-        for removed, written in layers(groups, group):
-            self.states.forget(removed)
-            self._restore_group(written)
-
-    def _restore_group(self, entries: list[tuple]) -> None:
-        self.states.restore_group(entries, self.watermark)
+    def _restore_groups(self, groups: Mapping[int, list]) -> None:
+        """Put back a snapshot's groups: a chain's layers one after another, straight into
+        the state (its dict is the only index they need), a key group at a time (one in
+        memory at a time), a delta's columns as they are."""
+        states = self.states
+        for removed, written in in_layers(groups):
+            for group in sorted(removed):
+                states.forget(removed[group])
+            if isinstance(written, Columns):
+                states.restore_columns(written, self.watermark)
+                states.settle()
+                continue
+            for group in sorted(written):
+                states.restore_group(written[group], self.watermark)
+                states.settle()
 
     def rescale(self, states, index, parallelism):
         return keyed_share(states, index, parallelism)
@@ -456,7 +467,7 @@ class KeyedProcessOp(KeyedOp):
     def _held(self) -> int:
         return len(self.states.values) + len(self.event_timers.by_key) + len(self.processing_timers.by_key)
 
-    def _delta(self, changed: Changes) -> tuple[dict[int, list[tuple]], dict[int, list]]:
+    def _delta(self, changed: Changes) -> tuple[Mapping[int, list[tuple]], dict[int, list]]:
         """A key is held while it has state or timers; its entry carries both."""
         return grouped(changed, self._holds, self._entry)
 
@@ -467,13 +478,12 @@ class KeyedProcessOp(KeyedOp):
         self.event_timers, self.processing_timers = Timers(self.changes.changed), Timers(self.changes.changed)
         super().restore(state)
 
-    def _restore_layers(self, groups, group: int) -> None:
-        """A key group added up first: a later layer's timers replace a key's, not add to them."""
-        self._restore_group(groups[group])
-
-    def _restore_group(self, entries: list[tuple]) -> None:
-        for key, *entry in entries:
-            self._restore_entry(key, tuple(entry))
+    def _restore_groups(self, groups: Mapping[int, list]) -> None:
+        """Each key group added up first: a later layer's timers replace a key's, not add to them."""
+        for group in sorted(groups):
+            for key, *entry in groups[group]:
+                self._restore_entry(key, tuple(entry))
+            self.states.settle()
 
     def _restore_entry(self, key, entry: tuple) -> None:
         super()._restore_entry(key, entry)

@@ -112,9 +112,16 @@ def whole_snapshot(processor: Processor, chain: list[TaskSnapshot]) -> TaskSnaps
 
 def compacted(processor: Processor, chain: list[TaskSnapshot]) -> bytes:
     """What a compaction stores for a task: the whole state its chain adds up to, encoded
-    as a snapshot that needs no other."""
+    as a snapshot that needs no other. Takes the chain (the list is left empty): what was
+    read and built from it is freed before the collector runs again, which would otherwise
+    go over every object made meanwhile that is still held (a seventh of a compaction's
+    time at 5,000,000 keys)."""
+    snapshots = chain[:]
+    chain.clear()
     with collector_paused():
-        return whole_snapshot(processor, chain).self_contained().encode()
+        data = whole_snapshot(processor, snapshots).self_contained().encode()
+        del snapshots
+    return data
 
 
 def rescaled_state(processor: Processor, step: str, states: list, index: int) -> Any:

@@ -23,9 +23,11 @@ from typing import Any
 
 from gearbus.api.watermarks import WATERMARK_MIN
 
-#: 3: entries by key group pickled a group at a time (gearbus.runtime.keygroups.Groups);
-#: 2: the same tuple, groups as dicts (still read, as is 1).
-FORMAT = 3
+#: 4: a keyed step's changes may be columns with a key group per entry
+#: (gearbus.runtime.keygroups.Columns); 3: entries by key group pickled a group at a time
+#: (gearbus.runtime.keygroups.Groups); 2: the same tuple, groups as dicts (all still
+#: read, as is 1).
+FORMAT = 4
 #: The longest chain of snapshots building on each other; a restore reads at most this
 #: many plus one per task (and, by the compaction's rule, about twice the whole state's
 #: bytes: see gearbus.runtime.checkpoints).
@@ -78,13 +80,13 @@ class TaskSnapshot:
     def decode(cls, data: bytes) -> TaskSnapshot:
         """The inverse of :meth:`encode` (an envelope of format 1, without lineage, reads as
         a whole snapshot nothing builds on; one of format 2 as it was); ValueError for
-        bytes of another format. An older gearbus reading format 3 fails: pickle cannot
-        find the class of its groups."""
+        bytes of another format. An older gearbus reading a later format fails: pickle
+        cannot find the class of its groups, or its columns."""
         loaded = pickle.loads(data)
         if type(loaded) is tuple and len(loaded) == 5 and loaded[0] == 1:
             _, checkpoint_id, state, ended, watermark = loaded
             return cls(checkpoint_id, state, ended, watermark)
-        if type(loaded) is not tuple or len(loaded) != 9 or loaded[0] not in (2, FORMAT):
+        if type(loaded) is not tuple or len(loaded) != 9 or loaded[0] not in (2, 3, FORMAT):
             raise ValueError(f"not a task snapshot of format {FORMAT}")
         _, checkpoint_id, state, ended, watermark, epoch, base, depth, root = loaded
         return cls(checkpoint_id, state, ended, watermark, epoch, tuple(base) if base is not None else None,

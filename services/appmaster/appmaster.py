@@ -478,8 +478,7 @@ class AppMaster(Service):
             for task in compact.tasks:
                 chain = await self.store.snapshot_chain(compact.checkpoint_id, compact.epoch, task)
                 processor = self.app.graph.processors[task[0]]
-                data = await asyncio.to_thread(compacted, processor, chain)
-                del chain  # one task's chain and bytes in memory at a time
+                data = await asyncio.to_thread(compacted, processor, chain)  # takes the chain: one in memory at a time
                 put = asyncio.ensure_future(self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data))
                 try:
                     await asyncio.shield(put)

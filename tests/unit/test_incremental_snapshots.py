@@ -9,14 +9,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import pickle
 import threading
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gearbus.api import partitioners
 from gearbus.api.keyed import KeyedProcessFunction
-from gearbus.runtime.keygroups import ChangeLog, KeyedDelta, chain_onto, collector_paused
+from gearbus.runtime.keygroups import ChangeLog, Columns, KeyedDelta, chain_onto, collector_paused
 from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
 from gearbus.runtime.snapshots import Lineage, Link, TaskSnapshot
 from tests.support.backends import task_holding_state_in
@@ -281,34 +284,53 @@ def test_no_snapshot_builds_on_a_base_older_than_a_whole_one_taken_since():
     assert base.checkpoint_id == 7 and link.root == 7
 
 
+def keep_or_append(state, value):
+    """A stateful_map function: "append" changes a list state in place (handed back
+    as it is), anything else replaces the state (None forgets the key)."""
+    if value == "append":
+        if isinstance(state, list):
+            state.append(1)
+        return state, None
+    return value, None
+
+
 @settings(max_examples=200, deadline=None)
-@given(rounds=st.lists(st.lists(st.tuples(KEYS, st.one_of(st.none(), st.integers(0, 9))), max_size=12), min_size=1,
-                       max_size=6),
+@given(rounds=st.lists(st.tuples(st.lists(st.tuples(KEYS, st.one_of(st.none(), st.integers(0, 9), st.just("append"),
+                                                                    st.lists(st.integers(0, 3), max_size=2))),
+                                          max_size=12), st.booleans()), min_size=1, max_size=6),
        ttl_ms=st.sampled_from([None, 1000]), backend=st.sampled_from(["memory", "rocksdb"]))
 def test_a_stateful_map_restores_a_chain_layer_by_layer_to_what_it_held(rounds, ttl_ms, backend):
     """A ``stateful_map`` step puts a chain back one layer after another, straight into
-    its state (a value None forgets the key): the same state, and the same TTL write
-    times, as the step held, with keys written, removed and written again across layers."""
+    its state (a value None forgets the key), and a compaction adds it up key group by key
+    group: the same state, and the same TTL write times, as the step held, with keys
+    written, removed, changed in place and written again across layers, and checkpoints
+    that do not complete (the next snapshot builds on an older one). Each snapshot goes
+    through pickle, as it is stored."""
     with contextlib.ExitStack() as backends:
         def new_step() -> StatefulMapOp:
-            op = StatefulMapOp("count", lambda state, value: (value, None), ttl_ms)
+            op = StatefulMapOp("count", keep_or_append, ttl_ms)
             op.open(task_holding_state_in(backend, backends, context=_Context()))
             return op
 
-        op, whole_state, deltas = new_step(), None, []
-        for checkpoint_id, writes in enumerate(rounds, 1):
+        op, stored, completed = new_step(), {}, None
+        for checkpoint_id, (writes, completes) in enumerate(rounds, 1):
             op.process([(value, checkpoint_id, key) for key, value in writes])
             op.prepare_checkpoint(checkpoint_id)
-            state = op.snapshot_since(None if whole_state is None else checkpoint_id - 1)
-            if isinstance(state, KeyedDelta):
-                deltas.append(state)
-            else:
-                whole_state, deltas = state, []
+            stored[checkpoint_id] = (pickle.loads(pickle.dumps(op.snapshot_since(completed))), completed)
+            completed = checkpoint_id if completes else completed
+        chain, at = [], len(rounds)
+        while isinstance(stored[at][0], KeyedDelta):
+            chain.insert(0, stored[at][0])
+            at = stored[at][1]
+        whole_state = stored[at][0]
         held = {key: (op.states.values.get(key), op.states.written.get(key)) for key in op.states.values}
-        restored = new_step()
-        restored.restore(chain_onto(whole_state, deltas) if deltas else whole_state)
-        assert {key: (restored.states.values.get(key), restored.states.written.get(key))
-                for key in restored.states.values} == held
+        added_up = chain_onto(whole_state, chain) if chain else whole_state
+        by_layers, compacted = new_step(), new_step()
+        by_layers.restore(added_up)
+        compacted.restore({**added_up, "groups": {group: added_up["groups"][group] for group in added_up["groups"]}})
+        for restored in (by_layers, compacted):
+            assert {key: (restored.states.values.get(key), restored.states.written.get(key))
+                    for key in restored.states.values} == held
 
 
 def test_the_collector_is_paused_while_any_pause_lasts_and_runs_again_after():
@@ -330,3 +352,24 @@ def test_the_collector_is_paused_while_any_pause_lasts_and_runs_again_after():
     leave.set()
     other.join(5)
     assert gc.isenabled()
+
+
+def test_a_stateful_maps_changes_keep_the_key_groups_they_were_taken_with():
+    """Changes taken where the built-in hash is stable (an executor) read back, wherever
+    they are read, in the key groups the executor hashed their keys to: the groups go
+    with the columns and are never worked out again."""
+    keys = ["a", "b", ("t", 1), 7, 3.5, -2]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(partitioners, "stable_hash", partitioners._fixed_seed_hash)
+        op = StatefulMapOp("count", keep_or_append, None)
+        op.process([(1, 0, key) for key in [*keys, *range(100, 120)]])  # more held than changed next
+        op.prepare_checkpoint(1)
+        op.snapshot_since(None)
+        op.process([(2, 0, key) for key in keys])
+        op.prepare_checkpoint(2)
+        delta = op.snapshot_since(1)
+        taken_with = {key: partitioners.key_group(key) for key in keys}
+    stored = pickle.loads(pickle.dumps(delta))  # read where the hash is another
+    assert isinstance(stored.written, Columns)
+    assert {key: group for group in stored.written for key, *_ in stored.written[group]} == taken_with
+    assert sorted(map(repr, stored.written.pairs())) == sorted(repr((key, 2)) for key in keys)
