@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, MutableMapping
 from heapq import heappop, heappush
-from operator import itemgetter
+from operator import is_not
 from typing import Any
 
 from gearbus.api.keyed import KeyedContext
@@ -19,14 +19,13 @@ from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group, key_groups
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, detached,
-                                       grouped, in_layers, keyed_share)
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, StoredGroups,
+                                       detached, fields_of, grouped, in_layers, keyed_share)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
 _NONE = object()
-_key_of, _state_of = itemgetter(0), itemgetter(1)
 
 
 class KeyedStates:
@@ -114,25 +113,18 @@ class KeyedStates:
         if value is not None:
             self.put(key, value, watermark if written is None else written)
 
-    def restore_group(self, entries: list[tuple], watermark: int) -> None:
-        """Put back a key group's snapshot entries ``(key, state, written)``: in one update
-        when no TTL needs their write times (a restore resets the change log after)."""
+    def restore_columns(self, keys: list, states: list, written: list | None, watermark: int) -> None:
+        """Put back a key group's snapshot entries ``(key, state, written)``, given as
+        columns (``written`` None: all None): in one update when no TTL needs their write
+        times (a restore resets the change log after); a state None is not put back."""
         if self.ttl_ms is None:
-            if None in map(_state_of, entries):
-                entries = [entry for entry in entries if entry[1] is not None]
-            self.values.update(zip(map(_key_of, entries), map(_state_of, entries)))
+            if None in states:
+                keys = list(itertools.compress(keys, map(is_not, states, itertools.repeat(None))))
+                states = [state for state in states if state is not None]
+            self.values.update(zip(keys, states))
             return
-        for key, value, written in entries:
-            self.restore(key, value, written, watermark)
-
-    def restore_columns(self, columns: Columns, watermark: int) -> None:
-        """Put back a delta's written entries as :meth:`restore_group` does, from its
-        columns (states never None) in one update when no TTL needs their write times."""
-        if self.ttl_ms is None:
-            self.values.update(columns.pairs())
-            return
-        for key, value, written in columns.entries():
-            self.restore(key, value, written, watermark)
+        for key, value, at in zip(keys, states, itertools.repeat(None) if written is None else written):
+            self.restore(key, value, at, watermark)
 
     def forget(self, keys: list) -> None:
         """Remove ``keys`` (a restore applying a snapshot's removals)."""
@@ -283,11 +275,14 @@ class KeyedOp(Op):
             for group in sorted(removed):
                 states.forget(removed[group])
             if isinstance(written, Columns):
-                states.restore_columns(written, self.watermark)
+                states.restore_columns(*written.fields(), self.watermark)
                 states.settle()
                 continue
             for group in sorted(written):
-                states.restore_group(written[group], self.watermark)
+                if isinstance(written, StoredGroups):
+                    states.restore_columns(*written.fields(group), self.watermark)
+                elif entries := written[group]:
+                    states.restore_columns(*fields_of(entries), self.watermark)
                 states.settle()
 
     def rescale(self, states, index, parallelism):

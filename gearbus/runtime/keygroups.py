@@ -188,6 +188,28 @@ class ChangeLog:
         self._forgot, self._whole_before = False, 0
 
 
+def pickled_entries(entries: list) -> bytes:
+    """A key group's entries pickled: as columns (a tuple of lists, one per field) when
+    they are tuples of one length, as almost all are; else as they are. Pickle writes and
+    reads a list of numbers or strings about twice as fast as the same values in tuples
+    (5,000,000 keys: a restore and a compaction each read and write them all)."""
+    if entries and set(map(type, entries)) == {tuple} and len(widths := set(map(len, entries))) == 1 \
+            and 0 not in widths:
+        return pickle.dumps(fields_of(entries), pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(entries, pickle.HIGHEST_PROTOCOL)
+
+
+def fields_of(entries: list[tuple]) -> tuple[list, ...]:
+    """Entries (tuples of one length, at least one) as columns, one list per field."""
+    return tuple(list(map(itemgetter(field), entries)) for field in range(len(entries[0])))
+
+
+def entries_from(data: bytes) -> list:
+    """The entries :func:`pickled_entries` pickled."""
+    loaded = pickle.loads(data)
+    return list(zip(*loaded)) if type(loaded) is tuple else loaded
+
+
 class Groups(dict):
     """A step's entries by key group, as a snapshot holds them: pickled one key group at a
     time, and read back one key group at a time (:class:`StoredGroups`).
@@ -200,7 +222,7 @@ class Groups(dict):
     __slots__ = ()
 
     def __reduce__(self):
-        return _stored_groups, ([(group, pickle.dumps(entries, pickle.HIGHEST_PROTOCOL))
+        return _stored_groups, ([(group, pickled_entries(entries))
                                  for group, entries in self.items()],)
 
     def __copy__(self) -> Groups:
@@ -229,7 +251,7 @@ class LazyGroups(Mapping):
     def pickled(self, group: int) -> bytes | None:
         """The group's entries pickled (None: it holds none)."""
         entries = self[group]
-        return pickle.dumps(entries, pickle.HIGHEST_PROTOCOL) if entries else None
+        return pickled_entries(entries) if entries else None
 
     def __reduce__(self):
         return _stored_groups, ([(group, data) for group in self if (data := self.pickled(group)) is not None],)
@@ -256,7 +278,12 @@ class StoredGroups(LazyGroups):
         self._groups = parts
 
     def __getitem__(self, group: int) -> list:
-        return pickle.loads(self._groups[group])
+        return entries_from(self._groups[group])
+
+    def fields(self, group: int) -> tuple[list, ...]:
+        """The group's entries as columns, one list per field (read without building them)."""
+        loaded = pickle.loads(self._groups[group])
+        return loaded if type(loaded) is tuple else fields_of(loaded)
 
     def pickled(self, group: int) -> bytes | None:
         return self._groups[group]
@@ -268,7 +295,7 @@ class Columns(LazyGroups):
     None: no TTL, every entry's None): what a snapshot takes of the keys changed since the
     last. Pickled as the flat columns (3 ms for 120,000 keys, against 26 ms as tuples by
     key group, and 20 ms more to build those tuples on the task's path). A restore into
-    the task that took it applies the columns as they are (:meth:`pairs`); read as entries
+    the task that took it applies the columns as they are (:meth:`fields`); read as entries
     by key group (a compaction, off the task's path), every group's are built in one pass
     in the order taken (a pass per group would touch the entries out of memory order, at
     seven times the cost) and kept, from the groups taken with them, never worked out again
@@ -281,9 +308,9 @@ class Columns(LazyGroups):
         self._groups = dict.fromkeys(sorted(set(group_of)))
         self._by_group: dict[int, list[tuple]] | None = None
 
-    def pairs(self) -> Iterator[tuple[Any, Any]]:
-        """Every entry's (key, state), in the order taken."""
-        return zip(self._keys, self._states)
+    def fields(self) -> tuple[list, list, list | None]:
+        """(keys, states, write times or None), in the order taken."""
+        return self._keys, self._states, self._written
 
     def entries(self) -> Iterator[tuple]:
         """Every entry ``(key, state, written)``, in the order taken."""

@@ -7,7 +7,7 @@ import pytest
 from gearbus import CollectSink, Pipeline
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.planner import plan
-from gearbus.runtime.keygroups import Groups, KeyedDelta, StoredGroups, chain_onto
+from gearbus.runtime.keygroups import Groups, KeyedDelta, StoredGroups, chain_onto, entries_from, fields_of
 from gearbus.runtime.savepoints import SavepointRecord, stateful_steps, task_states
 from gearbus.runtime.snapshots import TaskSnapshot
 
@@ -24,7 +24,8 @@ def test_state_by_key_group_is_pickled_and_read_back_a_group_at_a_time():
     groups = Groups({group: [(f"k{group}-{n}", n, None) for n in range(3)] for group in range(5)})
     _, (parts,) = groups.__reduce__()
     assert [group for group, _ in parts] == list(range(5))
-    assert all(pickle.loads(data) == groups[group] for group, data in parts)
+    assert all(entries_from(data) == groups[group] for group, data in parts)
+    assert all(pickle.loads(data) == fields_of(groups[group]) for group, data in parts)  # as columns
     delta = KeyedDelta(7, {1: [("a", 1, None)]}, {2: ["b"]})
     assert type(delta.written) is Groups and type(delta.removed) is Groups  # built from plain dicts
     envelope = TaskSnapshot(3, {"count": delta, "other": {"watermark": 1, "groups": groups}}, False, 1)
