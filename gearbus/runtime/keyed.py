@@ -19,8 +19,8 @@ from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group, key_groups
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, StoredGroups,
-                                       detached, fields_of, grouped, in_layers, keyed_share)
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, detached,
+                                       group_fields, grouped, in_layers, keyed_share)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
@@ -86,13 +86,15 @@ class KeyedStates:
         (copied when they can change); only a key without one is read: a checkpoint's cost
         on the task's path follows the keys changed, and mostly without touching the state."""
         if None in changed.values() or not IMMUTABLE_TYPES.issuperset(map(type, changed.values())):
-            return self._delta_read(changed)
-        keys = list(changed)
+            keys, states, removed = self._read(changed)
+        else:
+            keys, states, removed = list(changed), list(changed.values()), {}
         times = list(map(self.written.get, keys)) if self.ttl_ms is not None else None
-        return Columns(keys, list(changed.values()), times, bytes(key_groups(keys))), {}
+        return Columns(keys, states, times, bytes(key_groups(keys))), removed
 
-    def _delta_read(self, changed: Changes) -> tuple[Columns, dict[int, list]]:
-        """:meth:`delta` when some keys must be read or their states copied: a key at a time."""
+    def _read(self, changed: Changes) -> tuple[list, list, dict[int, list]]:
+        """(keys held, their states, the keys removed by key group) when some keys must be
+        read or their states copied: a key at a time."""
         peek, step = self._peek, self.step
         keys, states, removed = [], [], {}
         for key, value in changed.items():
@@ -101,8 +103,7 @@ class KeyedStates:
                 continue
             keys.append(key)
             states.append(value if type(value) in IMMUTABLE_TYPES else detached(value, step, key))
-        times = list(map(self.written.get, keys)) if self.ttl_ms is not None else None
-        return Columns(keys, states, times, bytes(key_groups(keys))), removed
+        return keys, states, removed
 
     def holds(self, key) -> bool:
         """Whether the key has state (a read that keeps nothing)."""
@@ -279,10 +280,8 @@ class KeyedOp(Op):
                 states.settle()
                 continue
             for group in sorted(written):
-                if isinstance(written, StoredGroups):
-                    states.restore_columns(*written.fields(group), self.watermark)
-                elif entries := written[group]:
-                    states.restore_columns(*fields_of(entries), self.watermark)
+                if fields := group_fields(written, group):
+                    states.restore_columns(*fields, self.watermark)
                 states.settle()
 
     def rescale(self, states, index, parallelism):

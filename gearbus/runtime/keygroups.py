@@ -204,6 +204,15 @@ def fields_of(entries: list[tuple]) -> tuple[list, ...]:
     return tuple(list(map(itemgetter(field), entries)) for field in range(len(entries[0])))
 
 
+def group_fields(groups: Mapping[int, list], group: int) -> tuple[list, ...]:
+    """Group ``group`` of ``groups`` as columns, one list per field (none: it holds no
+    entries): a stored group's read as pickled, without building its entries."""
+    if isinstance(groups, StoredGroups):
+        return groups.fields(group)
+    entries = groups[group]
+    return fields_of(entries) if entries else ()
+
+
 def entries_from(data: bytes) -> list:
     """The entries :func:`pickled_entries` pickled."""
     loaded = pickle.loads(data)

@@ -24,9 +24,9 @@ from typing import Any
 from gearbus.api.watermarks import WATERMARK_MIN
 
 #: 4: a keyed step's changes may be columns with a key group per entry
-#: (gearbus.runtime.keygroups.Columns), a group's entries pickled as columns; 3: entries by key group pickled a group at a time
-#: (gearbus.runtime.keygroups.Groups); 2: the same tuple, groups as dicts (all still
-#: read, as is 1).
+#: (gearbus.runtime.keygroups.Columns), and a group's entries are pickled as columns;
+#: 3: entries by key group pickled a group at a time (gearbus.runtime.keygroups.Groups);
+#: 2: the same tuple, groups as dicts (all still read, as is 1).
 FORMAT = 4
 #: The longest chain of snapshots building on each other; a restore reads at most this
 #: many plus one per task (and, by the compaction's rule, about twice the whole state's

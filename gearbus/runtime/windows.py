@@ -591,7 +591,7 @@ class WindowOperator:
         panes = self._windows.pop(window, None)
         if panes:
             if not fired:
-                self._changed.update(dict.fromkeys([(window, key) for key in panes]))
+                self._changed.update(dict.fromkeys((window, key) for key in panes))
             self._forget(panes)
         if panes and self._merging:
             for key in panes:
