@@ -175,9 +175,7 @@ class PullReader:
                         await self._new_consumer()
                     await self._pull()
                     if self.follow and self.complete and self.last is not None and self.stream_last < self.last:
-                        self.stream_last = (await stream_info(self.nc, self.stream))["state"]["last_seq"]
-                        with self.lock:
-                            self._set_complete(self.complete)
+                        await self._look_for_the_last()
                 except (JetStreamError, nats.errors.Error) as exc:
                     self._trouble = f"{type(exc).__name__}: {exc}"
                     continue
@@ -222,6 +220,22 @@ class PullReader:
         self._heard = time.monotonic()
         with self.lock:
             self._set_complete(int(info.get("num_pending", 0)) == 0)
+
+    async def _look_for_the_last(self) -> None:
+        """Learn whether the stream has reached ``last``; once it has, whether the subjects
+        are read up to it. ``complete`` is as of the last message delivered: messages may
+        have been stored for the subjects since, before ``last`` on another subject, so it
+        is asked of the consumer again, after the stream was seen at ``last`` (trusting it
+        lost those messages: the reader ended without them)."""
+        stream_last = (await stream_info(self.nc, self.stream))["state"]["last_seq"]
+        if stream_last < self.last:
+            self.stream_last = stream_last
+            return
+        info = await api(self.nc, f"$JS.API.CONSUMER.INFO.{self.stream}.{self._consumer}")
+        delivered = info.get("delivered", {}).get("stream_seq", 0)
+        with self.lock:
+            self.stream_last = stream_last
+            self._set_complete(int(info.get("num_pending", 0)) == 0 and delivered <= self.fetched)
 
     def _set_complete(self, complete: bool) -> None:
         """Whether the buffer holds all the stream has for the subjects (under the lock); the

@@ -13,7 +13,7 @@ import pytest
 
 from gearbus.api.graph import Processor
 from gearbus.api.task import TaskContext
-from gearbus.connectors.jetstream import JetStreamError, connect, ensure_stream, run_fresh
+from gearbus.connectors.jetstream import JetStreamError, Publisher, connect, ensure_stream, run_fresh
 from gearbus.connectors import jetstream_reader
 from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSource
 from tests.support.jetstream import EVENT_COUNT as N
@@ -323,6 +323,46 @@ def test_a_lost_consumer_is_replaced_without_loss_or_duplicates(nats_server):
     finally:
         source.close()
     assert numbers(records) == list(range(N))
+
+
+@pytest.mark.timeout(30)
+async def test_a_reader_up_to_a_sequence_reads_what_its_subjects_got_before_the_stream_reached_it(
+        nats_server, monkeypatch):
+    """A reader caught up with its subject (the last message it got had none pending) while
+    the stream grows: a message comes for the subject, then the one at ``last`` on another
+    subject. When the reader next looks at the stream it is at ``last``, but the message for
+    its subject was never delivered (its buffer is full): the reader must read it before it
+    ends, not take its old "caught up" for the end (the tail of a live stream was lost)."""
+    monkeypatch.setattr(jetstream_reader, "CHECK_INTERVAL_S", 0.02)
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    nc = await connect([url], name="test")
+    publisher = await Publisher(nc).open()
+
+    async def publish_now(subject: str, n: int) -> None:
+        await publisher.publish(subject, json.dumps({"n": n}).encode(), None)
+        await publisher.drain()
+
+    await publish_now("ev.1", 1)
+    reader = jetstream_reader.PullReader(nc, "EV", ["ev.1"], 0, 3, name="test", max_records=1, stream_last=1)
+    running = asyncio.create_task(reader.run())
+    try:
+        await reader.wait_for(1)
+        assert reader.complete and not reader.ended  # caught up: the stream has not reached 3
+        await publish_now("ev.1", 2)
+        await publish_now("ev.2", 3)
+        while reader.stream_last < 3 and not reader.ended:  # the reader looks at the stream
+            await asyncio.sleep(0.01)
+        got = []
+        while not reader.finished:
+            got += reader.take(10)
+            await reader.wait_for(1)
+        got += reader.take(10)
+        assert [json.loads(data)["n"] for _, _, data, _ in got] == [1, 2]
+    finally:
+        await reader.close()
+        await asyncio.gather(running, return_exceptions=True)
+        await nc.close()
 
 
 def test_a_stream_that_goes_away_fails_the_read(nats_server, monkeypatch):
