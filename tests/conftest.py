@@ -49,13 +49,18 @@ SLOWEST_FILES = [
 assert all((TESTS / name).is_file() for name in SLOWEST_FILES), "SLOWEST_FILES names a file that is gone"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark each test by its folder: tests/unit -> unit, tests/integration -> integration,
-    tests/chaos -> chaos; run the slowest files first (the rest keep their order)."""
+    tests/chaos -> chaos; group the tests for .ci/run's workers (``--dist loadgroup``): a
+    file at a time, but every Spark test in one group, so one worker runs them all in turn
+    and the two workers never each run a JVM at once; run the slowest files first (the rest
+    keep their order)."""
     for item in items:
-        folder = item.path.relative_to(TESTS).parts[0]
-        if folder in FOLDER_MARKERS:
-            item.add_marker(folder)
+        path = item.path.relative_to(TESTS)
+        if path.parts[0] in FOLDER_MARKERS:
+            item.add_marker(path.parts[0])
+        item.add_marker(pytest.mark.xdist_group("spark" if item.get_closest_marker("spark") else path.as_posix()))
     rank = {name: n for n, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
 
