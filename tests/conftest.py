@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from hypothesis import settings
-from xdist.scheduler import LoadFileScheduling
 
 from gearbus.api.dsl import Pipeline
 from gearbus.api.graph import Application
@@ -42,7 +41,7 @@ settings.load_profile(FULL_PROFILE if os.environ.get("CI") else QUICK_PROFILE)
 SLOWEST_FILES = [
     "integration/test_cli.py", "unit/test_fuzz_decoders.py", "integration/test_spark_jetstream.py",
     "chaos/test_exactly_once.py", "integration/test_spark_joins.py", "integration/test_nexmark_recovery.py",
-    "integration/test_spark_runner.py", "integration/test_spark_backfill.py", "integration/test_recovery.py",
+    "integration/test_spark_runner.py", "integration/test_backfill.py", "integration/test_recovery.py",
     "chaos/test_files_exactly_once.py", "integration/test_security.py", "integration/test_cluster.py",
     "integration/test_nexmark.py", "integration/test_examples.py", "integration/test_nats_cluster.py",
     "integration/test_dashboard_browser.py", "integration/test_state_query.py",
@@ -50,37 +49,20 @@ SLOWEST_FILES = [
 assert all((TESTS / name).is_file() for name in SLOWEST_FILES), "SLOWEST_FILES names a file that is gone"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark each test by its folder: tests/unit -> unit, tests/integration -> integration,
-    tests/chaos -> chaos; run the slowest files first (the rest keep their order). A Spark
-    test must live in a file named for Spark (see :func:`pytest_xdist_make_scheduler`)."""
+    tests/chaos -> chaos; group the tests for .ci/run's workers (``--dist loadgroup``): a
+    file at a time, but every Spark test in one group, so one worker runs them all in turn
+    and the two workers never each run a JVM at once; run the slowest files first (the rest
+    keep their order)."""
     for item in items:
         path = item.path.relative_to(TESTS)
         if path.parts[0] in FOLDER_MARKERS:
             item.add_marker(path.parts[0])
-        if item.get_closest_marker("spark"):
-            assert _spark_file(item.nodeid), f"{item.nodeid}: a Spark test in a file without 'spark' in its name"
+        item.add_marker(pytest.mark.xdist_group("spark" if item.get_closest_marker("spark") else path.as_posix()))
     rank = {name: n for n, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
-
-
-def _spark_file(nodeid: str) -> bool:
-    return "spark" in nodeid.partition("::")[0].rpartition("/")[2]
-
-
-class _SparkFilesTogether(LoadFileScheduling):
-    """--dist loadfile, but every Spark file in one unit: one worker runs them in turn, so
-    the two workers never each run a JVM at once (each started its own)."""
-
-    def _split_scope(self, nodeid: str) -> str:
-        return "spark" if _spark_file(nodeid) else super()._split_scope(nodeid)
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """.ci/run's scheduler (``--dist loadfile``): see :class:`_SparkFilesTogether`."""
-    if config.getvalue("dist") == "loadfile":
-        return _SparkFilesTogether(config, log)
-    return None
 
 
 @pytest.fixture
