@@ -34,9 +34,9 @@ settings.load_profile(FULL_PROFILE if os.environ.get("CI") else QUICK_PROFILE)
 
 
 #: The files that take longest (measured in .ci/run's two workers, 30 s or more), run
-#: first, so that no long file is left running alone at the end (.ci/run keeps this order
-#: with --no-loadscope-reorder: pytest-xdist would hand out the files with the most tests
-#: first, and the long files of one or two tests last). The CLI's file, whose tests time
+#: first, so that no long test is left running alone at the end (.ci/run hands the tests
+#: out one at a time in this order: --dist loadgroup with no groups, and
+#: --no-loadscope-reorder). The CLI's file, whose tests time
 #: commands, goes first beside the fuzzing (one core), before any Spark file starts a JVM.
 SLOWEST_FILES = [
     "integration/test_cli.py", "unit/test_fuzz_decoders.py", "integration/test_spark_jetstream.py",
@@ -49,18 +49,13 @@ SLOWEST_FILES = [
 assert all((TESTS / name).is_file() for name in SLOWEST_FILES), "SLOWEST_FILES names a file that is gone"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark each test by its folder: tests/unit -> unit, tests/integration -> integration,
-    tests/chaos -> chaos; group the tests for .ci/run's workers (``--dist loadgroup``): a
-    file at a time, but every Spark test in one group, so one worker runs them all in turn
-    and the two workers never each run a JVM at once; run the slowest files first (the rest
-    keep their order)."""
+    tests/chaos -> chaos; run the slowest files first (the rest keep their order)."""
     for item in items:
-        path = item.path.relative_to(TESTS)
-        if path.parts[0] in FOLDER_MARKERS:
-            item.add_marker(path.parts[0])
-        item.add_marker(pytest.mark.xdist_group("spark" if item.get_closest_marker("spark") else path.as_posix()))
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder in FOLDER_MARKERS:
+            item.add_marker(folder)
     rank = {name: n for n, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
 
