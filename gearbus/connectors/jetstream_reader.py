@@ -227,14 +227,12 @@ class PullReader:
         have been stored for the subjects since, before ``last`` on another subject, so it
         is asked of the consumer again, after the stream was seen at ``last`` (trusting it
         lost those messages: the reader ended without them)."""
-        stream_last = (await stream_info(self.nc, self.stream))["state"]["last_seq"]
-        if stream_last < self.last:
-            self.stream_last = stream_last
+        self.stream_last = (await stream_info(self.nc, self.stream))["state"]["last_seq"]
+        if self.stream_last < self.last:
             return
         info = await api(self.nc, f"$JS.API.CONSUMER.INFO.{self.stream}.{self._consumer}")
         delivered = info.get("delivered", {}).get("stream_seq", 0)
         with self.lock:
-            self.stream_last = stream_last
             self._set_complete(int(info.get("num_pending", 0)) == 0 and delivered <= self.fetched)
 
     def _set_complete(self, complete: bool) -> None:
