@@ -276,7 +276,7 @@ class KeyedOp(Op):
             for group in sorted(removed):
                 states.forget(removed[group])
             if isinstance(written, Columns):
-                states.restore_columns(*written.fields(), self.watermark)
+                states.restore_columns(*written.columns(), self.watermark)
                 states.settle()
                 continue
             for group in sorted(written):

@@ -149,8 +149,8 @@ def check_chains(events, max_depth, new_step):
             lineage.completed(checkpoint_id)
         elif kind == "compact" and completed:  # as the AppMaster does: same object, whole state
             checkpoint_id = completed[-1 - min(event[1], len(completed) - 1)]
-            stored[checkpoint_id] = replace(stored[checkpoint_id], state=from_chain(stored, checkpoint_id),
-                                            base=None, depth=0, root=0)
+            compacted = pickle.loads(pickle.dumps(from_chain(stored, checkpoint_id)))  # as stored: a group at a time
+            stored[checkpoint_id] = replace(stored[checkpoint_id], state=compacted, base=None, depth=0, root=0)
             lineage.compacted(checkpoint_id)
         elif kind == "restore" and completed:
             checkpoint_id = completed[-1]
@@ -305,7 +305,7 @@ def test_a_stateful_map_restores_a_chain_layer_by_layer_to_what_it_held(rounds, 
     group: the same state, and the same TTL write times, as the step held, with keys
     written, removed, changed in place and written again across layers, and checkpoints
     that do not complete (the next snapshot builds on an older one). Each snapshot goes
-    through pickle, as it is stored."""
+    through pickle, as it is stored, and so does the state a compaction adds up."""
     with contextlib.ExitStack() as backends:
         def new_step() -> StatefulMapOp:
             op = StatefulMapOp("count", keep_or_append, ttl_ms)
@@ -325,10 +325,11 @@ def test_a_stateful_map_restores_a_chain_layer_by_layer_to_what_it_held(rounds, 
         whole_state = stored[at][0]
         held = {key: (op.states.values.get(key), op.states.written.get(key)) for key in op.states.values}
         added_up = chain_onto(whole_state, chain) if chain else whole_state
-        by_layers, compacted = new_step(), new_step()
+        by_layers, by_groups, compacted = new_step(), new_step(), new_step()
         by_layers.restore(added_up)
-        compacted.restore({**added_up, "groups": {group: added_up["groups"][group] for group in added_up["groups"]}})
-        for restored in (by_layers, compacted):
+        by_groups.restore({**added_up, "groups": {group: added_up["groups"][group] for group in added_up["groups"]}})
+        compacted.restore(pickle.loads(pickle.dumps(added_up)))  # what a compaction stores
+        for restored in (by_layers, by_groups, compacted):
             assert {key: (restored.states.values.get(key), restored.states.written.get(key))
                     for key in restored.states.values} == held
 
@@ -372,5 +373,5 @@ def test_a_stateful_maps_changes_keep_the_key_groups_they_were_taken_with():
     stored = pickle.loads(pickle.dumps(delta))  # read where the hash is another
     assert isinstance(stored.written, Columns)
     assert {key: group for group in stored.written for key, *_ in stored.written[group]} == taken_with
-    keys_taken, states, written = stored.written.fields()
+    keys_taken, states, written = stored.written.columns()
     assert sorted(map(repr, zip(keys_taken, states))) == sorted(repr((key, 2)) for key in keys) and written is None
