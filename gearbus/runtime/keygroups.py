@@ -421,23 +421,29 @@ class Delta:
         raise NotImplementedError
 
 
-def chain_onto(whole: Any, deltas: list[Delta]) -> Any:
+def chain_onto(whole: Any, deltas: list[Delta], stop: threading.Event | None = None) -> Any:
     """The whole state ``whole`` (None: nothing) becomes with ``deltas`` applied in order,
-    its groups added up as they are read (:class:`ChainedGroups`)."""
+    its groups added up as they are read (:class:`ChainedGroups`; ``stop``: see there)."""
     last = deltas[-1]
-    return last.with_groups(ChainedGroups(last.groups_of(whole) if whole is not None else {}, deltas))
+    return last.with_groups(ChainedGroups(last.groups_of(whole) if whole is not None else {}, deltas, stop))
+
+
+class Stopped(Exception):
+    """Adding up a chain was stopped from another thread (a compaction given up)."""
 
 
 class ChainedGroups(LazyGroups):
     """The groups of a whole state with a chain of deltas applied in order, each added up
     when read: its entries indexed once for the whole chain, so a group costs its whole
     entries once plus its changes. A group no delta touches is the whole state's as it is
-    (stored: its bytes are pickled again as they are)."""
+    (stored: its bytes are pickled again as they are). Once ``stop`` is set, pickling the
+    next group raises :class:`Stopped`: a compaction given up on a thread that cannot be
+    cancelled ends within a key group, and leaves the cores to the restore that gave it up."""
 
-    __slots__ = ("_whole", "_deltas")
+    __slots__ = ("_whole", "_deltas", "_stop")
 
-    def __init__(self, whole: Mapping[int, list], deltas: list[Delta]):
-        self._whole, self._deltas = whole, deltas
+    def __init__(self, whole: Mapping[int, list], deltas: list[Delta], stop: threading.Event | None = None):
+        self._whole, self._deltas, self._stop = whole, deltas, stop
         self._groups = dict.fromkeys(sorted(set(whole).union(*(delta.written.keys() for delta in deltas))))
 
     def _changing(self, group: int) -> list[Delta]:
@@ -472,6 +478,8 @@ class ChainedGroups(LazyGroups):
                              [(delta.removed.get(group, ()), group_fields(delta.written, group)) for delta in changing])
 
     def pickled(self, group: int) -> bytes | None:
+        if self._stop is not None and self._stop.is_set():
+            raise Stopped
         changing = self._changing(group)
         if not changing and isinstance(self._whole, LazyGroups):
             return self._whole.pickled(group)

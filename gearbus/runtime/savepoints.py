@@ -12,6 +12,7 @@ owning its key groups, and each step says how to divide the rest (``rescale``).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -94,9 +95,10 @@ def join_task_state(processor: Processor, steps: dict[str, Any]) -> Any:
     return steps.get(processor.name)
 
 
-def whole_snapshot(processor: Processor, chain: list[TaskSnapshot]) -> TaskSnapshot:
+def whole_snapshot(processor: Processor, chain: list[TaskSnapshot], stop: threading.Event | None = None) -> TaskSnapshot:
     """The whole state a task's chain of snapshots adds up to (oldest first: a whole one,
-    then each holding what changed since the one before), in the newest's envelope."""
+    then each holding what changed since the one before), in the newest's envelope
+    (``stop``: see :class:`gearbus.runtime.keygroups.ChainedGroups`)."""
     if len(chain) == 1:
         return chain[0]
     states: dict[str, list] = {}  # each step's last whole state (or None), then the deltas after it
@@ -106,20 +108,20 @@ def whole_snapshot(processor: Processor, chain: list[TaskSnapshot]) -> TaskSnaps
                 states.setdefault(step, [None]).append(state)
             else:
                 states[step] = [state]
-    steps = {step: chain_onto(whole, deltas) if deltas else whole for step, (whole, *deltas) in states.items()}
+    steps = {step: chain_onto(whole, deltas, stop) if deltas else whole for step, (whole, *deltas) in states.items()}
     return chain[-1].whole(join_task_state(processor, steps))
 
 
-def compacted(processor: Processor, chain: list[TaskSnapshot]) -> bytes:
+def compacted(processor: Processor, chain: list[TaskSnapshot], stop: threading.Event | None = None) -> bytes:
     """What a compaction stores for a task: the whole state its chain adds up to, encoded
     as a snapshot that needs no other. Takes the chain (the list is left empty): what was
     read and built from it is freed before the collector runs again, which would otherwise
     go over every object made meanwhile that is still held (a seventh of a compaction's
-    time at 5,000,000 keys)."""
+    time at 5,000,000 keys). Raises Stopped soon after ``stop`` is set."""
     snapshots = chain[:]
     chain.clear()
     with collector_paused():
-        data = whole_snapshot(processor, snapshots).self_contained().encode()
+        data = whole_snapshot(processor, snapshots, stop).self_contained().encode()
         del snapshots
     return data
 

@@ -10,6 +10,7 @@ import itertools
 import os
 import pickle
 import re
+import threading
 import time
 import traceback
 
@@ -472,13 +473,19 @@ class AppMaster(Service):
         """Replace each deep snapshot of a completed checkpoint with the whole state its
         chain adds up to, one task at a time, the CPU work off the loop. Same object, same
         state: a restore reads either; :meth:`_deploy` cancels it (its chains stay as they
-        were) and waits for it to end first, so no put is under way while tasks restore."""
+        were, its thread stops within a key group) and waits for it to end first, so no put
+        is under way while tasks restore."""
         started, ok, sizes = time.monotonic(), True, {}
+        stop = threading.Event()  # the thread adding up a chain runs on after a cancel: this ends it
         try:
             for task in compact.tasks:
                 chain = await self.store.snapshot_chain(compact.checkpoint_id, compact.epoch, task)
                 processor = self.app.graph.processors[task[0]]
-                data = await asyncio.to_thread(compacted, processor, chain)  # takes the chain: one in memory at a time
+                try:  # takes the chain: one in memory at a time
+                    data = await asyncio.to_thread(compacted, processor, chain, stop)
+                except asyncio.CancelledError:
+                    stop.set()
+                    raise
                 put = asyncio.ensure_future(self.store.put_snapshot(compact.checkpoint_id, compact.epoch, task, data))
                 try:
                     await asyncio.shield(put)

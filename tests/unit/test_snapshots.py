@@ -1,13 +1,15 @@
 """The stored formats: a task's snapshot envelope and a savepoint's record."""
 
 import pickle
+import threading
 
 import pytest
 
 from gearbus import CollectSink, Pipeline
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.planner import plan
-from gearbus.runtime.keygroups import Groups, KeyedDelta, StoredGroups, chain_onto, entries_from, fields_of
+from gearbus.runtime.keygroups import (Groups, KeyedDelta, Stopped, StoredGroups, WindowDelta, chain_onto,
+                                       entries_from, fields_of)
 from gearbus.runtime.savepoints import SavepointRecord, stateful_steps, task_states
 from gearbus.runtime.snapshots import TaskSnapshot
 
@@ -43,6 +45,30 @@ def test_a_chain_adds_up_group_by_group_and_stores_the_groups_it_did_not_change_
     assert sorted(added["groups"]) == [1, 2, 3] and added["groups"][3] == []  # emptied: holds nothing
     _, (parts,) = added["groups"].__reduce__()
     assert dict(parts)[1] is whole["groups"].pickled(1) and 3 not in dict(parts)
+
+
+@pytest.mark.parametrize("kind", ["keyed", "windows"])
+def test_adding_up_a_chain_stops_at_the_next_key_group_once_told_to(kind):
+    """A compaction runs on a thread that a cancel does not stop: given up (a restore is
+    waiting), it must not go on taking the cores the restore needs."""
+    stop = threading.Event()
+    if kind == "keyed":
+        whole = {"watermark": 0, "groups": Groups({group: [(f"k{group}", 1, None)] for group in range(4)})}
+        deltas = [KeyedDelta(1, {group: [(f"k{group}", 2, None)] for group in range(4)}, {})]
+    else:
+        rest = {"operator": {"groups": {}}, "other": 1}
+        whole = {**rest, "operator": {"groups": Groups({group: [(0, 10, f"k{group}", 1, 1)] for group in range(4)})}}
+        deltas = [WindowDelta({group: [(0, 10, f"k{group}", 2, 2)] for group in range(4)}, {}, rest)]
+    added = chain_onto(whole, deltas, stop)
+    groups = added["groups"] if kind == "keyed" else added["operator"]["groups"]
+    assert entries_from(groups.pickled(0)) == groups[0] == deltas[0].written[0]  # before the stop: as ever
+    stop.set()
+    with pytest.raises(Stopped):
+        groups.pickled(1)
+    with pytest.raises(Stopped):
+        pickle.dumps(added)
+    again = pickle.loads(pickle.dumps(chain_onto(whole, deltas)))  # without a stop: every group
+    assert len(again["groups"] if kind == "keyed" else again["operator"]["groups"]) == 4
 
 
 def test_an_envelope_of_format_2_with_groups_as_dicts_still_decodes():
