@@ -48,8 +48,10 @@ every task's state included. Exactness through such kills is the chaos tests'.
 ``--store-seconds S`` instead runs the incremental mode alone for S seconds and samples,
 every 10 s, the bytes the app's checkpoint object store holds (its JetStream stream: every
 kept snapshot, whole, incremental or compacted, and the chunks of any object being
-replaced), beside the size of one whole snapshot of the state then (the counting step's
-``state_bytes``: its pickled size, estimated from a sample) as a ratio: what pruning and
+replaced), beside the size of one whole snapshot of the state then (each task's largest
+object in the store: the whole snapshot its chain starts from; the counting step's
+``state_bytes``, its pickled size estimated from a sample, is printed beside it as each
+sample is taken) as a ratio: what pruning and
 compaction keep stored over a long run.
 ``--app PATH --app-args "..."`` runs another app in the same three modes instead (the
 checkpoint interval and ``--backend`` still apply; ``--keys``, ``--rate`` and
@@ -245,13 +247,25 @@ async def store_run(client: Client, opts) -> list[tuple[float, int, int, int]]:
         if status.state in AppState.TERMINAL:
             raise BenchError(f"the app is {status.state}: {status.error}")
         info = await client.bus.js.stream_info(f"OBJ_{subjects.snapshot_bucket(app_id)}")
-        whole = sum(p.state_bytes for p in status.processors)
+        whole = await whole_snapshot_bytes(client, app_id)
         samples.append((time.monotonic() - started, info.state.bytes, whole,
                         status.checkpoints.completed if status.checkpoints else 0))
-        print(f"{samples[-1][0]:7.0f} s  store {info.state.bytes:>14,} bytes  state {whole:>14,} bytes  "
-              f"{samples[-1][3]} checkpoints", file=sys.stderr, flush=True)
+        print(f"{samples[-1][0]:7.0f} s  store {info.state.bytes:>14,} bytes  whole snapshot {whole:>14,} bytes  "
+              f"(estimated {sum(p.state_bytes for p in status.processors):,})  {samples[-1][3]} checkpoints",
+              file=sys.stderr, flush=True)
     await client.kill(app_id)
     return samples
+
+
+async def whole_snapshot_bytes(client: Client, app_id: int) -> int:
+    """One whole snapshot of the app as stored: the largest object each task has in the
+    store (the whole snapshot its chain starts from outweighs any of its changes), summed."""
+    store = await client.bus.js.object_store(subjects.snapshot_bucket(app_id))
+    largest: dict[str, int] = {}
+    for info in await store.list():
+        task = info.name.rsplit("/", 1)[-1]
+        largest[task] = max(largest.get(task, 0), info.size or 0)
+    return sum(largest.values())
 
 
 async def bench(opts, tmp: str) -> int:
