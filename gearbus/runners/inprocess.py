@@ -59,7 +59,7 @@ from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
-from gearbus.runtime.savepoints import whole_snapshot
+from gearbus.runtime.savepoints import compacted, whole_snapshot
 from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from shared.messages import AppError, LaunchTasks, TaskId
@@ -157,17 +157,26 @@ class InProcessEngine:
         if not self.completed:
             return None
         checkpoint_id = max(self.completed)
-        return checkpoint_id, {key: self._whole(checkpoint_id, key).self_contained().encode()
-                               for key in self.completed[checkpoint_id]}
+        return checkpoint_id, {key: self._compacted(checkpoint_id, key) for key in self.completed[checkpoint_id]}
 
-    def _whole(self, checkpoint_id: int, key: TaskKey) -> TaskSnapshot:
-        """A task's whole state at a completed checkpoint, from its chain of snapshots."""
+    def _chain(self, checkpoint_id: int, key: TaskKey) -> list[TaskSnapshot]:
+        """A task's snapshots at a completed checkpoint: its own and those it builds on,
+        oldest first."""
         chain, at = [], checkpoint_id
         while at is not None:
             envelope = TaskSnapshot.decode(self.completed[at][key])
             chain.append(envelope)
             at = envelope.base[0] if envelope.base is not None else None
-        return whole_snapshot(self.app.graph.processors[key[0]], chain[::-1])
+        return chain[::-1]
+
+    def _whole(self, checkpoint_id: int, key: TaskKey) -> TaskSnapshot:
+        """A task's whole state at a completed checkpoint, added up as the task restores it."""
+        return whole_snapshot(self.app.graph.processors[key[0]], self._chain(checkpoint_id, key))
+
+    def _compacted(self, checkpoint_id: int, key: TaskKey) -> bytes:
+        """A task's whole state at a completed checkpoint, encoded as a snapshot that needs
+        no other: as the AppMaster compacts it."""
+        return compacted(self.app.graph.processors[key[0]], self._chain(checkpoint_id, key))
 
     def now_ms(self) -> int:
         """The tasks' processing time: the engine's clock, a second per tick."""
@@ -568,7 +577,7 @@ class InProcessEngine:
         elif kind is cp.CompactCheckpoint:  # at once: the AppMaster does it beside the tasks
             snapshots = self.completed[action.checkpoint_id]
             for key in action.tasks:
-                snapshots[key] = self._whole(action.checkpoint_id, key).self_contained().encode()
+                snapshots[key] = self._compacted(action.checkpoint_id, key)
             self._carry_out(self.state.checkpoint_compacted(action.checkpoint_id, True,
                                                             {key: len(snapshots[key]) for key in action.tasks}))
         elif kind is cp.PruneCheckpoints:
