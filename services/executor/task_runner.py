@@ -185,13 +185,16 @@ class TaskRunner:
 
     async def _restore(self) -> None:
         """Restore the task from its envelope, off the loop (a sink re-commits: it may
-        block), then let the envelope go: its chain's bytes are not kept past the restore."""
+        block), then let the envelope go: its chain's bytes are not kept past the restore.
+        Logged with its time: most of a recovery's, with millions of keys."""
         envelope, self.restore_envelope = self.restore_envelope, None
+        started = time.monotonic()
 
         def restore() -> None:
             with collector_paused():
                 self.core.restore(envelope)
         await asyncio.to_thread(restore)
+        log.info("task_restored", checkpoint_id=envelope.checkpoint_id, seconds=round(time.monotonic() - started, 3))
 
     async def run(self) -> None:
         """Run the task until it is stopped (its final checkpoint committed, or it is
