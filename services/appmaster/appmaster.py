@@ -473,8 +473,8 @@ class AppMaster(Service):
         """Replace each deep snapshot of a completed checkpoint with the whole state its
         chain adds up to, one task at a time, the CPU work off the loop. Same object, same
         state: a restore reads either; :meth:`_deploy` cancels it (its chains stay as they
-        were, its thread stops within a key group) and waits for it to end first, so no put
-        is under way while tasks restore."""
+        were) and waits for it to end first, so no put is under way while tasks restore. Its
+        thread, which the deployment does not wait for, stops before the next key group."""
         started, ok, sizes = time.monotonic(), True, {}
         stop = threading.Event()  # the thread adding up a chain runs on after a cancel: this ends it
         try:

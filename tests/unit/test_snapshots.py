@@ -3,6 +3,7 @@
 import pickle
 import threading
 
+import numpy
 import pytest
 
 from gearbus import CollectSink, Pipeline
@@ -69,6 +70,28 @@ def test_adding_up_a_chain_stops_at_the_next_key_group_once_told_to(kind):
         pickle.dumps(added)
     again = pickle.loads(pickle.dumps(chain_onto(whole, deltas)))  # without a stop: every group
     assert len(again["groups"] if kind == "keyed" else again["operator"]["groups"]) == 4
+
+
+class EqualToAnything:
+    """A user's state whose == says True to anything, None included."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+def test_a_keyed_chain_adds_up_whatever_its_states_say_to_none():
+    """A keyed chain adds up a column at a time and leaves out a column of Nones: a None
+    is told by identity, never by the state's ==, which is the user's (a numpy array's
+    answers with an array; another's may say True)."""
+    array = numpy.array([1, 2])
+    timers_only = ("t", None, None, [5], [])  # a process_keyed key with timers and no state
+    whole = {"watermark": 0, "groups": Groups({1: [timers_only, ("a", array, None, [], [])]})}
+    deltas = [KeyedDelta(1, {1: [("b", EqualToAnything(), None, [], [])]}, {}), KeyedDelta(2, {}, {1: ["x"]})]
+    for added in (chain_onto(whole, deltas), pickle.loads(pickle.dumps(chain_onto(whole, deltas)))):
+        (t, a, b), = [added["groups"][1]]
+        assert t == timers_only and a[0] == "a" and list(a[1]) == [1, 2] and type(b[1]) is EqualToAnything
 
 
 def test_an_envelope_of_format_2_with_groups_as_dicts_still_decodes():
