@@ -19,8 +19,8 @@ from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group, key_groups
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, detached,
-                                       group_fields, grouped, in_layers, keyed_share)
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, any_none,
+                                       detached, group_fields, grouped, in_layers, keyed_share)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
@@ -85,7 +85,7 @@ class KeyedStates:
         held, removed: the others, by key group). The states written are taken as they are
         (copied when they can change); only a key without one is read: a checkpoint's cost
         on the task's path follows the keys changed, and mostly without touching the state."""
-        if None in changed.values() or not IMMUTABLE_TYPES.issuperset(map(type, changed.values())):
+        if any_none(changed.values()) or not IMMUTABLE_TYPES.issuperset(map(type, changed.values())):
             keys, states, removed = self._read(changed)
         else:
             keys, states, removed = list(changed), list(changed.values()), {}
@@ -119,7 +119,7 @@ class KeyedStates:
         columns (``written`` None: all None): in one update when no TTL needs their write
         times (a restore resets the change log after); a state None is not put back."""
         if self.ttl_ms is None:
-            if None in states:
+            if any_none(states):
                 keys = list(itertools.compress(keys, map(is_not, states, itertools.repeat(None))))
                 states = [state for state in states if state is not None]
             self.values.update(zip(keys, states))

@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from operator import is_not, itemgetter
+from operator import is_, is_not, itemgetter
 from typing import Any
 
 from gearbus.api.partitioners import MAX_PARALLELISM, key_group, owned_groups
@@ -248,7 +248,14 @@ def merged_by_key(whole: tuple[list, ...], layers: list[tuple[Iterable, tuple[li
 
 def _nones(column: list) -> bool:
     """Whether every value of ``column`` is None (a field no entry uses)."""
-    return not any(map(is_not, column, itertools.repeat(None)))  # identity: a state's == is the user's
+    return not any(map(is_not, column, itertools.repeat(None)))
+
+
+def any_none(values: Iterable) -> bool:
+    """Whether any of ``values`` is None, told by identity: ``None in values`` calls each
+    state's ==, which is the user's (a numpy array's answers with an array, and failed the
+    checkpoint)."""
+    return any(map(is_, values, itertools.repeat(None)))
 
 
 def entries_from(data: bytes) -> list:
