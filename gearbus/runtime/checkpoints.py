@@ -24,8 +24,8 @@ Beside that table, one compaction at a time, sized like a tiered LSM's. A chain'
 counts here at most the checkpoints since the last compaction (the acks of those taken
 before the tasks heard of it still count the chains it cut). A stored checkpoint whose
 chains are ``compact_depth`` deep, or at least MIN_COMPACT_DEPTH deep and holding, since
-the whole snapshots they start from, at least as many bytes as those whole snapshots (the
-last whole checkpoint's, or what the last compaction wrote), gets CompactCheckpoint for
+the whole snapshots they start from, at least COMPACT_SHARE of those whole snapshots'
+bytes (the last whole checkpoint's, or what the last compaction wrote), gets CompactCheckpoint for
 every task whose
 snapshot builds on another (the shell replaces those snapshots with whole ones, off the
 tasks' path); ``compacted`` ends it: the checkpoint now needs nothing older, and every
@@ -65,6 +65,12 @@ TaskKey = tuple[int, int]
 #: The shortest chain a compaction replaces: rewriting the whole state to drop one
 #: snapshot's worth of reading costs more than it saves.
 MIN_COMPACT_DEPTH = 2
+#: The bytes of a chain's changes, as a share of the whole snapshots it starts from, at
+#: which it is compacted. The store then holds at most about two and a half whole states
+#: (the old whole snapshots, which kept checkpoints still read, their changes, the new
+#: whole ones), and a restore reads at most one and a half. At 1 the store's median was
+#: 3.3 times one whole snapshot and its peaks 3.9 (bench/state.py --store-seconds).
+COMPACT_SHARE = 0.5
 
 #: Checkpoints kept in the history (the newest; in progress, completed or failed).
 HISTORY_KEPT = 20
@@ -447,15 +453,16 @@ class CheckpointCoordinator:
             del self._chain_bytes[old]
 
     def _compacts(self, p: _Pending, meta: CheckpointMeta) -> bool:
-        """Whether to compact the checkpoint just stored: its chains are deep, or hold as
-        many bytes as the whole snapshots they start from (so a restore reads at most about
-        twice the state, and the state is rewritten once per its size in changes)."""
+        """Whether to compact the checkpoint just stored: its chains are deep, or hold
+        COMPACT_SHARE of the bytes of the whole snapshots they start from (so a restore
+        reads at most about one and a half times the state, and the state is rewritten
+        once per half its size in changes)."""
         if self.compact_depth <= 0 or self._compacting is not None or meta.final:
             return False
         # a depth acked before the tasks heard of the last compaction counts from the old root
         deep = min(p.depth, meta.checkpoint_id - self._compacted)
         return deep >= self.compact_depth or (deep >= MIN_COMPACT_DEPTH and self._root_bytes is not None
-                                              and sum(self._chain_bytes.values()) >= self._root_bytes)
+                                              and sum(self._chain_bytes.values()) >= COMPACT_SHARE * self._root_bytes)
 
     def compacted(self, checkpoint_id: int, ok: bool, sizes: dict[TaskKey, int] | None = None) -> list[Action]:
         """The shell compacted ``checkpoint_id`` into whole snapshots of ``sizes`` bytes by

@@ -29,8 +29,8 @@ from gearbus.api.watermarks import WATERMARK_MIN
 #: 2: the same tuple, groups as dicts (all still read, as is 1).
 FORMAT = 4
 #: The longest chain of snapshots building on each other; a restore reads at most this
-#: many plus one per task (and, by the compaction's rule, about twice the whole state's
-#: bytes: see gearbus.runtime.checkpoints).
+#: many plus one per task (and, by the compaction's rule, about one and a half times the
+#: whole state's bytes: see gearbus.runtime.checkpoints).
 MAX_DEPTH = 64
 #: The depth at which the AppMaster compacts a completed checkpoint's snapshots whatever
 #: their bytes. Well below MAX_DEPTH: a compaction of tens of millions of keys takes a

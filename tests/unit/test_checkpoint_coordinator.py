@@ -298,7 +298,7 @@ def test_one_compaction_at_a_time_of_deep_chains_moves_the_root_and_is_never_pru
 
 def test_chains_are_compacted_once_their_bytes_reach_the_whole_snapshots_they_start_from():
     """Tiered by size: with deep compaction far off, a checkpoint is compacted once the
-    snapshots since the whole ones add up to as many bytes, then again once the changes
+    snapshots since the whole ones add up to half their bytes, then again once the changes
     since the compacted one do (its size as the compaction wrote it)."""
     c = coordinator(interval_s=1, timeout_s=100, keep=3, compact_depth=16)
     roots = {task: 0 for task in TASKS}
@@ -315,10 +315,10 @@ def test_chains_are_compacted_once_their_bytes_reach_the_whole_snapshots_they_st
     assert checkpoint(1, lambda task: 100) == []  # whole: 300 bytes
     roots.update({task: 1 for task in TASKS})
     compacted_at = [cid for cid in range(2, 20) if checkpoint(cid, lambda task: 10)]
-    assert compacted_at[0] == 11  # 10 checkpoints of 30 bytes: 300
-    c.compacted(11, ok=True, sizes={task: 20 for task in TASKS})  # the state shrank: 60 bytes whole
-    roots.update({task: 11 for task in TASKS})
-    assert [cid for cid in range(20, 30) if checkpoint(cid, lambda task: 10)] == [20]  # 12..20: 270 >= 60
+    assert compacted_at[0] == 6  # 5 checkpoints of 30 bytes: 150, half of 300
+    c.compacted(6, ok=True, sizes={task: 300 for task in TASKS})  # the state grew: 900 bytes whole
+    roots.update({task: 6 for task in TASKS})
+    assert [cid for cid in range(20, 30) if checkpoint(cid, lambda task: 10)] == [21]  # 7..21: 450, half of 900
     c.check_invariants()
 
 
