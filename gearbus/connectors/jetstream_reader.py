@@ -174,7 +174,7 @@ class PullReader:
                     if self._trouble or self._consumer is None:
                         await self._new_consumer()
                     await self._pull()
-                    if self.follow and self.complete and self.last is not None and self.stream_last < self.last:
+                    if self.follow and self.complete and self.last is not None:
                         await self._look_for_the_last()
                 except (JetStreamError, nats.errors.Error) as exc:
                     self._trouble = f"{type(exc).__name__}: {exc}"
@@ -223,25 +223,33 @@ class PullReader:
 
     async def _look_for_the_last(self) -> None:
         """Learn whether the stream has reached ``last``; once it has, whether the subjects
-        are read up to it. ``complete`` is as of the last message delivered: messages may
-        have been stored for the subjects since, before ``last`` on another subject, so it
-        is asked of the consumer again, after the stream was seen at ``last`` (trusting it
-        lost those messages: the reader ended without them)."""
-        self.stream_last = (await stream_info(self.nc, self.stream))["state"]["last_seq"]
+        are read up to it, which only the consumer, asked after the stream was seen at
+        ``last``, can say. ``complete`` is as of when the server counted a delivery's pending
+        messages, which may be before the stream reached ``last``: messages may have been
+        stored for the subjects since, before ``last`` on another subject. And a delivery is
+        handled in its subscription's turn, so one the server sent before it answered about
+        the stream may be handled after: its "none pending" ended the reader without the
+        messages stored after it (both lost the tail of a live stream)."""
         if self.stream_last < self.last:
-            return
+            self.stream_last = (await stream_info(self.nc, self.stream))["state"]["last_seq"]
+            if self.stream_last < self.last:
+                return
         info = await api(self.nc, f"$JS.API.CONSUMER.INFO.{self.stream}.{self._consumer}")
         delivered = info.get("delivered", {}).get("stream_seq", 0)
         with self.lock:
-            self._set_complete(int(info.get("num_pending", 0)) == 0 and delivered <= self.fetched)
+            self.complete = int(info.get("num_pending", 0)) == 0 and delivered <= self.fetched
+            if self.complete:
+                self._end()
 
     def _set_complete(self, complete: bool) -> None:
-        """Whether the buffer holds all the stream has for the subjects (under the lock); the
-        reader has ended once that is so and, when it follows the stream, the stream reached
-        ``last`` (later sequences may be on other subjects)."""
+        """Whether the buffer holds all the stream has for the subjects (under the lock): the
+        end of a replayed range; a reader following the stream up to ``last`` asks its
+        consumer first (:meth:`_look_for_the_last`), at once if the stream was at ``last``."""
         self.complete = complete
-        if complete and (not self.follow or (self.last is not None and self.stream_last >= self.last)):
+        if complete and not self.follow:
             self._end()
+        elif complete and self.last is not None and self.stream_last >= self.last:
+            self._wake.set()
 
     def _end(self) -> None:
         self.ended = True

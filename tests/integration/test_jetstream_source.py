@@ -365,6 +365,57 @@ async def test_a_reader_up_to_a_sequence_reads_what_its_subjects_got_before_the_
         await nc.close()
 
 
+@pytest.mark.timeout(30)
+async def test_a_delivery_handled_after_the_stream_was_seen_at_the_last_does_not_end_the_reader(
+        nats_server, monkeypatch):
+    """nats-py hands a subscription its messages in the subscription's own turn, and a
+    request its reply at once: a delivery the server sent (with none pending, then) before
+    it answered that the stream had reached ``last`` may be handled after that answer. Its
+    "none pending" is not the end: messages came for the subject after it (the tail of a
+    live stream was lost so, in CI's chaos run). Here deliveries are held back and handed
+    over after the reader saw the stream at ``last``."""
+    monkeypatch.setattr(jetstream_reader, "CHECK_INTERVAL_S", 0.02)
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    nc = await connect([url], name="test")
+    publisher = await Publisher(nc).open()
+
+    async def publish_now(subject: str, n: int) -> None:
+        await publisher.publish(subject, json.dumps({"n": n}).encode(), None)
+        await publisher.drain()
+
+    await publish_now("ev.1", 1)
+    reader = jetstream_reader.PullReader(nc, "EV", ["ev.1"], 0, 4, name="test", max_records=10, stream_last=1)
+    running = asyncio.create_task(reader.run())
+    try:
+        await reader.wait_for(1)
+        handle, held = reader._on_message, []
+        monkeypatch.setattr(reader, "_on_message", held.append)  # the subscription's turn comes later
+        await publish_now("ev.1", 2)  # sent at once to the open pull request: none pending then
+        while not held:
+            await asyncio.sleep(0.01)
+        await publish_now("ev.1", 3)
+        await publish_now("ev.2", 4)  # the stream reaches last
+        while reader.stream_last < 4:
+            await asyncio.sleep(0.01)
+        while len(held) < 2:
+            await asyncio.sleep(0.01)
+        handle(held[0])  # 2, none pending when the server sent it
+        assert not reader.ended, "a delivery counted before the stream reached last ended the reader"
+        monkeypatch.setattr(reader, "_on_message", handle)
+        handle(held[1])
+        got = []
+        while not reader.finished:
+            got += reader.take(10)
+            await reader.wait_for(1)
+        got += reader.take(10)
+        assert [json.loads(data)["n"] for _, _, data, _ in got] == [1, 2, 3]
+    finally:
+        await reader.close()
+        await asyncio.gather(running, return_exceptions=True)
+        await nc.close()
+
+
 def test_a_stream_that_goes_away_fails_the_read(nats_server, monkeypatch):
     monkeypatch.setattr(jetstream_reader, "RESET_RETRIES", 2)
     url = nats_server.url
