@@ -5,6 +5,7 @@ survive a restart, dead letters, watermarks and the bounded buffer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import time
@@ -325,16 +326,11 @@ def test_a_lost_consumer_is_replaced_without_loss_or_duplicates(nats_server):
     assert numbers(records) == list(range(N))
 
 
-@pytest.mark.timeout(30)
-async def test_a_reader_up_to_a_sequence_reads_what_its_subjects_got_before_the_stream_reached_it(
-        nats_server, monkeypatch):
-    """A reader caught up with its subject (the last message it got had none pending) while
-    the stream grows: a message comes for the subject, then the one at ``last`` on another
-    subject. When the reader next looks at the stream it is at ``last``, but the message for
-    its subject was never delivered (its buffer is full): the reader must read it before it
-    ends, not take its old "caught up" for the end (the tail of a live stream was lost)."""
-    monkeypatch.setattr(jetstream_reader, "CHECK_INTERVAL_S", 0.02)
-    url = nats_server.url
+@contextlib.asynccontextmanager
+async def reading_ev1_up_to(url: str, last: int, max_records: int):
+    """Stream EV (``ev.*``) holding ``{"n": 1}`` on ev.1, and a running reader of ev.1 up
+    to sequence ``last`` that has read it; yields (the reader, ``publish_now(subject, n)``,
+    which returns once the message is stored)."""
     ensure_stream(url, "EV", ["ev.*"])
     nc = await connect([url], name="test")
     publisher = await Publisher(nc).open()
@@ -344,25 +340,44 @@ async def test_a_reader_up_to_a_sequence_reads_what_its_subjects_got_before_the_
         await publisher.drain()
 
     await publish_now("ev.1", 1)
-    reader = jetstream_reader.PullReader(nc, "EV", ["ev.1"], 0, 3, name="test", max_records=1, stream_last=1)
+    reader = jetstream_reader.PullReader(nc, "EV", ["ev.1"], 0, last, name="test", max_records=max_records,
+                                         stream_last=1)
     running = asyncio.create_task(reader.run())
     try:
         await reader.wait_for(1)
+        yield reader, publish_now
+    finally:
+        await reader.close()
+        await asyncio.gather(running, return_exceptions=True)
+        await nc.close()
+
+
+async def read_to_the_end(reader: jetstream_reader.PullReader) -> list[int]:
+    """The ``n`` of every message the reader has and will read, until it ends."""
+    got = []
+    while not reader.finished:
+        got += reader.take(10)
+        await reader.wait_for(1)
+    got += reader.take(10)
+    return [json.loads(data)["n"] for _, _, data, _ in got]
+
+
+@pytest.mark.timeout(30)
+async def test_a_reader_up_to_a_sequence_reads_what_its_subjects_got_before_the_stream_reached_it(
+        nats_server, monkeypatch):
+    """A reader caught up with its subject (the last message it got had none pending) while
+    the stream grows: a message comes for the subject, then the one at ``last`` on another
+    subject. When the reader next looks at the stream it is at ``last``, but the message for
+    its subject was never delivered (its buffer is full): the reader must read it before it
+    ends, not take its old "caught up" for the end (the tail of a live stream was lost)."""
+    monkeypatch.setattr(jetstream_reader, "CHECK_INTERVAL_S", 0.02)
+    async with reading_ev1_up_to(nats_server.url, 3, max_records=1) as (reader, publish_now):
         assert reader.complete and not reader.ended  # caught up: the stream has not reached 3
         await publish_now("ev.1", 2)
         await publish_now("ev.2", 3)
         while reader.stream_last < 3 and not reader.ended:  # the reader looks at the stream
             await asyncio.sleep(0.01)
-        got = []
-        while not reader.finished:
-            got += reader.take(10)
-            await reader.wait_for(1)
-        got += reader.take(10)
-        assert [json.loads(data)["n"] for _, _, data, _ in got] == [1, 2]
-    finally:
-        await reader.close()
-        await asyncio.gather(running, return_exceptions=True)
-        await nc.close()
+        assert await read_to_the_end(reader) == [1, 2]
 
 
 @pytest.mark.timeout(30)
@@ -375,20 +390,7 @@ async def test_a_delivery_handled_after_the_stream_was_seen_at_the_last_does_not
     live stream was lost so, in CI's chaos run). Here deliveries are held back and handed
     over after the reader saw the stream at ``last``."""
     monkeypatch.setattr(jetstream_reader, "CHECK_INTERVAL_S", 0.02)
-    url = nats_server.url
-    ensure_stream(url, "EV", ["ev.*"])
-    nc = await connect([url], name="test")
-    publisher = await Publisher(nc).open()
-
-    async def publish_now(subject: str, n: int) -> None:
-        await publisher.publish(subject, json.dumps({"n": n}).encode(), None)
-        await publisher.drain()
-
-    await publish_now("ev.1", 1)
-    reader = jetstream_reader.PullReader(nc, "EV", ["ev.1"], 0, 4, name="test", max_records=10, stream_last=1)
-    running = asyncio.create_task(reader.run())
-    try:
-        await reader.wait_for(1)
+    async with reading_ev1_up_to(nats_server.url, 4, max_records=10) as (reader, publish_now):
         handle, held = reader._on_message, []
         monkeypatch.setattr(reader, "_on_message", held.append)  # the subscription's turn comes later
         await publish_now("ev.1", 2)  # sent at once to the open pull request: none pending then
@@ -404,16 +406,7 @@ async def test_a_delivery_handled_after_the_stream_was_seen_at_the_last_does_not
         assert not reader.ended, "a delivery counted before the stream reached last ended the reader"
         monkeypatch.setattr(reader, "_on_message", handle)
         handle(held[1])
-        got = []
-        while not reader.finished:
-            got += reader.take(10)
-            await reader.wait_for(1)
-        got += reader.take(10)
-        assert [json.loads(data)["n"] for _, _, data, _ in got] == [1, 2, 3]
-    finally:
-        await reader.close()
-        await asyncio.gather(running, return_exceptions=True)
-        await nc.close()
+        assert await read_to_the_end(reader) == [1, 2, 3]
 
 
 def test_a_stream_that_goes_away_fails_the_read(nats_server, monkeypatch):
