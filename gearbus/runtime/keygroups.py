@@ -208,7 +208,7 @@ def group_fields(groups: Mapping[int, list], group: int) -> tuple[list, ...]:
     """Group ``group`` of ``groups`` as columns, one list per field (none: it holds no
     entries, or none there); a stored group's read as pickled, without building its
     entries."""
-    if isinstance(groups, (StoredGroups, Columns, ChainedGroups)):
+    if isinstance(groups, LazyGroups):
         return groups.fields(group)
     entries = groups.get(group)
     return fields_of(entries) if entries else ()
@@ -306,6 +306,11 @@ class LazyGroups(Mapping):
         """The group's entries pickled (None: it holds none)."""
         entries = self[group]
         return pickled_entries(entries) if entries else None
+
+    def fields(self, group: int) -> tuple[list, ...]:
+        """The group's entries as columns, one list per field (none: it holds none)."""
+        entries = self[group] if group in self._groups else ()
+        return fields_of(entries) if entries else ()
 
     def __reduce__(self):
         return _stored_groups, ([(group, data) for group in self if (data := self.pickled(group)) is not None],)
@@ -484,7 +489,7 @@ class ChainedGroups(LazyGroups):
         if not changing:
             return group_fields(self._whole, group)
         if not changing[0].by_key:
-            return fields_of(entries) if (entries := self[group]) else ()
+            return super().fields(group)
         return merged_by_key(group_fields(self._whole, group),
                              [(delta.removed.get(group, ()), group_fields(delta.written, group)) for delta in changing])
 
