@@ -20,8 +20,8 @@ from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group, key_groups
 from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, any_none,
-                                       detached, group_layers, grouped, keyed_share)
-from gearbus.runtime.state_backend import GroupedTable, StateBackendError, held_bytes
+                                       detached, group_fields, grouped, in_layers, keyed_share)
+from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
 TIMER_BYTES = 16  # a timer's share of the state size metric
@@ -34,36 +34,30 @@ class KeyedStates:
     ``ttl_ms``. Every key written goes into ``changed`` with its state, every key
     forgotten with None (:class:`Changes`).
 
-    ``values`` is the state backend's table for the step, by key group (a dict per group
-    in memory); a table that writes back is settled between batches."""
+    ``values`` is the state backend's table for the step (a dict in memory); a table that
+    writes back is settled between batches."""
 
-    def __init__(self, step: str, ttl_ms: int | None, changed: Changes, values: GroupedTable | None = None):
+    def __init__(self, step: str, ttl_ms: int | None, changed: Changes, values: MutableMapping | None = None):
         self.step = step
         self.ttl_ms = ttl_ms
         self.changed = changed
-        self.values = GroupedTable.in_memory() if values is None else values
-        #: each key group's table: the hot path's, picked by the record's key group
-        self.tables = self.values.tables
-        self.settle = self.values.settle
+        self.values: MutableMapping = {} if values is None else values
+        self.settle = settle_of(self.values)
         #: a table on disk reads a batch's keys in one go
-        self.prefetch = self.values.prefetch
+        self.prefetch = getattr(self.values, "prefetch", None)
         #: reads for a snapshot: a table that writes back does not keep what they read
-        self._peek = self.values.peek
+        self._peek = getattr(self.values, "peek", self.values.get)
         self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
         self._expiry: list[tuple[int, int, Any]] = []  # (expires at, tie-breaker, key); stale ones skipped
         self._order = itertools.count()
 
     def put(self, key, value, timestamp: int) -> None:
-        self.put_in(self.tables[key_group(key)], key, value, timestamp)
-
-    def put_in(self, table: MutableMapping, key, value, timestamp: int) -> None:
-        """:meth:`put`, the key's table (its group's) picked already."""
         self.changed[key] = value
         if value is None:
-            table.pop(key, None)
+            self.values.pop(key, None)
             self.written.pop(key, None)
             return
-        table[key] = value
+        self.values[key] = value
         if self.ttl_ms is not None:
             self.written[key] = timestamp
             heappush(self._expiry, (timestamp + self.ttl_ms, next(self._order), key))
@@ -120,15 +114,15 @@ class KeyedStates:
         if value is not None:
             self.put(key, value, watermark if written is None else written)
 
-    def restore_columns(self, group: int, keys: list, states: list, written: list | None, watermark: int) -> None:
-        """Put back key group ``group``'s snapshot entries ``(key, state, written)``, given
-        as columns (``written`` None: all None): in one update when no TTL needs their
-        write times (a restore resets the change log after); a state None is not put back."""
+    def restore_columns(self, keys: list, states: list, written: list | None, watermark: int) -> None:
+        """Put back a key group's snapshot entries ``(key, state, written)``, given as
+        columns (``written`` None: all None): in one update when no TTL needs their write
+        times (a restore resets the change log after); a state None is not put back."""
         if self.ttl_ms is None:
             if any_none(states):
                 keys = list(itertools.compress(keys, map(is_not, states, itertools.repeat(None))))
                 states = [state for state in states if state is not None]
-            self.tables[group].update(zip(keys, states))
+            self.values.update(zip(keys, states))
             return
         for key, value, at in zip(keys, states, itertools.repeat(None) if written is None else written):
             self.restore(key, value, at, watermark)
@@ -144,7 +138,7 @@ class KeyedStates:
     def size(self) -> tuple[int, int]:
         """(keys, estimated bytes)."""
         values = self.values
-        return len(values), held_bytes(values.distinct, lambda: iter(values.items()), len(values))
+        return len(values), held_bytes([values], lambda: iter(values.items()), len(values))
 
 
 class Timers:
@@ -210,7 +204,7 @@ class KeyedOp(Op):
 
     def open(self, task) -> None:
         """Hold the keyed state in the task's state backend."""
-        self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, task.state_backend.keyed_table(self.step))
+        self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, task.state_backend.table(self.step))
 
     def on_watermark(self, watermark: int) -> list[Record]:
         self.watermark = watermark
@@ -274,16 +268,21 @@ class KeyedOp(Op):
         self.changes.reset()
 
     def _restore_groups(self, groups: Mapping[int, list]) -> None:
-        """Put back a snapshot's groups a key group at a time, a chain's layers one after
-        another straight into the group's table (the only index they need): what one group
-        needs is built while it fits in the processor's caches."""
+        """Put back a snapshot's groups: a chain's layers one after another, straight into
+        the state (its dict is the only index they need), a key group at a time (one in
+        memory at a time), a delta's columns as they are."""
         states = self.states
-        for group in sorted(groups):
-            for removed, fields in group_layers(groups, group):
-                states.forget(removed)
-                if fields:
-                    states.restore_columns(group, *fields, self.watermark)
-            states.settle()
+        for removed, written in in_layers(groups):
+            for group in sorted(removed):
+                states.forget(removed[group])
+            if isinstance(written, Columns):
+                states.restore_columns(*written.columns(), self.watermark)
+                states.settle()
+                continue
+            for group in sorted(written):
+                if fields := group_fields(written, group):
+                    states.restore_columns(*fields, self.watermark)
+                states.settle()
 
     def rescale(self, states, index, parallelism):
         return keyed_share(states, index, parallelism)
@@ -302,14 +301,12 @@ class StatefulMapOp(KeyedOp):
 
     def process(self, records):
         fn, states = self.fn, self.states
-        tables, put, out = states.tables, states.put_in, []
-        keys = [record[2] for record in records]
+        values, put, out = states.values, states.put, []
         if states.prefetch is not None:
-            states.prefetch(keys)
-        for (value, timestamp, key), group in zip(records, key_groups(keys)):
-            table = tables[group]
+            states.prefetch([record[2] for record in records])
+        for value, timestamp, key in records:
             try:
-                returned = fn(table.get(key), value)
+                returned = fn(values.get(key), value)
             except StateBackendError:
                 raise
             except Exception as exc:
@@ -317,35 +314,33 @@ class StatefulMapOp(KeyedOp):
             if type(returned) not in (tuple, list) or len(returned) != 2:
                 raise StepError(self.step, value, TypeError(
                     f"a stateful_map function must return a pair (new state, output), got {returned!r}"))
-            put(table, key, returned[0], timestamp)
+            put(key, returned[0], timestamp)
             out.append(new_record(Record, (returned[1], timestamp, key)))
         states.settle()
-        self.changes.bound(len(states.values))
+        self.changes.bound(len(values))
         return out
 
 
 class _Context(KeyedContext):
-    """The context handed to the user's function; the operator sets its fields per call
-    (``table``: the key's group's)."""
+    """The context handed to the user's function; the operator sets its fields per call."""
 
     def __init__(self, op: KeyedProcessOp):
         self._op = op
         self.out: list[Record] = []
         self.emit_time = 0  # an emit's default time
-        self.table: MutableMapping = {}
 
     @property
     def state(self):
         """The key's state; one that can change in place counts as written (a user may
         change it without assigning it back)."""
-        value = self.table.get(self.key)
+        value = self._op.states.values.get(self.key)
         if value is not None and type(value) not in IMMUTABLE_TYPES:
             self._op.changes.changed[self.key] = value  # the object the user changes
         return value
 
     @state.setter
     def state(self, value) -> None:
-        self._op.states.put_in(self.table, self.key, value, self.emit_time)
+        self._op.states.put(self.key, value, self.emit_time)
 
     def emit(self, value, timestamp: int | None = None) -> None:
         self.out.append(new_record(Record, (value, self.emit_time if timestamp is None else timestamp, self.key)))
@@ -406,11 +401,10 @@ class KeyedProcessOp(KeyedOp):
         ctx, process = self.ctx, self._process
         out = ctx.out = []
         ctx.watermark = self.watermark
-        tables, keys = self.states.tables, [record[2] for record in records]
         if self.states.prefetch is not None:
-            self.states.prefetch(keys)
-        for (value, timestamp, key), group in zip(records, key_groups(keys)):
-            ctx.key, ctx.timestamp, ctx.emit_time, ctx.table = key, timestamp, timestamp, tables[group]
+            self.states.prefetch([record[2] for record in records])
+        for value, timestamp, key in records:
+            ctx.key, ctx.timestamp, ctx.emit_time = key, timestamp, timestamp
             try:
                 process(value, ctx)
             except StateBackendError:
@@ -441,7 +435,7 @@ class KeyedProcessOp(KeyedOp):
         ctx.watermark = watermark
         while (due := timers.pop_due(until)) is not None:
             key, timestamp = due
-            ctx.key, ctx.timestamp, ctx.table = key, timestamp, self.states.tables[key_group(key)]
+            ctx.key, ctx.timestamp = key, timestamp
             ctx.emit_time = timestamp if event_time else self.watermark + 1
             try:
                 self._on_timer(timestamp, ctx)

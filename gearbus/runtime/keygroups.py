@@ -214,16 +214,6 @@ def group_fields(groups: Mapping[int, list], group: int) -> tuple[list, ...]:
     return fields_of(entries) if entries else ()
 
 
-def group_layers(groups: Mapping[int, list], group: int) -> list[tuple[Iterable, tuple[list, ...]]]:
-    """Group ``group`` of ``groups`` as (keys removed, columns written) layers to apply in
-    order: a chain's whole state's, then each change to it (:meth:`ChainedGroups.layers`);
-    one layer for a group added up already. What a step whose table is its own index by
-    key puts back as it is, without another index built to add it up."""
-    if isinstance(groups, ChainedGroups):
-        return groups.layers(group)
-    return [((), group_fields(groups, group))]
-
-
 def merged_by_key(whole: tuple[list, ...], layers: list[tuple[Iterable, tuple[list, ...]]]) -> tuple[list, ...]:
     """Entries told by their first field (the key), as columns (:func:`fields_of`):
     ``whole``'s with each layer (the keys removed, then the columns written) applied in
@@ -503,11 +493,6 @@ class ChainedGroups(LazyGroups):
         return merged_by_key(group_fields(self._whole, group),
                              [(delta.removed.get(group, ()), group_fields(delta.written, group)) for delta in changing])
 
-    def layers(self, group: int) -> list[tuple[Iterable, tuple[list, ...]]]:
-        """See :func:`group_layers`."""
-        return [((), group_fields(self._whole, group)),
-                *((delta.removed.get(group, ()), group_fields(delta.written, group)) for delta in self._changing(group))]
-
     def pickled(self, group: int) -> bytes | None:
         if self._stop is not None and self._stop.is_set():
             raise Stopped
@@ -518,6 +503,23 @@ class ChainedGroups(LazyGroups):
             fields = self.fields(group)
             return pickle.dumps(fields, pickle.HIGHEST_PROTOCOL) if fields and fields[0] else None
         return super().pickled(group)
+
+    def in_layers(self) -> Iterator[tuple[Mapping[int, list], Mapping[int, list]]]:
+        """The state as (removed, written) layers by key group, to apply in order: the whole
+        state's entries, then each delta's changes; what a step whose entries are its
+        state's own index applies in place, without the index :meth:`__getitem__` builds
+        (and a delta's :class:`Columns` as they are)."""
+        yield {}, self._whole
+        for delta in self._deltas:
+            yield delta.removed, delta.written
+
+
+def in_layers(groups: Mapping[int, list]) -> Iterator[tuple[Mapping[int, list], Mapping[int, list]]]:
+    """``groups`` as (removed, written) layers by key group to apply in order (see
+    :meth:`ChainedGroups.in_layers`): one for groups already added up."""
+    if isinstance(groups, ChainedGroups):
+        return groups.in_layers()
+    return iter([({}, groups)])
 
 
 @dataclass(frozen=True)

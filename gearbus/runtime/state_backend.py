@@ -27,7 +27,6 @@ lookup.
 from __future__ import annotations
 
 import io
-import itertools
 import os
 import pickle
 import shutil
@@ -35,7 +34,7 @@ import tempfile
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
-from gearbus.api.partitioners import MAX_PARALLELISM, key_group, stable_hash
+from gearbus.api.partitioners import MAX_PARALLELISM, stable_hash
 from gearbus.runtime.keygroups import IMMUTABLE_TYPES, UnserialisableState, estimated_bytes
 
 #: The backends an app may name in ``config={"state_backend": ...}``.
@@ -73,64 +72,8 @@ def backend_name(config: dict) -> str:
     return name
 
 
-class GroupedTable(MutableMapping):
-    """A keyed step's entries, a table per key group (as Flink's heap backend keeps a map
-    per key group): the hot path picks a key's table by its group (``tables[group]``) and
-    uses it as it is. In memory each group is a dict of its own. A restore builds each
-    from its group's columns while it fits in the processor's caches: at 5,000,000 keys, a
-    third of the time of one dict, where nearly every insert misses them. A key group so
-    is one object to hand to another task. A backend keeping its own index by key group
-    (on disk) serves every group from one table (``distinct``: the tables, each once)."""
-
-    __slots__ = ("tables", "distinct", "settle", "prefetch", "peek")
-
-    def __init__(self, tables: list[MutableMapping]):
-        self.tables = tables
-        self.distinct = list({id(table): table for table in tables}.values())
-        shared = self.distinct[0] if len(self.distinct) == 1 else None
-        #: a shared table's write-out between batches, its batch read and its read that keeps nothing
-        self.settle = settle_of(shared)
-        self.prefetch = getattr(shared, "prefetch", None)
-        self.peek = getattr(shared, "peek", self.get)
-
-    @classmethod
-    def in_memory(cls) -> GroupedTable:
-        return cls([{} for _ in range(MAX_PARALLELISM)])
-
-    def get(self, key, default=None):
-        return self.tables[key_group(key)].get(key, default)
-
-    def __getitem__(self, key):
-        return self.tables[key_group(key)][key]
-
-    def __setitem__(self, key, value) -> None:
-        self.tables[key_group(key)][key] = value
-
-    def __delitem__(self, key) -> None:
-        del self.tables[key_group(key)][key]
-
-    def pop(self, key, *default):
-        return self.tables[key_group(key)].pop(key, *default)
-
-    def __contains__(self, key) -> bool:
-        return key in self.tables[key_group(key)]
-
-    def __len__(self) -> int:
-        return sum(map(len, self.distinct))
-
-    def __iter__(self) -> Iterator:
-        return itertools.chain.from_iterable(self.distinct)
-
-    def items(self) -> Iterator[tuple[Any, Any]]:  # type: ignore[override]
-        return itertools.chain.from_iterable(table.items() for table in self.distinct)
-
-    def clear(self) -> None:
-        for table in self.distinct:
-            table.clear()
-
-
 class MemoryBackend:
-    """Each step's entries in a dict (a keyed step's, a dict per key group)."""
+    """Each step's entries in a dict."""
 
     name = "memory"
 
@@ -138,9 +81,6 @@ class MemoryBackend:
         """A dict: the hot path costs what it always did (a dict subclass's lookups cost a
         quarter more)."""
         return {}
-
-    def keyed_table(self, step: str) -> GroupedTable:
-        return GroupedTable.in_memory()
 
     def close(self) -> None:
         """Nothing to remove."""
@@ -181,10 +121,6 @@ class RocksDBBackend:
         table = RocksDBTable(self, step, db, codec or Keys)
         self.tables.append(table)
         return table
-
-    def keyed_table(self, step: str) -> GroupedTable:
-        """Step ``step``'s table, serving every key group: it stores by key group itself."""
-        return GroupedTable([self.table(step)] * MAX_PARALLELISM)
 
     def _options(self):
         import rocksdict

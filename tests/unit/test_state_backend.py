@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearbus.api.partitioners import MAX_PARALLELISM, key_group
+from gearbus.api.partitioners import key_group
 from gearbus.runtime import state_backend
 from gearbus.runtime.appmaster_state import Settings
 from gearbus.runtime.keygroups import UnserialisableState
@@ -52,72 +52,46 @@ OPS = st.lists(st.one_of(
 def test_a_rocksdb_table_holds_what_a_dict_holds(tmp_path_factory, ops, flush_entries):
     backend = RocksDBBackend(str(tmp_path_factory.mktemp("state")), "t", flush_entries)
     try:
-        table = backend.table("step")
-        holds_what_a_dict_holds(table, ops, table.prefetch, table.settle, table.flush)
-        assert sorted(map(repr, table)) == sorted(map(repr, dict(table.items())))
+        table, truth = backend.table("step"), {}
+        for op, *args in ops:
+            if op == "set":
+                table[args[0]] = truth[args[0]] = args[1]
+            elif op == "get":
+                assert table.get(args[0], "none") == truth.get(args[0], "none")
+                assert (args[0] in table) == (args[0] in truth)
+            elif op == "pop":
+                assert table.pop(args[0], "none") == truth.pop(args[0], "none")
+            elif op == "del":
+                if args[0] in truth:
+                    del table[args[0]], truth[args[0]]
+                else:
+                    with pytest.raises(KeyError):
+                        del table[args[0]]
+            elif op == "append":
+                state = table.get(args[0])
+                if isinstance(state, list):
+                    state.append(9)
+                    truth[args[0]].append(9)
+            elif op == "prefetch":
+                table.prefetch(args[0])
+            elif op == "settle":
+                table.settle()
+            elif op == "flush":
+                table.flush()
+                assert len(table) == len(truth)
+            elif op == "items":
+                assert dict(table.items()) == truth
+                assert len(list(table.items())) == len(truth)
+            else:
+                table.clear()
+                truth.clear()
+            assert len(table) >= len(truth)
+        assert dict(table.items()) == truth
+        table.flush()
+        assert dict(table.items()) == truth and len(table) == len(truth)
+        assert sorted(map(repr, table)) == sorted(map(repr, truth))
     finally:
         backend.close()
-
-
-@settings(max_examples=100, deadline=None)
-@given(ops=OPS, backend=st.sampled_from(["memory", "rocksdb"]))
-def test_a_keyed_steps_table_holds_what_a_dict_holds_each_key_in_its_groups_table(tmp_path_factory, ops, backend):
-    """The hot path reads and writes a key in ``tables[its key group]`` directly."""
-    opened = open_backend(backend, str(tmp_path_factory.mktemp("state")), "t")
-    try:
-        table = opened.keyed_table("step")
-
-        def flush():
-            assert all(key in table.tables[key_group(key)] for key in table)
-            for each in table.distinct:  # after: a read of a state that can change in place makes it wait again
-                getattr(each, "flush", table.settle)()
-
-        holds_what_a_dict_holds(table, ops, table.prefetch or (lambda keys: None), table.settle, flush)
-        assert len(table.distinct) == (MAX_PARALLELISM if backend == "memory" else 1)
-    finally:
-        opened.close()
-
-
-def holds_what_a_dict_holds(table, ops, prefetch, settle, flush) -> None:
-    """``ops`` (:data:`OPS`) on ``table`` and on a dict: the same answers throughout, the
-    count exact after each ``flush`` and an upper bound between."""
-    truth = {}
-    for op, *args in ops:
-        if op == "set":
-            table[args[0]] = truth[args[0]] = args[1]
-        elif op == "get":
-            assert table.get(args[0], "none") == truth.get(args[0], "none")
-            assert (args[0] in table) == (args[0] in truth)
-        elif op == "pop":
-            assert table.pop(args[0], "none") == truth.pop(args[0], "none")
-        elif op == "del":
-            if args[0] in truth:
-                del table[args[0]], truth[args[0]]
-            else:
-                with pytest.raises(KeyError):
-                    del table[args[0]]
-        elif op == "append":
-            state = table.get(args[0])
-            if isinstance(state, list):
-                state.append(9)
-                truth[args[0]].append(9)
-        elif op == "prefetch":
-            prefetch(args[0])
-        elif op == "settle":
-            settle()
-        elif op == "flush":
-            flush()
-            assert len(table) == len(truth)
-        elif op == "items":
-            assert dict(table.items()) == truth
-            assert len(list(table.items())) == len(truth)
-        else:
-            table.clear()
-            truth.clear()
-        assert len(table) >= len(truth)
-    assert dict(table.items()) == truth
-    flush()
-    assert dict(table.items()) == truth and len(table) == len(truth)
 
 
 def test_a_batch_read_in_one_go_then_written_keeps_the_count_exact(tmp_path):
@@ -304,11 +278,10 @@ def test_a_whole_snapshot_does_not_keep_what_it_read(tmp_path):
     try:
         op.open(Task())
         op.process([(n, 0, f"k{n}") for n in range(100)])
-        [table] = op.states.values.distinct  # every key group's, on disk
-        table.flush()
+        op.states.values.flush()
         whole = op.snapshot()
         assert sum(map(len, whole["groups"].values())) == 100
-        assert table._pending == {}
+        assert op.states.values._pending == {}
     finally:
         Task.state_backend.close()
 
