@@ -518,7 +518,7 @@ class InProcessEngine:
             kind = type(action)
             if kind is Grant:
                 upstream = self.nodes[action.sender]
-                upstream.sender.grant(*node.key, self.epoch, action.consumed)
+                upstream.sender.grant(*node.key, self.epoch, action.consumed, action.window)
                 self._release(upstream)
                 continue
             self._send(node, self._guard(node, node.sender.act, action))

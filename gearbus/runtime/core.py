@@ -32,10 +32,17 @@ The rules, in one place:
   snapshot holds what is still to come.
 - Processing-time wakeups (``Task.next_wakeup_ms``) fire until every input has ended;
   those still pending then are not waited for.
+- The credit window a task grants is debloated (Flink's buffer debloating): from what its
+  driver measured it takes to process its frames (:meth:`TaskCore.measured`), it becomes
+  what the task gets through in ``debloat_target_ms`` over all its inputs (at least
+  MIN_WINDOW frames, at most ``credit_frames``). A barrier waits behind what is in flight
+  to it: a slow task (state on disk) with a fixed window of frames queued seconds of
+  records before every barrier, and its checkpoints took that long.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -45,6 +52,10 @@ from gearbus.runtime.snapshots import MAX_DEPTH, Lineage, TaskSnapshot
 
 Sender = tuple[int, int]  # (processor id, task index)
 NO_BARRIER = 0
+#: The smallest credit window a debloated receiver grants: one frame to process while the next comes.
+MIN_WINDOW = 2
+#: Frames processed between two measures of how long they take (:meth:`TaskCore.measured`).
+DEBLOAT_FRAMES = 16
 
 
 class DataPlaneError(RuntimeError):
@@ -66,11 +77,12 @@ class Frame(NamedTuple):
 
 class Grant(NamedTuple):
     """Tell ``sender`` that ``consumed`` of its frames (this epoch) were processed: it may
-    send up to sequence ``consumed`` + the credit window. A count, not an increment, so a
-    grant that is lost, repeated or overtaken changes nothing once a later one arrives."""
+    send up to sequence ``consumed`` + ``window``. A count, not an increment, so a grant
+    that is lost, repeated or overtaken changes nothing once a later one arrives."""
 
     sender: Sender
     consumed: int
+    window: int
 
 
 class Flush(NamedTuple):
@@ -116,11 +128,15 @@ class TaskCore:
     """One task's inputs, watermark, alignment and snapshots. Methods return actions."""
 
     def __init__(self, task: Task, senders: Iterable[Sender], credit_frames: int, epoch: int = 0,
-                 max_depth: int = MAX_DEPTH):
-        """``max_depth``: how many snapshots may build on a whole one (0: every one whole)."""
+                 max_depth: int = MAX_DEPTH, debloat_target_ms: float = 0):
+        """``max_depth``: how many snapshots may build on a whole one (0: every one whole);
+        ``debloat_target_ms``: see :meth:`measured` (0: the window stays ``credit_frames``)."""
         self.task = task
         self.epoch = epoch
         self.credit_frames = credit_frames
+        self.window = credit_frames  # the credit window granted now
+        self.debloat_target_s = debloat_target_ms / 1000
+        self._measuring = (0, 0, 0.0)  # frames and records in, seconds they took, since the last measure
         self.inputs: dict[Sender, _Input] = {s: _Input() for s in senders}
         self.open_inputs = len(self.inputs)
         self.watermark = WATERMARK_MIN  # the input's; the output's may lag (see output_watermark)
@@ -228,8 +244,23 @@ class TaskCore:
         for sender, state in self.inputs.items():
             if not state.ended:
                 state.granted = state.consumed
-                actions.append(Grant(sender, state.consumed))
+                actions.append(Grant(sender, state.consumed, self.window))
         return actions
+
+    def measured(self, seconds: float) -> None:
+        """The driver timed the last frame's processing (``seconds``, on its own clock).
+        Every DEBLOAT_FRAMES frames the window becomes what the task processes in the
+        debloat target, at that pace, shared by its inputs (:func:`debloated_window`)."""
+        if not self.debloat_target_s:
+            return
+        frames, records, busy = self._measuring
+        busy += seconds
+        if self.frames_in - frames < DEBLOAT_FRAMES:
+            self._measuring = (frames, records, busy)
+            return
+        self.window = debloated_window(self.records_in - records, self.frames_in - frames, busy,
+                                       self.debloat_target_s, len(self.inputs), self.credit_frames)
+        self._measuring = (self.frames_in, self.records_in, 0.0)
 
     def restore(self, snapshot: TaskSnapshot) -> None:
         """Resume from a snapshot (see :meth:`_snapshot`) holding the whole state."""
@@ -244,9 +275,9 @@ class TaskCore:
 
     def _process(self, sender: Sender, state: _Input, frame: Frame, actions: list) -> None:
         state.consumed += 1
-        if (state.consumed - state.granted) * 2 >= self.credit_frames:
+        if (state.consumed - state.granted) * 2 >= self.window:
             state.granted = state.consumed
-            actions.append(Grant(sender, state.consumed))
+            actions.append(Grant(sender, state.consumed, self.window))
         self.frames_in += 1
         records = frame.records
         if records:
@@ -334,3 +365,16 @@ class TaskCore:
         state = TaskSnapshot(checkpoint_id, taken, self.ended, self.watermark, self.epoch,
                              (base.checkpoint_id, base.epoch) if base is not None else None, link.depth, link.root)
         return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark)
+
+
+def debloated_window(records: int, frames: int, seconds: float, target_s: float, inputs: int, most: int) -> int:
+    """The credit window (frames per input) that keeps what is in flight to a task at about
+    ``target_s`` of its processing: ``records`` in ``frames`` took ``seconds``, and
+    ``inputs`` senders share it. Between MIN_WINDOW and ``most``; ``most`` when nothing
+    was measured (no records, or no time)."""
+    if records <= 0 or seconds <= 0:
+        return most
+    in_target = target_s * records / seconds  # the records the task processes in the target
+    per_frame = records / frames
+    return max(MIN_WINDOW, min(most, math.ceil(in_target / per_frame / max(inputs, 1))))
+

@@ -65,18 +65,19 @@ def split_message(data: bytes, src_processor: int, src_index: int, epoch: int, m
     ]
 
 
-def encode_credit(processor: int, index: int, epoch: int, consumed: int) -> bytes:
-    """Receiver (processor, index) of attempt ``epoch`` has processed ``consumed`` frames."""
-    return _packer.pack([processor, index, epoch, consumed])
+def encode_credit(processor: int, index: int, epoch: int, consumed: int, window: int) -> bytes:
+    """Receiver (processor, index) of attempt ``epoch`` has processed ``consumed`` frames
+    and takes ``window`` more."""
+    return _packer.pack([processor, index, epoch, consumed, window])
 
 
-def decode_credit(data: bytes) -> tuple[int, int, int, int]:
-    """(receiver processor, receiver index, epoch, consumed); MalformedFrame when malformed."""
+def decode_credit(data: bytes) -> tuple[int, int, int, int, int]:
+    """(receiver processor, receiver index, epoch, consumed, window); MalformedFrame when malformed."""
     try:
-        processor, index, epoch, consumed = msgpack.unpackb(data)
-        if not all(type(v) is int for v in (processor, index, epoch, consumed)) or consumed < 0:
-            raise ValueError("expected four non-negative integers")
-        return processor, index, epoch, consumed
+        processor, index, epoch, consumed, window = msgpack.unpackb(data)
+        if not all(type(v) is int for v in (processor, index, epoch, consumed, window)) or consumed < 0 or window < 1:
+            raise ValueError("expected four non-negative integers and a window of at least 1")
+        return processor, index, epoch, consumed, window
     except Exception as exc:
         raise MalformedFrame(f"malformed credit grant: {type(exc).__name__}: {exc}") from None
 

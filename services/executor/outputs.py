@@ -32,9 +32,9 @@ class Outputs:
         are handed over as objects, skipping msgpack decoding and NATS."""
         self.local = {receiver: deliver[receiver] for receiver in self.sender.channels if receiver in deliver}
 
-    def grant(self, processor: int, index: int, epoch: int, consumed: int) -> bool:
+    def grant(self, processor: int, index: int, epoch: int, consumed: int, window: int) -> bool:
         """Credit from a receiver; accepted only from a known receiver of this attempt."""
-        channel = self.sender.grant(processor, index, epoch, consumed)
+        channel = self.sender.grant(processor, index, epoch, consumed, window)
         if channel is None:
             return False
         self.credit[channel.receiver].set()

@@ -93,7 +93,8 @@ class TaskRunner:
         senders = [(edge.upstream.id, i) for edge in graph.inputs_of(self.processor)
                    for i in range(edge.upstream.parallelism)]
         self.core = TaskCore(self.task, senders, config.credit_frames, epoch,
-                             max_depth=MAX_DEPTH if config.incremental_checkpoints else 0)
+                             max_depth=MAX_DEPTH if config.incremental_checkpoints else 0,
+                             debloat_target_ms=config.debloat_target_ms)
         edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(self.processor)]
         self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, epoch, edges, config)
         self.inbox: asyncio.Queue = asyncio.Queue()
@@ -172,11 +173,11 @@ class TaskRunner:
 
         async def on_credit(msg):
             try:
-                receiver_processor, receiver_index, epoch, frames = decode_credit(msg.data)
+                receiver_processor, receiver_index, epoch, frames, window = decode_credit(msg.data)
             except DataPlaneError as exc:
                 self._drop(str(exc))
                 return
-            if not self.outputs.grant(receiver_processor, receiver_index, epoch, frames):
+            if not self.outputs.grant(receiver_processor, receiver_index, epoch, frames, window):
                 self.dropped += 1
 
         limit = dict(pending_msgs_limit=-1, pending_bytes_limit=-1)
@@ -396,13 +397,13 @@ class TaskRunner:
         if sender not in self.core.inputs:
             self._drop(f"data from {sender}, which is not an input of this task")
             return
-        if not self.timed:
-            await self._act(self.core.receive(sender, frame))
-        else:
-            started = time.perf_counter()
-            actions = self.core.receive(sender, frame)
-            self.batches.observe((time.perf_counter() - started) * 1000)
-            await self._act(actions)
+        started = time.perf_counter()
+        actions = self.core.receive(sender, frame)
+        took = time.perf_counter() - started
+        self.core.measured(took)
+        if self.timed:
+            self.batches.observe(took * 1000)
+        await self._act(actions)
         if self.core.aligning and self._aligning_since is None:  # a first barrier: its channel is held
             self._aligning_since = time.monotonic()
 
@@ -419,13 +420,13 @@ class TaskRunner:
                 since, self._aligning_since = self._aligning_since, None
                 await self.on_snapshot(self, action, time.monotonic() - since if since is not None else 0.0)
 
-    async def _grant(self, sender: tuple[int, int], consumed: int) -> None:
+    async def _grant(self, sender: tuple[int, int], consumed: int, window: int) -> None:
         local = self.local_senders.get(sender)
         if local is not None:
-            local.outputs.grant(self.processor.id, self.task_id.index, self.epoch, consumed)
+            local.outputs.grant(self.processor.id, self.task_id.index, self.epoch, consumed, window)
             return
         await self.nc.publish(subjects.task_credit(self.app_id, *sender),
-                              encode_credit(self.processor.id, self.task_id.index, self.epoch, consumed))
+                              encode_credit(self.processor.id, self.task_id.index, self.epoch, consumed, window))
 
     def _drop(self, reason: str) -> None:
         """Log and count a message that is not a frame from one of our senders."""

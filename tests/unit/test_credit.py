@@ -62,6 +62,6 @@ async def test_a_sender_waits_for_the_window_and_resumes_on_a_grant():
     await asyncio.sleep(0)
     assert not waiter.done()
     assert [f.seq for f in delivered] == list(range(1, WINDOW + 1))
-    assert outputs.grant(2, 0, 0, 1)
+    assert outputs.grant(2, 0, 0, 1, WINDOW)
     await asyncio.wait_for(waiter, 1)
     assert [f.seq for f in delivered] == list(range(1, WINDOW + 2))

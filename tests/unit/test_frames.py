@@ -107,7 +107,8 @@ def test_reassembly_memory_is_capped_across_senders_that_never_finish():
     assert refused > 0 and reader.pending_bytes > 0
 
 
-@pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"\x94\x01\x02\x03\xff"])
+@pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"\x94\x01\x02\x03\xff", b"\x94\x01\x02\x03\x04",
+                                  b"\x95\x01\x02\x03\x04\x00"])
 def test_malformed_credit_is_a_data_plane_error(data):
     from gearbus.runtime.frames import decode_credit
 

@@ -7,7 +7,7 @@ from gearbus.api.task import Record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import ChainedEdge, FilterOp, MapOp, StepError
 from gearbus.runtime.core import End, Flush, Snapshot
-from gearbus.runtime.sender import DataPlaneConfig, Sender
+from gearbus.runtime.sender import DEBLOAT_TARGET_MS, DataPlaneConfig, Sender
 from gearbus.runtime.snapshots import TaskSnapshot
 
 
@@ -103,10 +103,31 @@ def test_credit_bounds_each_channel_and_only_this_attempts_receivers_grant_it():
     s = sender(parallelism=1, credit_frames=2)
     out = [o for v in range(3) for o in s.send([Record(v, 0, None)], WATERMARK_MIN)]
     assert [o.channel.has_credit(o.frame.seq) for o in out] == [True, True, False]
-    assert s.grant(2, 0, 2, 1) is None  # another epoch's receiver
-    assert s.grant(9, 0, 3, 1) is None  # not a receiver
-    assert s.grant(2, 0, 3, 1) is out[2].channel and out[2].channel.has_credit(3)
+    assert s.grant(2, 0, 2, 1, 2) is None  # another epoch's receiver
+    assert s.grant(9, 0, 3, 1, 2) is None  # not a receiver
+    assert s.grant(2, 0, 3, 1, 2) is out[2].channel and out[2].channel.has_credit(3)
     assert (s.frames_out, s.records_out) == (3, 3)
+
+
+def test_a_receivers_window_is_taken_up_to_credit_frames_and_never_shrinks_a_limit_granted():
+    s = sender(parallelism=1, credit_frames=4)
+    out = [o for v in range(12) for o in s.send([Record(v, 0, None)], WATERMARK_MIN)]
+    channel = out[0].channel
+    s.grant(2, 0, 3, 2, 2)  # debloated: 2 processed, 2 more
+    assert channel.has_credit(4) and not channel.has_credit(5)
+    s.grant(2, 0, 3, 3, 1_000)  # a window past credit_frames counts as credit_frames
+    assert channel.has_credit(7) and not channel.has_credit(8)
+    s.grant(2, 0, 3, 4, 1)  # a smaller window never takes back what was granted
+    assert channel.has_credit(7)
+
+
+def test_the_debloat_target_follows_the_state_backend_unless_the_app_sets_one():
+    assert DataPlaneConfig.from_config({}).debloat_target_ms == DEBLOAT_TARGET_MS["memory"] == 0
+    assert DataPlaneConfig.from_config({"state_backend": "rocksdb"}).debloat_target_ms == DEBLOAT_TARGET_MS["rocksdb"] > 0
+    assert DataPlaneConfig.from_config({"state_backend": "rocksdb", "debloat_target_ms": 0}).debloat_target_ms == 0
+    assert DataPlaneConfig.from_config({"debloat_target_ms": 250}).debloat_target_ms == 250
+    with pytest.raises(ValueError, match="debloat_target_ms must be a non-negative number"):
+        DataPlaneConfig.from_config({"debloat_target_ms": -1})
 
 
 def test_a_channel_whose_last_frames_are_unconfirmed_and_quiet_is_probed_with_an_empty_frame():
@@ -114,10 +135,10 @@ def test_a_channel_whose_last_frames_are_unconfirmed_and_quiet_is_probed_with_an
     s.send([Record("a", 0, None)], 5)  # frame 1 to each receiver
     assert s.probes() == []  # sent since the last look: it may still be on its way
     assert frames(s.probes()) == [((2, 0), 2, 5, False, 0, []), ((2, 1), 2, 5, False, 0, [])]
-    s.grant(2, 0, 3, 2)  # receiver 0 processed both: nothing of its can be lost
+    s.grant(2, 0, 3, 2, 2)  # receiver 0 processed both: nothing of its can be lost
     assert frames(s.probes()) == []  # receiver 1's probe went out in the last round
     assert frames(s.probes()) == []  # and frame 3 is past its credit (2 unconfirmed of a window of 2)
-    s.grant(2, 1, 3, 1)
+    s.grant(2, 1, 3, 1, 2)
     assert frames(s.probes()) == [((2, 1), 3, 5, False, 0, [])]
     s.send([], WATERMARK_MAX)
     s.finish(WATERMARK_MAX)

@@ -6,7 +6,8 @@ import pytest
 from gearbus.api.graph import Processor
 from gearbus.api.task import Record, Task, TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.runtime.core import DataPlaneError, End, Flush, Frame, Grant, Snapshot, TaskCore
+from gearbus.runtime.core import (DEBLOAT_FRAMES, MIN_WINDOW, DataPlaneError, End, Flush, Frame, Grant, Snapshot,
+                                  TaskCore, debloated_window)
 from gearbus.runtime.snapshots import TaskSnapshot
 
 A, B = (0, 0), (0, 1)
@@ -37,10 +38,10 @@ class Summing(Task):
         self.total = state
 
 
-def make_core(senders=(A, B), credit=4, epoch=0):
+def make_core(senders=(A, B), credit=4, epoch=0, debloat_target_ms=0):
     task = Summing(TaskContext(1, "app", _processor(), 0, 0))
     task.on_start()
-    return task, TaskCore(task, senders, credit, epoch)
+    return task, TaskCore(task, senders, credit, epoch, debloat_target_ms=debloat_target_ms)
 
 
 def _processor():
@@ -96,9 +97,47 @@ def test_credit_goes_back_as_a_running_count_every_half_window():
     _, core = make_core(credit=4)
     a = Channel(A)
     assert core.receive(A, a.frame([1])) == []
-    assert core.receive(A, a.frame([1])) == [Grant(A, 2)]
+    assert core.receive(A, a.frame([1])) == [Grant(A, 2, 4)]
     assert core.receive(A, a.frame([1])) == []
-    assert core.receive(A, a.frame([1])) == [Grant(A, 4)]  # the count so far, not an increment
+    assert core.receive(A, a.frame([1])) == [Grant(A, 4, 4)]  # the count so far, not an increment
+
+
+def test_a_debloated_window_is_what_the_task_processes_in_the_target_shared_by_its_inputs():
+    # 10,000 records in 1 s: 1,000 in the 100 ms target, frames of 100, two inputs
+    assert debloated_window(10_000, 100, 1.0, 0.1, 2, 16) == 5
+    assert debloated_window(10_000, 100, 1.0, 0.1, 1, 16) == 10
+    assert debloated_window(10_000, 100, 0.01, 0.1, 1, 16) == 16  # fast: never past credit_frames
+    assert debloated_window(10_000, 100, 100.0, 0.1, 1, 16) == MIN_WINDOW  # slow: one frame in flight and one to process
+    assert debloated_window(0, 100, 1.0, 0.1, 1, 16) == debloated_window(10, 1, 0.0, 0.1, 1, 16) == 16  # nothing measured
+
+
+def test_a_slow_task_grants_a_smaller_window_every_half_of_it_and_a_fast_one_the_whole_again():
+    _, core = make_core(senders=(A,), credit=16, debloat_target_ms=100)
+    a = Channel(A)
+    grants = []
+    for _ in range(DEBLOAT_FRAMES):  # 100 records in 25 ms a frame: 4 frames in 100 ms
+        grants += core.receive(A, a.frame([1] * 100))
+        core.measured(0.025)
+    assert grants == [Grant(A, 8, 16), Grant(A, 16, 16)] and core.window == 4
+    grants = []
+    for _ in range(4):
+        grants += core.receive(A, a.frame([1] * 100))
+        core.measured(0.025)
+    assert grants == [Grant(A, 18, 4), Grant(A, 20, 4)]  # every half window, each carrying it
+    assert core.repeat_grants() == [Grant(A, 20, 4)]
+    for _ in range(DEBLOAT_FRAMES):
+        core.receive(A, a.frame([1] * 100))
+        core.measured(0.0001)
+    assert core.window == 16
+
+
+def test_without_a_debloat_target_the_window_stays_whole_however_slow():
+    _, core = make_core(senders=(A,), credit=4)
+    a = Channel(A)
+    for _ in range(DEBLOAT_FRAMES * 2):
+        core.receive(A, a.frame([1]))
+        core.measured(10.0)
+    assert core.window == 4
 
 
 def test_an_idle_task_repeats_its_counts_to_every_open_input():
@@ -108,8 +147,8 @@ def test_an_idle_task_repeats_its_counts_to_every_open_input():
     core.receive(B, b.frame([], barrier=3))  # B is held until A and C bring barrier 3
     core.receive(B, b.frame([7]))  # held: received, not yet processed, so not counted
     core.receive((0, 2), c.frame([], eos=True))
-    assert core.repeat_grants() == [Grant(A, 1), Grant(B, 1)]
-    assert core.repeat_grants() == [Grant(A, 1), Grant(B, 1)]  # the same counts again: harmless
+    assert core.repeat_grants() == [Grant(A, 1, 4), Grant(B, 1, 4)]
+    assert core.repeat_grants() == [Grant(A, 1, 4), Grant(B, 1, 4)]  # the same counts again: harmless
     assert core.receive(A, a.frame([1])) == []  # 2 processed, 1 granted: not yet half a window
 
 
@@ -131,10 +170,10 @@ def test_barriers_align_holding_back_the_channel_that_is_ahead():
 def test_held_frames_are_not_credited_until_released():
     _, core = make_core(credit=2)
     a, b = Channel(A), Channel(B)
-    assert core.receive(A, a.frame([], barrier=1)) == [Grant(A, 1)]
+    assert core.receive(A, a.frame([], barrier=1)) == [Grant(A, 1, 2)]
     assert core.receive(A, a.frame([5])) == []  # held: no credit for it yet
     actions = core.receive(B, b.frame([], barrier=1))
-    assert Grant(A, 2) in actions and Grant(B, 1) in actions
+    assert Grant(A, 2, 2) in actions and Grant(B, 1, 2) in actions
 
 
 def test_the_next_barrier_on_a_held_channel_holds_it_again():
