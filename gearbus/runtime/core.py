@@ -113,7 +113,7 @@ class End(NamedTuple):
 class _Input:
     """What a task knows about one upstream sender."""
 
-    __slots__ = ("next_seq", "watermark", "ended", "held", "consumed", "granted")
+    __slots__ = ("next_seq", "watermark", "ended", "held", "consumed", "limit")
 
     def __init__(self):
         self.next_seq = 1
@@ -121,7 +121,7 @@ class _Input:
         self.ended = False
         self.held: list[Frame] | None = None  # frames after a barrier, while aligning
         self.consumed = 0  # frames processed (held ones once they are)
-        self.granted = 0  # the count last granted
+        self.limit = 0  # the highest sequence number granted the sender
 
 
 class TaskCore:
@@ -138,6 +138,8 @@ class TaskCore:
         self.debloat_target_s = debloat_target_ms / 1000
         self._measuring = (0, 0, 0.0)  # frames and records in, seconds they took, since the last measure
         self.inputs: dict[Sender, _Input] = {s: _Input() for s in senders}
+        for state in self.inputs.values():
+            state.limit = credit_frames  # what a sender may send before any grant
         self.open_inputs = len(self.inputs)
         self.watermark = WATERMARK_MIN  # the input's; the output's may lag (see output_watermark)
         self.input_ended = False  # every input ended: the end follows once nothing is pending
@@ -243,8 +245,7 @@ class TaskCore:
         actions: list = []
         for sender, state in self.inputs.items():
             if not state.ended:
-                state.granted = state.consumed
-                actions.append(Grant(sender, state.consumed, self.window))
+                actions.append(self._grant(sender, state))
         return actions
 
     def measured(self, seconds: float) -> None:
@@ -273,11 +274,17 @@ class TaskCore:
 
     # --- rules -----------------------------------------------------------------------
 
+    def _grant(self, sender: Sender, state: _Input) -> Grant:
+        """Credit for ``sender`` up to what it processed plus the window; the limit it then
+        has is what decides the next grant (so a window that grew is granted at once, not
+        only after half of it was used of the smaller one)."""
+        state.limit = max(state.limit, state.consumed + self.window)
+        return Grant(sender, state.consumed, self.window)
+
     def _process(self, sender: Sender, state: _Input, frame: Frame, actions: list) -> None:
         state.consumed += 1
-        if (state.consumed - state.granted) * 2 >= self.window:
-            state.granted = state.consumed
-            actions.append(Grant(sender, state.consumed, self.window))
+        if (state.limit - state.consumed) * 2 <= self.window:  # half the window or less left to the sender
+            actions.append(self._grant(sender, state))
         self.frames_in += 1
         records = frame.records
         if records:

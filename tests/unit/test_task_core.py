@@ -111,24 +111,25 @@ def test_a_debloated_window_is_what_the_task_processes_in_the_target_shared_by_i
     assert debloated_window(0, 100, 1.0, 0.1, 1, 16) == debloated_window(10, 1, 0.0, 0.1, 1, 16) == 16  # nothing measured
 
 
-def test_a_slow_task_grants_a_smaller_window_every_half_of_it_and_a_fast_one_the_whole_again():
+def test_a_slow_task_grants_a_smaller_window_and_a_window_that_grew_at_once():
     _, core = make_core(senders=(A,), credit=16, debloat_target_ms=100)
     a = Channel(A)
-    grants = []
-    for _ in range(DEBLOAT_FRAMES):  # 100 records in 25 ms a frame: 4 frames in 100 ms
-        grants += core.receive(A, a.frame([1] * 100))
-        core.measured(0.025)
-    assert grants == [Grant(A, 8, 16), Grant(A, 16, 16)] and core.window == 4
-    grants = []
-    for _ in range(4):
-        grants += core.receive(A, a.frame([1] * 100))
-        core.measured(0.025)
-    assert grants == [Grant(A, 18, 4), Grant(A, 20, 4)]  # every half window, each carrying it
-    assert core.repeat_grants() == [Grant(A, 20, 4)]
-    for _ in range(DEBLOAT_FRAMES):
-        core.receive(A, a.frame([1] * 100))
-        core.measured(0.0001)
+
+    def frames(count: int, seconds: float) -> list:
+        grants = []
+        for _ in range(count):
+            grants += core.receive(A, a.frame([1] * 100))
+            core.measured(seconds)
+        return grants
+
+    assert frames(DEBLOAT_FRAMES, 0.025) == [Grant(A, 8, 16), Grant(A, 16, 16)]  # 4 frames in 100 ms
+    assert core.window == 4
+    # the sender holds credit up to 32: the next grants come as it nears that, every half window
+    assert frames(DEBLOAT_FRAMES, 0.025) == [Grant(A, 30, 4), Grant(A, 32, 4)]
+    assert core.repeat_grants() == [Grant(A, 32, 4)]
+    frames(DEBLOAT_FRAMES, 0.0001)  # fast again
     assert core.window == 16
+    assert frames(1, 0.0001) == [Grant(A, 49, 16)]  # not only after half of it went at the smaller pace
 
 
 def test_without_a_debloat_target_the_window_stays_whole_however_slow():
