@@ -113,7 +113,7 @@ class End(NamedTuple):
 class _Input:
     """What a task knows about one upstream sender."""
 
-    __slots__ = ("next_seq", "watermark", "ended", "held", "consumed", "limit")
+    __slots__ = ("next_seq", "watermark", "ended", "held", "consumed", "granted", "limit")
 
     def __init__(self):
         self.next_seq = 1
@@ -121,6 +121,7 @@ class _Input:
         self.ended = False
         self.held: list[Frame] | None = None  # frames after a barrier, while aligning
         self.consumed = 0  # frames processed (held ones once they are)
+        self.granted = 0  # the count last granted
         self.limit = 0  # the highest sequence number granted the sender
 
 
@@ -249,7 +250,8 @@ class TaskCore:
         return actions
 
     def measured(self, seconds: float) -> None:
-        """The driver timed the last frame's processing (``seconds``, on its own clock).
+        """The driver timed the last frame's processing (``seconds``, on its own clock; not
+        a frame whose barrier took a snapshot: a snapshot's time is not the pace of records).
         Every DEBLOAT_FRAMES frames the window becomes what the task processes in the
         debloat target, at that pace, shared by its inputs (:func:`debloated_window`)."""
         if not self.debloat_target_s:
@@ -260,7 +262,7 @@ class TaskCore:
             self._measuring = (frames, records, busy)
             return
         self.window = debloated_window(self.records_in - records, self.frames_in - frames, busy,
-                                       self.debloat_target_s, len(self.inputs), self.credit_frames)
+                                       self.debloat_target_s, self.open_inputs, self.credit_frames)
         self._measuring = (self.frames_in, self.records_in, 0.0)
 
     def restore(self, snapshot: TaskSnapshot) -> None:
@@ -275,15 +277,19 @@ class TaskCore:
     # --- rules -----------------------------------------------------------------------
 
     def _grant(self, sender: Sender, state: _Input) -> Grant:
-        """Credit for ``sender`` up to what it processed plus the window; the limit it then
-        has is what decides the next grant (so a window that grew is granted at once, not
-        only after half of it was used of the smaller one)."""
+        """Credit for ``sender`` up to what it processed plus the window. :meth:`_process`
+        grants every half window processed (rounded down: one grant lost, the next comes
+        before the sender's credit from the one before runs out), and as soon as what the
+        sender holds is half the window or less (a window that grew is granted at once,
+        not after half of the smaller one went)."""
+        state.granted = state.consumed
         state.limit = max(state.limit, state.consumed + self.window)
         return Grant(sender, state.consumed, self.window)
 
     def _process(self, sender: Sender, state: _Input, frame: Frame, actions: list) -> None:
         state.consumed += 1
-        if (state.limit - state.consumed) * 2 <= self.window:  # half the window or less left to the sender
+        window = self.window
+        if state.consumed - state.granted >= max(1, window // 2) or (state.limit - state.consumed) * 2 <= window:
             actions.append(self._grant(sender, state))
         self.frames_in += 1
         records = frame.records
@@ -383,5 +389,6 @@ def debloated_window(records: int, frames: int, seconds: float, target_s: float,
         return most
     in_target = target_s * records / seconds  # the records the task processes in the target
     per_frame = records / frames
-    return max(MIN_WINDOW, min(most, math.ceil(in_target / per_frame / max(inputs, 1))))
+    window = in_target / per_frame / max(inputs, 1)  # inputs: those still open
+    return most if not math.isfinite(window) else max(MIN_WINDOW, min(most, math.ceil(window)))
 

@@ -15,6 +15,7 @@ in the same process) and waits for credit, the TestRunner queues them in memory.
 from __future__ import annotations
 
 import copy
+import math
 
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -64,9 +65,9 @@ class DataPlaneConfig:
             if key in ("task_metrics", "incremental_checkpoints"):
                 if not isinstance(value, bool):
                     raise ValueError(f"application config {key} must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"application config {key} must be a non-negative number, got {value!r}")
-        values.setdefault("debloat_target_ms", DEBLOAT_TARGET_MS[values["state_backend"]])
+        values.setdefault("debloat_target_ms", DEBLOAT_TARGET_MS.get(values["state_backend"], 0))
         made = cls(**values)
         if made.batch_records < 1 or made.credit_frames < 2:
             raise ValueError("application config needs batch_records >= 1 and credit_frames >= 2")

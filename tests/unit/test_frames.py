@@ -108,9 +108,16 @@ def test_reassembly_memory_is_capped_across_senders_that_never_finish():
 
 
 @pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"\x94\x01\x02\x03\xff", b"\x94\x01\x02\x03\x04",
-                                  b"\x95\x01\x02\x03\x04\x00"])
+                                  b"\x95\x01\x02\x03\x04\x00", b"\x95\x01\x02\x03\x04\xff"])
 def test_malformed_credit_is_a_data_plane_error(data):
     from gearbus.runtime.frames import decode_credit
 
     with pytest.raises(DataPlaneError):
         decode_credit(data)
+
+
+def test_a_credit_grant_carries_the_receivers_window():
+    from gearbus.runtime.frames import decode_credit, encode_credit
+
+    assert decode_credit(encode_credit(3, 1, 7, 42, 5)) == (3, 1, 7, 42, 5)
+

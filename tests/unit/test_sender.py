@@ -126,8 +126,9 @@ def test_the_debloat_target_follows_the_state_backend_unless_the_app_sets_one():
     assert DataPlaneConfig.from_config({"state_backend": "rocksdb"}).debloat_target_ms == DEBLOAT_TARGET_MS["rocksdb"] > 0
     assert DataPlaneConfig.from_config({"state_backend": "rocksdb", "debloat_target_ms": 0}).debloat_target_ms == 0
     assert DataPlaneConfig.from_config({"debloat_target_ms": 250}).debloat_target_ms == 250
-    with pytest.raises(ValueError, match="debloat_target_ms must be a non-negative number"):
-        DataPlaneConfig.from_config({"debloat_target_ms": -1})
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="debloat_target_ms must be a non-negative number"):
+            DataPlaneConfig.from_config({"debloat_target_ms": bad})
 
 
 def test_a_channel_whose_last_frames_are_unconfirmed_and_quiet_is_probed_with_an_empty_frame():

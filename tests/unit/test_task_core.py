@@ -124,12 +124,26 @@ def test_a_slow_task_grants_a_smaller_window_and_a_window_that_grew_at_once():
 
     assert frames(DEBLOAT_FRAMES, 0.025) == [Grant(A, 8, 16), Grant(A, 16, 16)]  # 4 frames in 100 ms
     assert core.window == 4
-    # the sender holds credit up to 32: the next grants come as it nears that, every half window
-    assert frames(DEBLOAT_FRAMES, 0.025) == [Grant(A, 30, 4), Grant(A, 32, 4)]
+    # every half window processed, each carrying it (the sender holds credit up to 32 already)
+    assert frames(DEBLOAT_FRAMES, 0.025) == [Grant(A, n, 4) for n in range(18, 33, 2)]
     assert core.repeat_grants() == [Grant(A, 32, 4)]
     frames(DEBLOAT_FRAMES, 0.0001)  # fast again
     assert core.window == 16
     assert frames(1, 0.0001) == [Grant(A, 49, 16)]  # not only after half of it went at the smaller pace
+
+
+@pytest.mark.parametrize("window", range(2, 10))
+def test_one_grant_lost_never_leaves_a_sender_without_credit_whatever_the_window(window):
+    _, core = make_core(senders=(A,), credit=window)
+    a = Channel(A)
+    limit, lost = window, None  # the sender's, as Sender.grant keeps it
+    for seq in range(1, 10 * window):
+        assert seq <= limit, f"the sender stalled at frame {seq} after grant {lost} was lost"
+        for grant in core.receive(A, a.frame([1])):
+            if lost is None:
+                lost = grant
+                continue
+            limit = max(limit, grant.consumed + grant.window)
 
 
 def test_without_a_debloat_target_the_window_stays_whole_however_slow():
