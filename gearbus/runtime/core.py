@@ -115,14 +115,14 @@ class _Input:
 
     __slots__ = ("next_seq", "watermark", "ended", "held", "consumed", "granted", "limit")
 
-    def __init__(self):
+    def __init__(self, limit: int):
         self.next_seq = 1
         self.watermark = WATERMARK_MIN
         self.ended = False
         self.held: list[Frame] | None = None  # frames after a barrier, while aligning
         self.consumed = 0  # frames processed (held ones once they are)
         self.granted = 0  # the count last granted
-        self.limit = 0  # the highest sequence number granted the sender
+        self.limit = limit  # the highest sequence number granted the sender (credit_frames before any grant)
 
 
 class TaskCore:
@@ -138,9 +138,7 @@ class TaskCore:
         self.window = credit_frames  # the credit window granted now
         self.debloat_target_s = debloat_target_ms / 1000
         self._measuring = (0, 0, 0.0)  # frames and records in, seconds they took, since the last measure
-        self.inputs: dict[Sender, _Input] = {s: _Input() for s in senders}
-        for state in self.inputs.values():
-            state.limit = credit_frames  # what a sender may send before any grant
+        self.inputs: dict[Sender, _Input] = {s: _Input(credit_frames) for s in senders}
         self.open_inputs = len(self.inputs)
         self.watermark = WATERMARK_MIN  # the input's; the output's may lag (see output_watermark)
         self.input_ended = False  # every input ended: the end follows once nothing is pending

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import math
-
 from dataclasses import dataclass
 from typing import NamedTuple
 
