@@ -133,6 +133,16 @@ class InProcessEngine:
             lifecycle.ReportEnded: self._report_ended, lifecycle.ReportFinished: self._report_finished,
             lifecycle.ReportFailed: self._report_failed, lifecycle.Exit: self._exit,
         }
+        self._appmaster_instructions = {
+            st.Logged: self._log, st.StoreEpoch: self._store_epoch, st.RequestSlots: self._request_slots,
+            st.RequestSlot: self._request_slot, st.LaunchExecutor: self._launch_executor, st.Deploy: self._deploy,
+            st.Fence: self._fence, st.ReportState: self._report_state, st.End: self._end,
+            st.RepeatFinalComplete: self._repeat_final_complete,
+            cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._trigger,
+            cp.StoreCheckpoint: self._store_checkpoint, cp.NotifyComplete: self._notify_complete,
+            cp.CompactCheckpoint: self._compact, cp.PruneCheckpoints: self._prune,
+            cp.AbandonCheckpoint: self._abandon,
+        }
         #: (sender, receiver) -> frames in flight, for every channel, in a fixed order
         self.wire: dict[tuple[TaskKey, TaskKey], collections.deque[Outgoing]] = {}
         self.inboxes: collections.Counter[TaskKey] = collections.Counter()  # frames in flight per receiver
@@ -219,35 +229,43 @@ class InProcessEngine:
 
     def _carry_out(self, instructions: list) -> None:
         """Do what the AppMaster's state machine asked, in order, as its shell does over
-        NATS; nothing here waits, so each answer goes back to the machine at once."""
+        NATS; nothing here waits, so each answer goes back to the machine at once. An
+        instruction this engine has no handler for is a bug, and fails loudly."""
         for instruction in instructions:
-            kind = type(instruction)
-            if kind is st.Logged:
-                log.log(logging.getLevelName(instruction.level.upper()), " ".join(
-                    [instruction.event] + [f"{key}={value}" for key, value in instruction.data]))
-            elif kind is st.StoreEpoch:
-                self.stored_epoch = (instruction.epoch, instruction.restarts)
-            elif kind is st.RequestSlots:
-                workers = [self._worker() for _ in range(instruction.count)]
-                self._carry_out(self.state.slots_allocated(workers, self.clock))
-            elif kind is st.RequestSlot:  # a new worker: away from every one to avoid
-                self._carry_out(self.state.slot_allocated(instruction.executor_id, self._worker(), self.clock))
-            elif kind is st.LaunchExecutor:
-                self._carry_out(self.state.executor_registered(instruction.executor_id, instruction.worker_id,
-                                                               [], 0, self.clock))
-            elif kind is st.Deploy:
-                self._deploy(instruction)
-            elif kind is st.Fence:
-                machine = self.executors.get(instruction.executor_id)
-                if machine is not None:
-                    self._do(instruction.executor_id, machine.fenced(instruction.reason))
-            elif kind is st.ReportState:
-                pass  # no master to tell
-            elif kind is st.End:
-                if instruction.error is not None:
-                    raise PipelineFailed(instruction.error)
-            else:
-                self._checkpoint_action(instruction)
+            handler = self._appmaster_instructions.get(type(instruction))
+            if handler is None:
+                raise RuntimeError(f"not carried out in-process: {instruction}")
+            handler(instruction)
+
+    def _log(self, logged: st.Logged) -> None:
+        log.log(logging.getLevelName(logged.level.upper()), " ".join(
+            [logged.event] + [f"{key}={value}" for key, value in logged.data]))
+
+    def _store_epoch(self, store: st.StoreEpoch) -> None:
+        self.stored_epoch = (store.epoch, store.restarts)
+
+    def _request_slots(self, request: st.RequestSlots) -> None:
+        workers = [self._worker() for _ in range(request.count)]
+        self._carry_out(self.state.slots_allocated(workers, self.clock))
+
+    def _request_slot(self, request: st.RequestSlot) -> None:  # a new worker: away from every one to avoid
+        self._carry_out(self.state.slot_allocated(request.executor_id, self._worker(), self.clock))
+
+    def _launch_executor(self, launch: st.LaunchExecutor) -> None:
+        self._carry_out(self.state.executor_registered(launch.executor_id, launch.worker_id, [], 0, self.clock))
+
+    def _fence(self, fence: st.Fence) -> None:
+        machine = self.executors.get(fence.executor_id)
+        if machine is not None:
+            self._do(fence.executor_id, machine.fenced(fence.reason))
+
+    def _report_state(self, _: st.ReportState) -> None:
+        """No master to tell."""
+
+    @staticmethod
+    def _end(end: st.End) -> None:
+        if end.error is not None:
+            raise PipelineFailed(end.error)
 
     def _worker(self) -> str:
         return f"memory-worker-{next(self._workers)}"
@@ -559,34 +577,43 @@ class InProcessEngine:
             max_consecutive_failures=0, epoch=self.first_epoch, restored_from=restored_from,
             compact_depth=COMPACT_DEPTH)
 
-    def _checkpoint_action(self, action: cp.Action) -> None:
-        """Carry out what the checkpoint coordinator decided."""
-        kind = type(action)
-        if kind is cp.TriggerCheckpoint:
-            for executor_id, machine in list(self.executors.items()):
-                self._do(executor_id, machine.trigger(action.epoch, action.checkpoint_id))
-        elif kind is cp.StoreCheckpoint:
-            self.completed[action.meta.checkpoint_id] = self._taken.pop(action.meta.checkpoint_id)
-            self._carry_out(self.state.checkpoint_stored(action.meta.checkpoint_id, self.clock))
-        elif kind is cp.NotifyComplete:
-            for executor_id, machine in list(self.executors.items()):
-                self._do(executor_id, machine.checkpoint_complete(action.epoch, action.checkpoint_id, action.final))
-            if action.compacted:
-                for node in self.nodes.values():
-                    node.core.compacted(action.compacted)
-        elif kind is cp.CompactCheckpoint:  # at once: the AppMaster does it beside the tasks
-            snapshots = self.completed[action.checkpoint_id]
-            for key in action.tasks:
-                snapshots[key] = self._compacted(action.checkpoint_id, key)
-            self._carry_out(self.state.checkpoint_compacted(action.checkpoint_id, True,
-                                                            {key: len(snapshots[key]) for key in action.tasks}))
-        elif kind is cp.PruneCheckpoints:
-            for checkpoint_id in action.checkpoint_ids:
-                self.completed.pop(checkpoint_id, None)
-        elif kind is cp.AbandonCheckpoint:  # a rollback dropped the checkpoint in flight
-            self._taken.pop(action.checkpoint_id, None)
-        elif kind is not cp.FailApplication:  # FailApplication: the machine ends the app itself
-            raise RuntimeError(f"not carried out in-process: {action}")
+    def _trigger(self, trigger: cp.TriggerCheckpoint | cp.RetriggerCheckpoint) -> None:
+        """Sources inject the barrier; a repeated trigger gets the acks again."""
+        for executor_id, machine in list(self.executors.items()):
+            self._do(executor_id, machine.trigger(trigger.epoch, trigger.checkpoint_id))
+
+    def _store_checkpoint(self, store: cp.StoreCheckpoint) -> None:
+        self.completed[store.meta.checkpoint_id] = self._taken.pop(store.meta.checkpoint_id)
+        self._carry_out(self.state.checkpoint_stored(store.meta.checkpoint_id, self.clock))
+
+    def _notify_complete(self, complete: cp.NotifyComplete) -> None:
+        self._complete(complete.checkpoint_id, complete.epoch, complete.final)
+        if complete.compacted:
+            for node in self.nodes.values():
+                node.core.compacted(complete.compacted)
+
+    def _repeat_final_complete(self, repeat: st.RepeatFinalComplete) -> None:
+        self._complete(repeat.checkpoint_id, repeat.epoch, True)
+
+    def _complete(self, checkpoint_id: int, epoch: int, final: bool) -> None:
+        for executor_id, machine in list(self.executors.items()):
+            self._do(executor_id, machine.checkpoint_complete(epoch, checkpoint_id, final))
+
+    def _compact(self, compact: cp.CompactCheckpoint) -> None:
+        """At once: the AppMaster does it beside the tasks."""
+        snapshots = self.completed[compact.checkpoint_id]
+        for key in compact.tasks:
+            snapshots[key] = self._compacted(compact.checkpoint_id, key)
+        self._carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, True,
+                                                        {key: len(snapshots[key]) for key in compact.tasks}))
+
+    def _prune(self, prune: cp.PruneCheckpoints) -> None:
+        for checkpoint_id in prune.checkpoint_ids:
+            self.completed.pop(checkpoint_id, None)
+
+    def _abandon(self, abandon: cp.AbandonCheckpoint) -> None:
+        """A rollback dropped the checkpoint in flight."""
+        self._taken.pop(abandon.checkpoint_id, None)
 
     def _guard(self, node: _Node, fn, *args):
         """Run a task's step; an exception fails the task, as its loop on an executor: the

@@ -112,6 +112,14 @@ class Deploy:
 
 
 @dataclass(frozen=True)
+class RepeatFinalComplete:
+    """Announce the final checkpoint's completion again: a task has not finished, and the
+    announcement (core NATS) may have been lost; commits are idempotent."""
+    checkpoint_id: int
+    epoch: int
+
+
+@dataclass(frozen=True)
 class StoreEpoch:
     """Record the current epoch and restart count durably (a relaunched AppMaster goes on from them)."""
     epoch: int
@@ -157,7 +165,8 @@ class Logged:
 
 
 Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | StoreEpoch | Fence
-               | ReportState | AnswerSavepoint | End | Logged | cp.Action)
+               | ReportState | AnswerSavepoint | RepeatFinalComplete | End | Logged | cp.Action)
+"""What the shell carries out (never cp.FailApplication: the machine ends the app on it)."""
 
 
 class Refused(Exception):
@@ -235,6 +244,7 @@ class AppMasterState:
         self._adopt_until: float | None = None
         self._savepoints: dict[int, tuple[int, bool]] = {}  # request id -> (first usable checkpoint id, stop)
         self._written: dict[int, bool] = {}  # request id -> stop, for savepoints being written
+        self._final_announced: tuple[int, float] | None = None  # the final checkpoint, when last announced
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -457,8 +467,22 @@ class AppMasterState:
         if self.phase is Phase.ADOPTING and now >= self._adopt_until:
             actions += self._adopted(now)
         if self.phase is Phase.RUNNING:
-            actions += self._checkpointing(self.coordinator.tick(now))
+            actions += self._checkpointing(self.coordinator.tick(now)) + self._final_again(now)
         return actions
+
+    def _final_again(self, now: float) -> list[Instruction]:
+        """Every REPEAT_AFTER_S after the final checkpoint completed, until every task
+        finished, its completion is announced again."""
+        latest = self.coordinator.latest()
+        if latest is None or not latest.final or not self.unfinished:
+            return []
+        announced = self._final_announced
+        if announced is not None and announced[0] == latest.checkpoint_id and now - announced[1] < cp.REPEAT_AFTER_S:
+            return []
+        self._final_announced = (latest.checkpoint_id, now)
+        if announced is None or announced[0] != latest.checkpoint_id:  # its first announcement went now
+            return []
+        return [RepeatFinalComplete(latest.checkpoint_id, latest.epoch)]
 
     # -- invariants ------------------------------------------------------------------------
 
@@ -577,14 +601,15 @@ class AppMasterState:
         end the app when checkpoints keep failing."""
         out: list[Instruction] = []
         for action in actions:
+            if isinstance(action, cp.FailApplication):  # taken here: the app ends
+                out += self._end(AppState.FAILED, AppError("CheckpointsFailing", action.reason,
+                                                           "checkpoint coordinator"))
+                continue
             out.append(action)
             if isinstance(action, cp.NotifyComplete):
                 out += self._savepoints_ended(action.checkpoint_id, self.coordinator.latest(), "")
             elif isinstance(action, cp.AbandonCheckpoint):
                 out += self._savepoints_ended(action.checkpoint_id, None, action.reason)
-            elif isinstance(action, cp.FailApplication):
-                out += self._end(AppState.FAILED, AppError("CheckpointsFailing", action.reason,
-                                                           "checkpoint coordinator"))
         return out
 
     def _savepoints_ended(self, checkpoint_id: int, meta: cp.CheckpointMeta | None,

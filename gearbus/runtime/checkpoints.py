@@ -14,6 +14,8 @@ enforces it)::
     phase      event                                -> phase      actions
     IDLE       tick: interval due, or final due     IN_FLIGHT   TriggerCheckpoint
     IDLE       task_ended: the last task ended      IN_FLIGHT   TriggerCheckpoint
+    IN_FLIGHT  tick, REPEAT_AFTER_S since the last  IN_FLIGHT   RetriggerCheckpoint
+                 trigger (it may have been lost)
     IN_FLIGHT  ack from the last task               STORING     StoreCheckpoint
     IN_FLIGHT  decline, or tick past timeout_s      IDLE        AbandonCheckpoint [+ FailApplication]
     STORING    stored                               IDLE        NotifyComplete [+ PruneCheckpoints]
@@ -74,6 +76,9 @@ COMPACT_SHARE = 0.5
 
 #: Checkpoints kept in the history (the newest; in progress, completed or failed).
 HISTORY_KEPT = 20
+#: A checkpoint in flight this long since its trigger was sent is triggered again: control
+#: messages are core NATS, and a server restart can lose them (or the acks they answer).
+REPEAT_AFTER_S = 1.0
 
 
 class Outcome(enum.Enum):
@@ -152,6 +157,14 @@ class TriggerCheckpoint:
 
 
 @dataclass(frozen=True)
+class RetriggerCheckpoint:
+    """The trigger of the checkpoint in flight, or acks answering it, may have been lost:
+    trigger it again (sources ignore a barrier they passed, executors repeat their acks)."""
+    checkpoint_id: int
+    epoch: int
+
+
+@dataclass(frozen=True)
 class AbandonCheckpoint:
     """Give up ``checkpoint_id``: discard whatever was written for it (snapshots, meta),
     unless not ``discard``: its record may already be written, and name it the app's latest
@@ -201,8 +214,8 @@ class FailApplication:
     reason: str
 
 
-Action = (TriggerCheckpoint | AbandonCheckpoint | StoreCheckpoint | NotifyComplete | PruneCheckpoints | FailApplication
-          | CompactCheckpoint)
+Action = (TriggerCheckpoint | RetriggerCheckpoint | AbandonCheckpoint | StoreCheckpoint | NotifyComplete
+          | PruneCheckpoints | FailApplication | CompactCheckpoint)
 
 
 class Phase(enum.Enum):
@@ -225,6 +238,7 @@ class _Pending:
     epoch: int
     started_at: float
     acks: dict[TaskKey, tuple[int, bool]]  # task -> (size_bytes, ended)
+    triggered_at: float = 0.0  # when its trigger was last sent
     meta: CheckpointMeta | None = None  # set on entering STORING
     alignment_s: float = 0.0  # the longest alignment among the acks so far
     root: int = 0  # the oldest root among the acks so far (0: none yet)
@@ -365,6 +379,9 @@ class CheckpointCoordinator:
             if self._phase is Phase.IN_FLIGHT and now - p.started_at > self.timeout_s:
                 return (self._abandon(f"timeout after {self.timeout_s}s", failure=True, now=now)
                         + self._final_if_due(now))
+            if self._phase is Phase.IN_FLIGHT and now - p.triggered_at >= REPEAT_AFTER_S:
+                p.triggered_at = now
+                return [RetriggerCheckpoint(p.checkpoint_id, p.epoch)]
             return []
         if self._final_due():
             return self._trigger(now)  # regardless of the interval
@@ -580,7 +597,7 @@ class CheckpointCoordinator:
 
     def _trigger(self, now: float) -> list[Action]:
         self._enter(Phase.IN_FLIGHT)
-        self._pending = _Pending(self._next_id, self.epoch, now, {})
+        self._pending = _Pending(self._next_id, self.epoch, now, {}, triggered_at=now)
         self._history.append(CheckpointRecord(self._next_id, self.epoch, Outcome.IN_PROGRESS, now))
         self._next_id += 1
         self._requested = False

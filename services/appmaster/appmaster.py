@@ -97,7 +97,6 @@ SAVEPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SAVEPOINT_CHECKPOINT_ID = 1  # an app started from a savepoint restores it as its checkpoint 1
 STATE_QUERY_TIMEOUT_S = 10.0  # how long the executor may take to read a key's state
 FENCE_TIMEOUT_S = 5.0  # how long to wait for a worker to kill an executor declared lost
-REPEAT_AFTER_S = 1.0  # a checkpoint's trigger, or the final completion, is sent again after this
 
 
 class AppFailure(Exception):
@@ -133,10 +132,22 @@ class AppMaster(Service):
         self._last_completed_ms = 0
         self.guarantee = ("", "")
         self._checkpoint_epochs: dict[int, int] = {}  # checkpoint id -> the epoch it was taken in
-        self._last_trigger_sent = self._last_final_sent = 0.0
         self._compaction: asyncio.Task | None = None  # the last checkpoint compaction started
         self._savepoint_requests = itertools.count(1)
         self._savepoints: dict[int, asyncio.Future] = {}  # request id -> its checkpoint's meta
+        self._instructions = {  # what the state machine (and its checkpoint coordinator) may ask
+            st.Logged: self._log, st.StoreEpoch: self._store_epoch,
+            st.RequestSlots: self._spawning(lambda i: self._request_slots(i.count), "request-slots"),
+            st.RequestSlot: self._spawning(self._request_slot, "request-slot"),
+            st.LaunchExecutor: self._spawning(self._launch_executor, "launch-executor"),
+            st.AskExecutorsToRegister: self._ask_executors_to_register,
+            st.Deploy: self._spawning(self._deploy, "deploy"), st.Fence: self._spawning(self._fence, "fence"),
+            st.ReportState: self._report_state, st.AnswerSavepoint: self._answer_savepoint,
+            st.RepeatFinalComplete: self._repeat_final_complete, st.End: self._spawning(self._finish, "finish"),
+            cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._retrigger, cp.StoreCheckpoint: self._store,
+            cp.NotifyComplete: self._notify_complete, cp.CompactCheckpoint: self._start_compaction,
+            cp.PruneCheckpoints: self._start_prune, cp.AbandonCheckpoint: self._abandon,
+        }
 
     @property
     def epoch(self) -> int:
@@ -268,43 +279,48 @@ class AppMaster(Service):
 
     async def carry_out(self, instructions: list) -> None:
         """Do what the state machine asked, in order: quick steps at once, requests that
-        wait on other processes in the background (they report back as events)."""
+        wait on other processes in the background (they report back as events). An
+        instruction this shell has no handler for is a bug, and fails loudly."""
         for instruction in instructions:
-            kind = type(instruction)
-            if kind is st.Logged:
-                getattr(log, instruction.level)(instruction.event, **dict(instruction.data))
-            elif kind is st.StoreEpoch:
-                try:
-                    await self.store.put_epoch(instruction.epoch, instruction.restarts)
-                except Exception as exc:
-                    await self.carry_out(self.state.fail(AppError(type(exc).__name__, f"storing epoch "
-                                                                  f"{instruction.epoch}: {exc}", "recovery")))
-            elif kind is st.RequestSlots:
-                self.spawn(self._request_slots(instruction.count), "request-slots")
-            elif kind is st.RequestSlot:
-                self.spawn(self._request_slot(instruction), f"request-slot-{instruction.executor_id}")
-            elif kind is st.LaunchExecutor:
-                self.spawn(self._launch_executor(instruction), f"launch-executor-{instruction.executor_id}")
-            elif kind is st.AskExecutorsToRegister:
-                await self.bus.publish(subjects.executor_reregister(self.app_id),
-                                       ReRegister("the AppMaster was relaunched"))
-            elif kind is st.Deploy:
-                self.spawn(self._deploy(instruction), f"deploy-{instruction.epoch}")
-            elif kind is st.Fence:
-                self.spawn(self._fence(instruction), f"fence-executor-{instruction.executor_id}")
-            elif kind is st.ReportState:
-                log.info("app_active", executors=len(self.state.live_executors()), tasks=len(self.state.tasks),
-                         guarantee=self.guarantee[0])
-                self.spawn(self._report(instruction.state, None), "report")
-            elif kind is st.AnswerSavepoint:
-                answer = self._savepoints.pop(instruction.request_id, None)
-                if answer is not None and not answer.done():
-                    answer.set_exception(RequestError(ErrorCode.UNAVAILABLE, instruction.error, True)) \
-                        if instruction.error else answer.set_result(instruction.meta)
-            elif kind is st.End:
-                self.spawn(self._finish(instruction), "finish")
-            else:
-                self._checkpoint_action(instruction)
+            handler = self._instructions.get(type(instruction))
+            if handler is None:
+                raise RuntimeError(f"the AppMaster cannot carry out {instruction!r}")
+            await handler(instruction)
+
+    def _spawning(self, method, name: str):
+        """A handler that runs ``method(instruction)`` in the background: it waits on
+        other processes, and reports back to the state machine as an event."""
+        async def start(instruction) -> None:
+            self.spawn(method(instruction), name)
+        return start
+
+    async def _log(self, logged: st.Logged) -> None:
+        getattr(log, logged.level)(logged.event, **dict(logged.data))
+
+    async def _store_epoch(self, store: st.StoreEpoch) -> None:
+        try:
+            await self.store.put_epoch(store.epoch, store.restarts)
+        except Exception as exc:
+            await self.carry_out(self.state.fail(AppError(type(exc).__name__, f"storing epoch {store.epoch}: {exc}",
+                                                          "recovery")))
+
+    async def _ask_executors_to_register(self, _: st.AskExecutorsToRegister) -> None:
+        await self.bus.publish(subjects.executor_reregister(self.app_id), ReRegister("the AppMaster was relaunched"))
+
+    async def _report_state(self, report: st.ReportState) -> None:
+        log.info("app_active", executors=len(self.state.live_executors()), tasks=len(self.state.tasks),
+                 guarantee=self.guarantee[0])
+        self.spawn(self._report(report.state, None), "report")
+
+    async def _answer_savepoint(self, answer: st.AnswerSavepoint) -> None:
+        waiting = self._savepoints.pop(answer.request_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(RequestError(ErrorCode.UNAVAILABLE, answer.error, True)) \
+                if answer.error else waiting.set_result(answer.meta)
+
+    async def _repeat_final_complete(self, repeat: st.RepeatFinalComplete) -> None:
+        await self.bus.publish(subjects.checkpoint_complete(self.app_id),
+                               CheckpointComplete(repeat.checkpoint_id, repeat.epoch, True))
 
     async def _request_slots(self, count: int) -> None:
         config = self.config
@@ -407,58 +423,42 @@ class AppMaster(Service):
         while not self.state.ending:
             now = time.monotonic()
             await self.carry_out(self.state.tick(now))
-            if self.state.running:
-                await self._repeat_lost_messages(now)
             await asyncio.sleep(period)
-
-    async def _repeat_lost_messages(self, now: float) -> None:
-        """Control messages are core NATS: a server restart can lose them. A checkpoint in
-        flight for over a second is triggered again (sources ignore a barrier they passed,
-        executors repeat their acks); a final checkpoint is announced again until every task
-        finished (commits are idempotent)."""
-        in_flight = self.coordinator.in_flight
-        if in_flight is not None and self.coordinator.phase is cp.Phase.IN_FLIGHT \
-                and now - self._last_trigger_sent >= REPEAT_AFTER_S:
-            self._last_trigger_sent = now
-            await self.bus.publish(subjects.checkpoint_trigger(self.app_id),
-                                   TriggerCheckpoint(in_flight, self.coordinator.epoch))
-        latest = self.coordinator.latest()
-        if latest is not None and latest.final and self.state.unfinished \
-                and now - self._last_final_sent >= REPEAT_AFTER_S:
-            self._last_final_sent = now
-            await self.bus.publish(subjects.checkpoint_complete(self.app_id),
-                                   CheckpointComplete(latest.checkpoint_id, latest.epoch, True))
 
     # --- checkpoints -----------------------------------------------------------------
 
-    def _checkpoint_action(self, action: cp.Action) -> None:
-        """Carry out what the checkpoint coordinator decided."""
-        kind = type(action)
-        if kind is cp.TriggerCheckpoint:
-            self._checkpoint_epochs[action.checkpoint_id] = action.epoch
-            self._last_trigger_sent = time.monotonic()
-            self.spawn(self.bus.publish(subjects.checkpoint_trigger(self.app_id),
-                                        TriggerCheckpoint(action.checkpoint_id, action.epoch)),
-                       f"trigger-{action.checkpoint_id}")
-        elif kind is cp.StoreCheckpoint:
-            self.spawn(self._store_checkpoint(action.meta), f"store-{action.meta.checkpoint_id}")
-        elif kind is cp.NotifyComplete:
-            log.info("checkpoint_completed", checkpoint_id=action.checkpoint_id, final=action.final)
-            self._last_completed_ms = int(time.time() * 1000)
-            self._last_final_sent = time.monotonic()
-            self.spawn(self.bus.publish(subjects.checkpoint_complete(self.app_id),
-                                        CheckpointComplete(action.checkpoint_id, action.epoch, action.final,
-                                                           action.compacted, action.compacting)),
-                       f"complete-{action.checkpoint_id}")
-        elif kind is cp.CompactCheckpoint:
-            self._compaction = self.spawn(self._compact(action), f"compact-{action.checkpoint_id}")
-        elif kind is cp.PruneCheckpoints:
-            self.spawn(self._prune(action.checkpoint_ids), "prune-checkpoints")
-        elif kind is cp.AbandonCheckpoint:
-            self._checkpoint_failure = f"checkpoint {action.checkpoint_id}: {action.reason}"
-            log.warning("checkpoint_abandoned", checkpoint_id=action.checkpoint_id, reason=action.reason)
-            if action.discard:
-                self.spawn(self._prune((action.checkpoint_id,)), f"discard-{action.checkpoint_id}")
+    async def _trigger(self, trigger: cp.TriggerCheckpoint) -> None:
+        self._checkpoint_epochs[trigger.checkpoint_id] = trigger.epoch
+        self.spawn(self.bus.publish(subjects.checkpoint_trigger(self.app_id),
+                                    TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch)),
+                   f"trigger-{trigger.checkpoint_id}")
+
+    async def _retrigger(self, trigger: cp.RetriggerCheckpoint) -> None:
+        await self.bus.publish(subjects.checkpoint_trigger(self.app_id),
+                               TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch))
+
+    async def _store(self, store: cp.StoreCheckpoint) -> None:
+        self.spawn(self._store_checkpoint(store.meta), f"store-{store.meta.checkpoint_id}")
+
+    async def _notify_complete(self, complete: cp.NotifyComplete) -> None:
+        log.info("checkpoint_completed", checkpoint_id=complete.checkpoint_id, final=complete.final)
+        self._last_completed_ms = int(time.time() * 1000)
+        self.spawn(self.bus.publish(subjects.checkpoint_complete(self.app_id),
+                                    CheckpointComplete(complete.checkpoint_id, complete.epoch, complete.final,
+                                                       complete.compacted, complete.compacting)),
+                   f"complete-{complete.checkpoint_id}")
+
+    async def _start_compaction(self, compact: cp.CompactCheckpoint) -> None:
+        self._compaction = self.spawn(self._compact(compact), f"compact-{compact.checkpoint_id}")
+
+    async def _start_prune(self, prune: cp.PruneCheckpoints) -> None:
+        self.spawn(self._prune(prune.checkpoint_ids), "prune-checkpoints")
+
+    async def _abandon(self, abandon: cp.AbandonCheckpoint) -> None:
+        self._checkpoint_failure = f"checkpoint {abandon.checkpoint_id}: {abandon.reason}"
+        log.warning("checkpoint_abandoned", checkpoint_id=abandon.checkpoint_id, reason=abandon.reason)
+        if abandon.discard:
+            self.spawn(self._prune((abandon.checkpoint_id,)), f"discard-{abandon.checkpoint_id}")
 
     async def _store_checkpoint(self, meta: cp.CheckpointMeta) -> None:
         try:

@@ -19,6 +19,7 @@ from gearbus.runtime.appmaster_state import (
     Refused,
     ReportState,
     RequestSlot,
+    RepeatFinalComplete,
     RequestSlots,
     Settings,
     StoreEpoch,
@@ -214,6 +215,27 @@ def test_the_app_succeeds_when_every_task_finished_in_the_current_epoch():
         assert m.task_finished(task, 0) == []
     assert m.task_finished(SINK1, 5) == []  # another epoch's
     assert of(End, m.task_finished(SINK1, 0)) == [End(AppState.SUCCEEDED)]
+    m.validate()
+
+
+def test_the_final_checkpoint_is_announced_again_every_second_until_every_task_finished():
+    """CheckpointComplete is core NATS: a lost one would leave a sink uncommitted."""
+    m = machine()
+    running(m)
+    out = [i for task in TASKS for i in m.task_ended(task, 0, 1)]
+    [trigger] = of(cp.TriggerCheckpoint, out)  # the final one, at once
+    for task in TASKS:
+        m.checkpoint_acked(trigger.checkpoint_id, 0, task, 10, True, 1)
+    [notify] = of(cp.NotifyComplete, m.checkpoint_stored(trigger.checkpoint_id, 1))
+    assert notify.final
+    assert not of(RepeatFinalComplete, m.tick(1.5)) and not of(RepeatFinalComplete, m.tick(2.4))
+    assert of(RepeatFinalComplete, m.tick(2.5)) == [RepeatFinalComplete(trigger.checkpoint_id, 0)]
+    assert not of(RepeatFinalComplete, m.tick(3))
+    for task in TASKS[:-1]:
+        m.task_finished(task, 0)
+    assert of(RepeatFinalComplete, m.tick(3.6)) == [RepeatFinalComplete(trigger.checkpoint_id, 0)]
+    assert of(End, m.task_finished(SINK1, 0)) == [End(AppState.SUCCEEDED)]
+    assert m.tick(9) == []
     m.validate()
 
 

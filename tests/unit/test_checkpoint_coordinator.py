@@ -18,6 +18,7 @@ from gearbus.runtime.checkpoints import (
     Outcome,
     Phase,
     PruneCheckpoints,
+    RetriggerCheckpoint,
     StoreCheckpoint,
     TriggerCheckpoint,
 )
@@ -74,12 +75,25 @@ def test_periodic_checkpoints_off_never_trigger():
 def test_only_one_checkpoint_in_flight_and_the_interval_counts_from_the_last_trigger():
     c = coordinator(interval_s=10, timeout_s=100)
     assert c.tick(now=10) == [TriggerCheckpoint(1, 0, (SRC,))]
-    assert c.tick(now=50) == []  # long past the interval, but one is in flight
+    assert c.tick(now=50) == [RetriggerCheckpoint(1, 0)]  # long past the interval, but one is in flight
     assert complete(c, 1, now=60) == [NotifyComplete(1, 0, False)]
     assert c.tick(now=60) == [TriggerCheckpoint(2, 0, (SRC,))]  # 50s since the last trigger
     complete(c, 2, now=61)
     assert c.tick(now=69.9) == []
     assert c.tick(now=70) == [TriggerCheckpoint(3, 0, (SRC,))]
+
+
+def test_a_checkpoint_in_flight_is_triggered_again_every_repeat_interval_until_acked():
+    """Triggers and acks are core NATS: a server restart can lose them."""
+    c = coordinator(interval_s=10, timeout_s=100)
+    assert c.tick(now=10) == [TriggerCheckpoint(1, 0, (SRC,))]
+    assert c.tick(now=10.9) == []
+    assert c.tick(now=11) == [RetriggerCheckpoint(1, 0)]
+    assert c.tick(now=11.5) == []
+    assert c.tick(now=12.1) == [RetriggerCheckpoint(1, 0)]
+    ack_all(c, 1, now=12.5)
+    assert c.phase is Phase.STORING and c.tick(now=20) == []  # every ack came: nothing to repeat
+    c.check_invariants()
 
 
 # -- acks and completion ---------------------------------------------------------------------
@@ -128,7 +142,7 @@ def test_acks_that_do_not_belong_to_the_checkpoint_in_flight_are_ignored_and_cou
 def test_a_timed_out_checkpoint_is_abandoned_and_the_next_goes_on_at_the_next_tick():
     c = coordinator(interval_s=2, timeout_s=5)
     assert c.tick(now=2) == [TriggerCheckpoint(1, 0, (SRC,))]
-    assert c.tick(now=7) == []  # exactly the timeout: not yet
+    assert c.tick(now=7) == [RetriggerCheckpoint(1, 0)]  # exactly the timeout: not yet
     assert c.tick(now=7.5) == [AbandonCheckpoint(1, "timeout after 5s")]
     assert c.stats().failed == 1 and c.in_flight is None
     assert c.ack(1, 0, SRC, 1, False, now=7.6) == []  # late ack of the abandoned one
