@@ -83,11 +83,10 @@ class RequestSlots:
 
 @dataclass(frozen=True)
 class RequestSlot:
-    """Ask for one slot for executor ``executor_id``, away from ``prefer_avoid`` if the
-    cluster allows, else away from ``avoid``; then ``slot_allocated`` or ``slot_failed``."""
+    """Ask for one slot for executor ``executor_id`` on a worker not in ``exclude``; then
+    ``slot_allocated`` or ``slot_failed``."""
     executor_id: int
-    prefer_avoid: tuple[str, ...]
-    avoid: tuple[str, ...]
+    exclude: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -188,6 +187,8 @@ class Executor:
     lost: bool = False
     suspect: bool = False  # lost with its worker perhaps: place its tasks elsewhere
     launched_at: float | None = None  # launched by this AppMaster, not registered yet
+    #: the workers its slot may not be on if none is free away from the suspects too (None: no other try)
+    fallback_exclude: tuple[str, ...] | None = None
     last_heartbeat: float = 0.0
     missed_logged: bool = False
 
@@ -340,9 +341,15 @@ class AppMasterState:
         return [LaunchExecutor(executor_id, worker_id)]
 
     def slot_failed(self, executor_id: int, reason: str) -> list[Instruction]:
+        """No slot away from the suspects: then one anywhere not blacklisted; none there
+        either: the app fails."""
         executor = self.executors.get(executor_id)
         if executor is None or executor.lost or self.phase is Phase.ENDING:
             return []
+        if executor.fallback_exclude is not None:
+            exclude, executor.fallback_exclude = executor.fallback_exclude, None
+            return [Logged("slot_retried", "info", (("executor_id", executor_id), ("reason", reason))),
+                    RequestSlot(executor_id, exclude)]
         return self._end(AppState.FAILED, AppError("RecoveryFailed", f"no slot for the lost tasks: {reason}",
                                                    "recovery"))
 
@@ -582,7 +589,9 @@ class AppMasterState:
         """A new executor (id never used before) for ``tasks``, away from ``avoid``."""
         executor_id = max(self.executors, default=-1) + 1
         self.executors[executor_id] = Executor(executor_id, "", list(tasks))
-        return [RequestSlot(executor_id, tuple(sorted(self.blacklist | avoid)), tuple(sorted(self.blacklist)))]
+        preferred, allowed = tuple(sorted(self.blacklist | avoid)), tuple(sorted(self.blacklist))
+        self.executors[executor_id].fallback_exclude = allowed if allowed != preferred else None
+        return [RequestSlot(executor_id, preferred)]
 
     def _deploy_if_placed(self) -> list[Instruction]:
         """Deploy once every task has a registered, live executor."""

@@ -337,22 +337,16 @@ class AppMaster(Service):
         await self.carry_out(self.state.slots_allocated(workers, time.monotonic()))
 
     async def _request_slot(self, request: st.RequestSlot) -> None:
-        """One slot, away from the suspects when the cluster has another, else anywhere allowed."""
-        tries = [request.prefer_avoid] + ([request.avoid] if request.avoid != request.prefer_avoid else [])
-        for exclude in tries:
-            try:
-                allocated = await self.bus.request(
-                    subjects.resource_request(self.app_id),
-                    RequestResource(self.app_id, 1, priority=self.launch.priority, exclude_workers=list(exclude)),
-                    timeout=RESOURCE_TIMEOUT_S, expect=ResourceAllocated, retry_s=MASTER_RETRY_S)
-            except RequestError as exc:
-                if exclude is tries[-1]:
-                    await self.carry_out(self.state.slot_failed(request.executor_id, exc.message))
-                    return
-                continue
-            worker_id = allocated.allocations[0].worker_id
-            await self.carry_out(self.state.slot_allocated(request.executor_id, worker_id, time.monotonic()))
+        try:
+            allocated = await self.bus.request(
+                subjects.resource_request(self.app_id),
+                RequestResource(self.app_id, 1, priority=self.launch.priority, exclude_workers=list(request.exclude)),
+                timeout=RESOURCE_TIMEOUT_S, expect=ResourceAllocated, retry_s=MASTER_RETRY_S)
+        except RequestError as exc:
+            await self.carry_out(self.state.slot_failed(request.executor_id, exc.message))
             return
+        await self.carry_out(self.state.slot_allocated(request.executor_id, allocated.allocations[0].worker_id,
+                                                       time.monotonic()))
 
     async def _launch_executor(self, launch: st.LaunchExecutor) -> None:
         message = LaunchExecutor(

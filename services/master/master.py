@@ -22,6 +22,8 @@ from services.master import lifecycle as lc
 from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
 from services.master.lease import LeaderLease
 from services.master.store import ApplicationRecord, StateStore, WorkerRecord
+from services.master.worker_registry import (DeclareWorkerLost, HeartbeatMissed, HeartbeatResumed, WorkerConflict,
+                                             WorkerRegistry)
 from services.checkpoint_store import ensure_buckets, ensure_snapshot_bucket
 from services.master.credentials import APP_SIGNER_ENV, AppCredentials
 from shared import digests, subjects
@@ -97,17 +99,6 @@ def now_ms() -> int:
 
 
 @dataclass
-class WorkerEntry:
-    worker_id: str
-    host: str
-    pid: int
-    slots: int
-    last_heartbeat: float = 0.0
-    alive: bool = True
-    missed_logged: bool = False
-
-
-@dataclass
 class AppLive:
     """What the master knows of a running app beyond its durable record."""
 
@@ -140,12 +131,19 @@ class Master(Service):
         self._office_tasks: set[asyncio.Task] = set()
         self.elected_at = 0.0
         self.heartbeat_interval = heartbeat_interval
-        self.worker_timeout = worker_timeout
         self.resource_timeout = resource_timeout
         self.store: StateStore | None = None
         self.apps: dict[int, ApplicationRecord] = {}
         self.live: dict[int, AppLive] = {}
-        self.workers: dict[str, WorkerEntry] = {}
+        self.registry = WorkerRegistry(heartbeat_interval, worker_timeout)  # the workers and their liveness
+        self._lifecycle_instructions = {
+            lc.LaunchAppMaster: self._start_launch, lc.SetState: self._record_state, lc.StopAppProcesses: self._stop_app,
+            lc.FenceAppMaster: self._fence, lc.AnswerSubmission: self._answer_submission,
+        }
+        self._registry_instructions = {
+            HeartbeatMissed: self._heartbeat_missed, HeartbeatResumed: self._heartbeat_resumed,
+            DeclareWorkerLost: self._worker_lost,
+        }
         self.scheduler = Scheduler()
         self._waiting_resources: dict[int, asyncio.Future] = {}  # by request arrival number
         self._submitters: dict[int, asyncio.Future] = {}  # app id -> the waiting submission's answer
@@ -208,8 +206,8 @@ class Master(Service):
         self.apps, known = await self.store.load()
         self.scheduler = Scheduler()
         self.live = {}
-        self.workers = {w.worker_id: WorkerEntry(w.worker_id, w.host, w.pid, w.slots, last_heartbeat=time.time(),
-                                                 alive=False) for w in known.values()}
+        self.registry.took_office([(w.worker_id, w.host, w.pid, w.slots) for w in known.values()], time.monotonic(),
+                                  now_ms())
         self.elected_at = time.monotonic()
         await self._act(self.lifecycles.took_office(
             [(r.app_id, r.state, r.appmaster_worker, r.appmaster_attempt, self._relaunches_allowed(r))
@@ -241,7 +239,7 @@ class Master(Service):
         await self.bus.nc.flush()
         self._spawn_office_work(self.watch_heartbeats(), "watch-heartbeats")
         await self.bus.publish(subjects.MASTER_ELECTED, MasterElected(self.node_id, self.lease.term))
-        log.info("leader_elected", term=self.lease.term, apps=len(self.apps), workers_known=len(self.workers),
+        log.info("leader_elected", term=self.lease.term, apps=len(self.apps), workers_known=len(self.registry.workers),
                  took_ms=round((time.monotonic() - started) * 1000, 1))
 
     async def _leave_office(self) -> None:
@@ -257,7 +255,8 @@ class Master(Service):
         for future in [*self._waiting_resources.values(), *self._submitters.values()]:
             if not future.done():
                 future.set_exception(RequestError(ErrorCode.UNAVAILABLE, "the master lost the lead", True))
-        self.apps, self.live, self.workers, self.scheduler = {}, {}, {}, Scheduler()
+        self.apps, self.live, self.scheduler = {}, {}, Scheduler()
+        self.registry.took_office([], time.monotonic(), now_ms())
 
     def _spawn_office_work(self, coro, name: str) -> asyncio.Task:
         """Background work of the leader only: cancelled when it steps down."""
@@ -333,30 +332,37 @@ class Master(Service):
         return int(record.config.get("appmaster_restarts", lc.DEFAULT_APPMASTER_RESTARTS))
 
     async def _act(self, instructions: list[lc.Instruction]) -> None:
-        """Carry out what the app lifecycle machine decided, in order."""
+        """Carry out what the app lifecycle machine decided, in order; an instruction
+        without a handler is a bug, and fails loudly."""
         for instruction in instructions:
-            kind = type(instruction)
-            if kind is lc.LaunchAppMaster:
-                self._launching[instruction.app_id] = self._spawn_office_work(
-                    self._launch(instruction), f"launch-appmaster-{instruction.app_id}")
-            elif kind is lc.SetState:
-                if instruction.state in AppState.TERMINAL and (launch := self._launching.pop(instruction.app_id, None)):
-                    launch.cancel()  # an ended app gets no AppMaster, even once a slot frees
-                await self._set_state(instruction.app_id, instruction.state, instruction.error)
-            elif kind is lc.StopAppProcesses:
-                await self._stop_app_processes(instruction.app_id, instruction.reason)
-                self.scheduler.release_app(instruction.app_id)
-                self._reschedule()
-            elif kind is lc.FenceAppMaster:
-                log.warning("appmaster_fenced", app_id=instruction.app_id, worker_id=instruction.worker_id,
-                            reason=instruction.reason)
-                self._spawn_office_work(self._fence_appmaster(instruction), f"fence-appmaster-{instruction.app_id}")
-            elif kind is lc.AnswerSubmission:
-                answer = self._submitters.get(instruction.app_id)
-                if answer is not None and not answer.done():
-                    answer.set_exception(RequestError(instruction.code, instruction.error,
-                                                      instruction.code == ErrorCode.UNAVAILABLE)) \
-                        if instruction.error else answer.set_result(None)
+            handler = self._lifecycle_instructions.get(type(instruction))
+            if handler is None:
+                raise RuntimeError(f"the master cannot carry out {instruction!r}")
+            await handler(instruction)
+
+    async def _start_launch(self, launch: lc.LaunchAppMaster) -> None:
+        self._launching[launch.app_id] = self._spawn_office_work(self._launch(launch),
+                                                                 f"launch-appmaster-{launch.app_id}")
+
+    async def _record_state(self, record: lc.SetState) -> None:
+        if record.state in AppState.TERMINAL and (launch := self._launching.pop(record.app_id, None)):
+            launch.cancel()  # an ended app gets no AppMaster, even once a slot frees
+        await self._set_state(record.app_id, record.state, record.error)
+
+    async def _stop_app(self, stop: lc.StopAppProcesses) -> None:
+        await self._stop_app_processes(stop.app_id, stop.reason)
+        self.scheduler.release_app(stop.app_id)
+        self._reschedule()
+
+    async def _fence(self, fence: lc.FenceAppMaster) -> None:
+        log.warning("appmaster_fenced", app_id=fence.app_id, worker_id=fence.worker_id, reason=fence.reason)
+        self._spawn_office_work(self._fence_appmaster(fence), f"fence-appmaster-{fence.app_id}")
+
+    async def _answer_submission(self, answer: lc.AnswerSubmission) -> None:
+        waiting = self._submitters.get(answer.app_id)
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(RequestError(answer.code, answer.error, answer.code == ErrorCode.UNAVAILABLE)) \
+                if answer.error else waiting.set_result(None)
 
     async def _launch(self, launch: lc.LaunchAppMaster) -> None:
         """Start attempt ``launch.attempt`` of an app's AppMaster; tell the machine how it went."""
@@ -389,7 +395,7 @@ class Master(Service):
         knowing yet) is skipped for the next live one."""
         skipped: set[str] = {avoid} if avoid else set()
         while True:
-            alive_elsewhere = any(w.alive and w.worker_id not in skipped for w in self.workers.values())
+            alive_elsewhere = any(w.worker_id not in skipped for w in self.registry.alive())
             exclude = frozenset(skipped) if alive_elsewhere else frozenset()
             allocation = (await self._allocate(record.app_id, 1, Placement.ANY, "", record.priority, 1, exclude))[0]
             launch = LaunchExecutor(
@@ -461,10 +467,9 @@ class Master(Service):
 
     async def on_info(self, msg: QueryCluster) -> ClusterInfo:
         workers = []
-        for w in sorted(self.workers.values(), key=lambda w: w.worker_id):
+        for w in sorted(self.registry.workers.values(), key=lambda w: w.worker_id):
             slots, used = self.scheduler.usage(w.worker_id) if w.alive else (w.slots, 0)
-            workers.append(WorkerSummary(w.worker_id, w.host, w.pid, slots, used, w.alive,
-                                         int(w.last_heartbeat * 1000)))
+            workers.append(WorkerSummary(w.worker_id, w.host, w.pid, slots, used, w.alive, w.heard_ms))
         try:
             masters = await asyncio.wait_for(self.lease.masters(), MASTERS_LOOKUP_S)
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
@@ -477,14 +482,10 @@ class Master(Service):
         self._check_version("RegisterWorker", msg.protocol_version)
         if msg.slots < 1:
             raise bad_request(f"worker {msg.worker_id} must offer at least 1 slot, got {msg.slots}")
-        known = self.workers.get(msg.worker_id)
-        if known is not None and known.alive and (known.host, known.pid) != (msg.host, msg.pid):
-            raise RequestError(
-                ErrorCode.CONFLICT,
-                f"worker id {msg.worker_id} is already registered by pid {known.pid} on {known.host}",
-            )
-        self.workers[msg.worker_id] = WorkerEntry(msg.worker_id, msg.host, msg.pid, msg.slots,
-                                                  last_heartbeat=time.time())
+        try:
+            self.registry.registered(msg.worker_id, msg.host, msg.pid, msg.slots, time.monotonic(), now_ms())
+        except WorkerConflict as exc:
+            raise RequestError(ErrorCode.CONFLICT, str(exc)) from None
         self.scheduler.remove_worker(msg.worker_id)  # a re-registration replaces what we knew
         self.scheduler.add_worker(msg.worker_id, msg.slots)
         for process in msg.running:
@@ -498,15 +499,12 @@ class Master(Service):
         return WorkerRegistered(msg.worker_id, self.heartbeat_interval)
 
     async def on_worker_heartbeat(self, msg: WorkerHeartbeat) -> None:
-        worker = self.workers.get(msg.worker_id)
-        if worker is None or not worker.alive:
+        instructions = self.registry.heartbeat(msg.worker_id, time.monotonic(), now_ms())
+        if instructions is None:
             log.info("worker_told_to_reregister", worker_id=msg.worker_id)
             await self.bus.publish(subjects.worker_reregister(msg.worker_id), ReRegister("unknown to this master"))
             return
-        worker.last_heartbeat = time.time()
-        if worker.missed_logged:
-            log.info("worker_heartbeat_resumed", worker_id=msg.worker_id)
-            worker.missed_logged = False
+        await self._registry_act(instructions)
 
     async def on_executor_stopped(self, msg: ExecutorStopped) -> None:
         self.scheduler.release(msg.app_id, msg.worker_id, 1)
@@ -590,7 +588,7 @@ class Master(Service):
         record = self._app(msg.app_id)
         if record.state in AppState.TERMINAL:
             raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
-        if msg.placement == Placement.WORKER and msg.worker_id not in self.workers:
+        if msg.placement == Placement.WORKER and msg.worker_id not in self.registry.workers:
             raise not_found(f"unknown worker id {msg.worker_id!r}")
         allocations = await self._allocate(msg.app_id, msg.slots, msg.placement, msg.worker_id, msg.priority,
                                            msg.min_slots, frozenset(msg.exclude_workers))
@@ -675,33 +673,38 @@ class Master(Service):
                 for a in allocations:
                     self.scheduler.release(request.app_id, a.worker_id, a.slots)
 
-    async def _worker_lost(self, worker: WorkerEntry, silent: float) -> None:
+    async def _registry_act(self, instructions: list) -> None:
+        """Carry out what the worker registry decided; an instruction without a handler
+        is a bug, and fails loudly."""
+        for instruction in instructions:
+            handler = self._registry_instructions.get(type(instruction))
+            if handler is None:
+                raise RuntimeError(f"the master cannot carry out {instruction!r}")
+            await handler(instruction)
+
+    async def _heartbeat_missed(self, missed: HeartbeatMissed) -> None:
+        log.warning("worker_heartbeat_missed", worker_id=missed.worker_id, silent_s=round(missed.silent_s, 1))
+
+    async def _heartbeat_resumed(self, resumed: HeartbeatResumed) -> None:
+        log.info("worker_heartbeat_resumed", worker_id=resumed.worker_id)
+
+    async def _worker_lost(self, lost: DeclareWorkerLost) -> None:
         """Forget a silent worker's slots; apps whose AppMaster ran there have FAILED."""
-        worker.alive = False
-        affected = self.scheduler.remove_worker(worker.worker_id)
-        log.error("worker_lost", worker_id=worker.worker_id, silent_s=round(silent, 1), apps=affected)
+        affected = self.scheduler.remove_worker(lost.worker_id)
+        log.error("worker_lost", worker_id=lost.worker_id, silent_s=round(lost.silent_s, 1), apps=affected)
         for app_id in affected:
             await self.bus.publish(subjects.appmaster_worker_lost(app_id),
-                                   WorkerLost(worker.worker_id, f"no heartbeat for {silent:.0f} s"))
-        await self._act(self.lifecycles.worker_lost(worker.worker_id, f"sent no heartbeat for {silent:.0f} s"))
+                                   WorkerLost(lost.worker_id, f"no heartbeat for {lost.silent_s:.0f} s"))
+        await self._act(self.lifecycles.worker_lost(lost.worker_id, f"sent no heartbeat for {lost.silent_s:.0f} s"))
 
     async def watch_heartbeats(self) -> None:
-        """Log missed heartbeats; forget workers silent past the worker timeout; the
-        AppMasters' deadlines."""
+        """Feed the worker registry and the app lifecycles the time: silent workers are
+        logged, then lost; AppMasters' deadlines."""
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            now = time.time()
-            deadline = 3 * self.heartbeat_interval
-            for worker in list(self.workers.values()):
-                if not worker.alive:
-                    continue
-                silent = now - worker.last_heartbeat
-                if silent > self.worker_timeout:
-                    await self._worker_lost(worker, silent)
-                elif silent > deadline and not worker.missed_logged:
-                    worker.missed_logged = True
-                    log.warning("worker_heartbeat_missed", worker_id=worker.worker_id, silent_s=round(silent, 1))
-            await self._act(self.lifecycles.tick(time.monotonic()))
+            now = time.monotonic()
+            await self._registry_act(self.registry.tick(now))
+            await self._act(self.lifecycles.tick(now))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,7 +115,7 @@ def test_a_lost_executor_is_fenced_and_the_app_rolls_back_to_the_last_checkpoint
     out = m.executor_stopped(1, "w2", "exited with code -9", True, 2)
     assert of(Fence, out) == [Fence(1, "w2", "executor 1 lost its worker w2")]
     assert of(StoreEpoch, out) == [StoreEpoch(1, 1)]
-    assert of(RequestSlot, out) == [RequestSlot(2, ("w2",), ())]
+    assert of(RequestSlot, out) == [RequestSlot(2, ("w2",))]
     assert m.phase is Phase.ROLLING_BACK
     deploy = rolled_back_to(m, 2, "w1", 2)
     assert deploy.epoch == 1 and deploy.restore.checkpoint_id == 1
@@ -124,12 +124,23 @@ def test_a_lost_executor_is_fenced_and_the_app_rolls_back_to_the_last_checkpoint
     m.validate()
 
 
+def test_a_slot_away_from_the_suspect_worker_is_asked_first_then_any_and_then_the_app_fails():
+    m = machine()
+    running(m)
+    assert of(RequestSlot, m.executor_stopped(1, "w2", "exited with code -9", True, 2)) == [RequestSlot(2, ("w2",))]
+    assert of(RequestSlot, m.slot_failed(2, "no free slot")) == [RequestSlot(2, ())]  # the suspect's worker will do
+    [end] = of(End, m.slot_failed(2, "no free slot"))
+    assert end.state == AppState.FAILED and end.error.error_type == "RecoveryFailed"
+    assert "no slot for the lost tasks: no free slot" in end.error.message
+    m.validate()
+
+
 def test_losses_during_a_rollback_join_it_and_a_loss_while_deploying_starts_a_new_epoch():
     m = machine()
     running(m)
     m.executor_stopped(0, "w1", "exited with code 1", False, 1)
     out = m.executor_stopped(1, "w2", "exited with code 1", False, 1)  # joins: no second epoch
-    assert m.epoch == 1 and not of(StoreEpoch, out) and of(RequestSlot, out) == [RequestSlot(3, (), ())]
+    assert m.epoch == 1 and not of(StoreEpoch, out) and of(RequestSlot, out) == [RequestSlot(3, ())]
     m.slot_allocated(2, "w3", 1)
     m.slot_allocated(3, "w4", 1)
     assert m.executor_registered(2, "w3", [], 1, 1) == []
@@ -201,7 +212,7 @@ def test_tasks_nobody_adopted_get_a_new_executor_when_the_window_passes():
     m.start(0, adopt=True)
     m.executor_registered(0, "w1", [SRC0, SINK0], 1, 0.1)
     assert not of(RequestSlot, m.tick(1.9))
-    assert of(RequestSlot, m.tick(2.0)) == [RequestSlot(1, (), ())]
+    assert of(RequestSlot, m.tick(2.0)) == [RequestSlot(1, ())]
     deploy = rolled_back_to(m, 1, "w2", 2)
     assert deploy.assignments == ((0, (SRC0, SINK0)), (1, (SRC1, SINK1)))
 
