@@ -31,7 +31,7 @@ from gearbus.security import init as init_security
 from gearbus.security import summary as security_summary
 from shared.bus import DEFAULT_NATS_URL, NATS_URL_ENV, RequestError
 from shared.logging import configure
-from shared.messages import AppState, AppSummary, CheckpointRecord, CheckpointStats, ClusterInfo
+from shared.messages import AppState, AppStimuli, AppSummary, CheckpointRecord, CheckpointStats, ClusterInfo
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
@@ -117,6 +117,15 @@ def format_checkpoint_history(history: list[CheckpointRecord]) -> list[str]:
         lines.append(f"#{record.checkpoint_id} {record.status.replace('_', ' ')} at {_format_time(record.trigger_ms)},"
                      f"{took} aligned {record.alignment_ms} ms, {record.size_bytes} bytes{failure}")
     return lines
+
+
+def format_stimuli(debug: AppStimuli) -> str:
+    """The AppMaster's stimulus log, a line per event, oldest first."""
+    lines = [f"AppMaster: {debug.phase}, epoch {debug.epoch}; its last {len(debug.stimuli)} events, oldest first:"]
+    for s in debug.stimuli:
+        decided = f" -> {', '.join(s.decided)}" if s.decided else ""
+        lines.append(f"  #{s.stimulus_id} {s.age_s:.1f} s ago  {s.event}({s.detail}){decided}")
+    return "\n".join(lines)
 
 
 def format_info(info: ClusterInfo) -> str:
@@ -294,7 +303,12 @@ async def _state(args) -> int:
 async def _status(args) -> int:
     async def go(client: Client) -> int:
         app = await client.status(args.app_id)
-        print(_as_json(app) if args.json else format_status(app))
+        debug = await client.stimuli(args.app_id) if getattr(args, "debug", False) else None
+        if args.json:
+            print(json.dumps({**app.to_wire(), "debug": debug.to_wire()}, indent=2, default=str) if debug
+                  else _as_json(app))
+        else:
+            print(format_status(app) + (f"\n{format_stimuli(debug)}" if debug else ""))
         return 0
 
     return await _with_client(args, go)
@@ -476,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         cluster_args(p)
         p.add_argument("app_id", type=int)
+        if name == "status":
+            p.add_argument("--debug", action="store_true",
+                           help="also the AppMaster's last events, and what its state machine decided on each")
         p.set_defaults(handler=handler)
 
     top_cmd = sub.add_parser("top", help="a live view of the running apps' processors (Ctrl-C to leave)")

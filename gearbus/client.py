@@ -17,6 +17,7 @@ from shared.messages import (
     ApplicationStateChanged,
     ApplicationStatus,
     AppState,
+    AppStimuli,
     AppSummary,
     ClusterInfo,
     KillApplication,
@@ -27,6 +28,7 @@ from shared.messages import (
     QueryCluster,
     QueryLogs,
     QueryState,
+    QueryStimuli,
     RestartApplication,
     SavepointTaken,
     StateValue,
@@ -119,6 +121,11 @@ class Client:
         """What keyed step ``step`` of a running app holds for ``key`` (JSON), read from the
         task that owns the key while the app runs."""
         return await self._request(subjects.APP_STATE, QueryState(app_id, step, key), StateValue, STATE_TIMEOUT_S)
+
+    async def stimuli(self, app_id: int) -> AppStimuli:
+        """A running app's AppMaster's stimulus log: its state machine's last events, each
+        with what it decided."""
+        return await self._request(subjects.APP_DEBUG, QueryStimuli(app_id), AppStimuli)
 
     async def restart(self, app_id: int) -> ApplicationRestarted:
         """Submit the app again (a running one continues from a savepoint); the new app's id."""

@@ -511,6 +511,30 @@ class StateValue(Message):
     value: str = "null"  # JSON; what JSON cannot hold appears as its Python repr (a string)
 
 
+class QueryStimuli(Message):
+    """Ask a running app's AppMaster for its state machine's stimulus log (on ``app.debug``;
+    the master passes it on): what `gearbus status ID --debug` shows."""
+
+    app_id: int
+
+
+class Stimulus(Struct):
+    """One event the AppMaster's state machine took."""
+
+    stimulus_id: int  # in the order taken, from 1
+    event: str
+    age_s: float  # seconds before the reply was made
+    detail: str  # its arguments
+    decided: list[str] = dataclasses.field(default_factory=list)  # the kinds of the instructions it returned
+
+
+class AppStimuli(Message):
+    app_id: int
+    phase: str  # the app's phase in its AppMaster (starting, deploying, running, rolling_back, ...)
+    epoch: int
+    stimuli: list[Stimulus] = dataclasses.field(default_factory=list)  # oldest first
+
+
 class SavepointTaken(Message):
     app_id: int
     name: str

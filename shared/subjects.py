@@ -10,6 +10,7 @@ APP_LIST = "app.list"
 APP_SAVEPOINT = "app.savepoint"
 APP_RESTART = "app.restart"
 APP_STATE = "app.state"
+APP_DEBUG = "app.debug"
 MASTER_INFO = "master.info"
 LOGS_QUERY = "logs.query"  # every worker answers (scatter-gather)
 
@@ -159,6 +160,11 @@ def appmaster_savepoint(app_id: int) -> str:
 def appmaster_state_query(app_id: int | str) -> str:
     """The master passes a client's QueryState to the app's AppMaster."""
     return f"appmaster.{app_id}.state.query"
+
+
+def appmaster_debug(app_id: int | str) -> str:
+    """The master passes a client's QueryStimuli to the app's AppMaster."""
+    return f"appmaster.{app_id}.debug"
 
 
 def executor_state_query(app_id: int, executor_id: int) -> str:

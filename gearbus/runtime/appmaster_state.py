@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.state_backend import backend_name
+from gearbus.runtime.stimuli import StimulusLog, stimulus
 from shared.messages import AppError, AppState, ErrorCode
 
 TaskKey = tuple[int, int]
@@ -246,6 +247,8 @@ class AppMasterState:
         self._savepoints: dict[int, tuple[int, bool]] = {}  # request id -> (first usable checkpoint id, stop)
         self._written: dict[int, bool] = {}  # request id -> stop, for savepoints being written
         self._final_announced: tuple[int, float] | None = None  # the final checkpoint, when last announced
+        #: every event taken, and what it decided (executor heartbeats, and ticks and acks that decided nothing, aside)
+        self.stimuli = StimulusLog(quiet=frozenset({"tick", "checkpoint_acked", "task_ended"}))
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -262,6 +265,7 @@ class AppMasterState:
 
     # -- start -----------------------------------------------------------------------------
 
+    @stimulus
     def start(self, now: float, restore: cp.CheckpointMeta | None = None, adopt: bool = False) -> list[Instruction]:
         """A fresh app (restored from ``restore``, a savepoint, if given), or a relaunched
         AppMaster adopting the running executors and resuming from ``restore``."""
@@ -274,6 +278,7 @@ class AppMasterState:
         return [StoreEpoch(self.epoch, self.restarts), RequestSlots(max(1, min(self.settings.executors,
                                                                                len(self.tasks))))]
 
+    @stimulus
     def slots_allocated(self, workers: list[str], now: float) -> list[Instruction]:
         """One executor per slot; tasks spread over them by the placement rule."""
         if self.phase is not Phase.STARTING or self.executors or not workers:
@@ -289,6 +294,7 @@ class AppMasterState:
 
     # -- executors -------------------------------------------------------------------------
 
+    @stimulus
     def executor_registered(self, executor_id: int, worker_id: str, tasks: list[TaskKey], pid: int,
                             now: float) -> list[Instruction]:
         """An executor registers: one this AppMaster launched, or (while adopting) one of
@@ -318,6 +324,7 @@ class AppMasterState:
         executor.last_heartbeat, executor.missed_logged = now, False
         return True
 
+    @stimulus
     def executor_stopped(self, executor_id: int, worker_id: str, exit_detail: str, worker_gone: bool,
                          now: float) -> list[Instruction]:
         """Executor ``executor_id`` exited (``exit_detail``: how, e.g. "exited with code 1"), or
@@ -329,10 +336,12 @@ class AppMasterState:
             return self._lost(executor, f"executor {executor_id} lost its worker {worker_id}", now, suspect=True)
         return self._lost(executor, f"executor {executor_id} on worker {worker_id} {exit_detail}", now)
 
+    @stimulus
     def worker_lost(self, worker_id: str, now: float) -> list[Instruction]:
         return [i for e in list(self.executors.values()) if e.worker_id == worker_id and e.live
                 for i in self._lost(e, f"worker {worker_id} was lost", now, suspect=True)]
 
+    @stimulus
     def slot_allocated(self, executor_id: int, worker_id: str, now: float) -> list[Instruction]:
         executor = self.executors.get(executor_id)
         if executor is None or executor.lost or self.phase is not Phase.ROLLING_BACK:
@@ -340,6 +349,7 @@ class AppMasterState:
         executor.worker_id, executor.launched_at = worker_id, now
         return [LaunchExecutor(executor_id, worker_id)]
 
+    @stimulus
     def slot_failed(self, executor_id: int, reason: str) -> list[Instruction]:
         """No slot away from the suspects: then one anywhere not blacklisted; none there
         either: the app fails."""
@@ -353,6 +363,7 @@ class AppMasterState:
         return self._end(AppState.FAILED, AppError("RecoveryFailed", f"no slot for the lost tasks: {reason}",
                                                    "recovery"))
 
+    @stimulus
     def executor_launch_failed(self, executor_id: int, reason: str, now: float) -> list[Instruction]:
         executor = self.executors.get(executor_id)
         if executor is None or executor.lost or self.phase is Phase.ENDING:
@@ -362,6 +373,7 @@ class AppMasterState:
 
     # -- deployment and tasks --------------------------------------------------------------
 
+    @stimulus
     def deployed(self, epoch: int, now: float) -> list[Instruction]:
         if epoch != self.epoch or self.phase is not Phase.DEPLOYING:
             return []
@@ -372,6 +384,7 @@ class AppMasterState:
             actions.append(ReportState(AppState.ACTIVE))
         return actions + self._checkpointing(self.coordinator.start(now))
 
+    @stimulus
     def deploy_failed(self, epoch: int, reason: str, now: float) -> list[Instruction]:
         """An executor failed while tasks were being launched: roll back again."""
         if epoch != self.epoch or self.phase is not Phase.DEPLOYING:
@@ -382,6 +395,7 @@ class AppMasterState:
         """Whether a task's report of ``epoch`` is of the tasks this AppMaster deployed now."""
         return epoch == self.epoch and self.phase in (Phase.DEPLOYING, Phase.RUNNING, Phase.ROLLING_BACK)
 
+    @stimulus
     def task_finished(self, task: TaskKey, epoch: int) -> list[Instruction]:
         if not self._deployed_epoch(epoch):
             return []
@@ -390,6 +404,7 @@ class AppMasterState:
             return []
         return [Logged("all_tasks_finished", "info", ())] + self._end(AppState.SUCCEEDED)
 
+    @stimulus
     def task_failed(self, task: TaskKey, epoch: int, error: AppError, recoverable: bool, executor_id: int,
                     now: float) -> list[Instruction]:
         if not self._deployed_epoch(epoch):
@@ -402,6 +417,7 @@ class AppMasterState:
         return self._rollback(f"task {task[0]}.{task[1]} failed: {error.message}",
                               executor.worker_id if executor else "", f"task {task[0]}.{task[1]}", now)
 
+    @stimulus
     def task_ended(self, task: TaskKey, epoch: int, now: float) -> list[Instruction]:
         if not self._deployed_epoch(epoch):
             return []
@@ -409,25 +425,31 @@ class AppMasterState:
 
     # -- checkpoints and savepoints --------------------------------------------------------
 
+    @stimulus
     def checkpoint_acked(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int, ended: bool,
                          now: float, alignment_s: float = 0.0, root: int = 0, depth: int = 0) -> list[Instruction]:
         return self._checkpointing(self.coordinator.ack(checkpoint_id, epoch, task, size_bytes, ended, now,
                                                         alignment_s, root, depth))
 
+    @stimulus
     def checkpoint_compacted(self, checkpoint_id: int, ok: bool, sizes: dict[TaskKey, int] | None = None
                              ) -> list[Instruction]:
         return self._checkpointing(self.coordinator.compacted(checkpoint_id, ok, sizes))
 
+    @stimulus
     def checkpoint_declined(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
                             now: float) -> list[Instruction]:
         return self._checkpointing(self.coordinator.decline(checkpoint_id, epoch, task, reason, now))
 
+    @stimulus
     def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:
         return self._checkpointing(self.coordinator.stored(checkpoint_id, now))
 
+    @stimulus
     def checkpoint_store_failed(self, checkpoint_id: int, reason: str, now: float) -> list[Instruction]:
         return self._checkpointing(self.coordinator.store_failed(checkpoint_id, reason, now))
 
+    @stimulus
     def savepoint_requested(self, request_id: int, stop: bool, now: float) -> list[Instruction]:
         """Checkpoint now; its completion answers the request. Raises Refused unless running."""
         if self.phase is not Phase.RUNNING:
@@ -435,17 +457,20 @@ class AppMasterState:
         self._savepoints[request_id] = (self.coordinator.next_id, stop)
         return self._checkpointing(self.coordinator.request(now))
 
+    @stimulus
     def savepoint_written(self, request_id: int, ok: bool = True) -> list[Instruction]:
         """The shell wrote (or failed to write) the savepoint of ``request_id``."""
         stop = self._written.pop(request_id, False)
         return self._end(AppState.TERMINATED) if ok and stop else []
 
+    @stimulus
     def fail(self, error: AppError) -> list[Instruction]:
         """Something the shell could not do (load the app, store the epoch, ...) ends the app."""
         return self._end(AppState.FAILED, error) if self.phase is not Phase.ENDING else []
 
     # -- time -----------------------------------------------------------------------------
 
+    @stimulus
     def tick(self, now: float) -> list[Instruction]:
         """Deadlines (executor heartbeats and registrations, the adoption window) and the
         checkpoint coordinator's clock."""

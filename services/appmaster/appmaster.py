@@ -37,6 +37,7 @@ from shared.messages import (
     AppDag,
     AppMasterHeartbeat,
     AppMasterRegistered,
+    AppStimuli,
     ApplicationStateChanged,
     AppState,
     CheckpointComplete,
@@ -55,6 +56,7 @@ from shared.messages import (
     Placement,
     ProcessorInfo,
     QueryState,
+    QueryStimuli,
     QueryTaskState,
     RegisterAppMaster,
     RegisterExecutor,
@@ -65,6 +67,7 @@ from shared.messages import (
     ShutdownExecutor,
     StartAllTasks,
     StateValue,
+    Stimulus,
     TakeSavepoint,
     TaskCheckpointed,
     TaskCounters,
@@ -174,6 +177,7 @@ class AppMaster(Service):
                              concurrent=True)
         await self.bus.serve(subjects.appmaster_state_query(self.app_id), {QueryState: self.on_state_query},
                              concurrent=True)
+        await self.bus.serve(subjects.appmaster_debug(self.app_id), {QueryStimuli: self.on_stimuli_query})
         await self.register()
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
         await self.bus.listen(subjects.appmaster_reregister(self.app_id), {ReRegister: self.on_master_changed})
@@ -535,6 +539,15 @@ class AppMaster(Service):
         return await self.bus.request(subjects.executor_state_query(self.app_id, executor.executor_id),
                                       QueryTaskState(self.app_id, TaskId(*task), msg.step, msg.key),
                                       expect=StateValue, timeout=STATE_QUERY_TIMEOUT_S)
+
+    async def on_stimuli_query(self, msg: QueryStimuli) -> AppStimuli:
+        """The state machine's stimulus log: how the app came to where it is."""
+        if self.state is None:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still being planned", retryable=True)
+        now = time.monotonic()
+        stimuli = [Stimulus(s.stimulus_id, s.event, round(max(now - s.at, 0.0), 3), s.detail, list(s.decided))
+                   for s in self.state.stimuli.entries]
+        return AppStimuli(self.app_id, self.state.phase.value if self.state.phase else "", self.epoch, stimuli)
 
     # --- savepoints ----------------------------------------------------------------
 

@@ -27,8 +27,8 @@ from services.master.worker_registry import (DeclareWorkerLost, HeartbeatMissed,
 from services.checkpoint_store import ensure_buckets, ensure_snapshot_bucket
 from services.master.credentials import APP_SIGNER_ENV, AppCredentials
 from shared import digests, subjects
-from shared.bus import (JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout, add_nats_argument, bad_request,
-                        nats_servers, not_found, ride_out)
+from shared.bus import (DEFAULT_REQUEST_TIMEOUT_S, JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout,
+                        add_nats_argument, bad_request, nats_servers, not_found, ride_out)
 from shared.logging import configure
 from shared.messages import (
     FRAMEWORK_PACKAGES,
@@ -39,6 +39,7 @@ from shared.messages import (
     AppMasterHeartbeat,
     CheckpointStats,
     AppMasterRegistered,
+    AppStimuli,
     ApplicationList,
     ApplicationRestarted,
     ApplicationStateChanged,
@@ -58,6 +59,7 @@ from shared.messages import (
     ProcessorMetrics,
     QueryApplication,
     QueryState,
+    QueryStimuli,
     SavepointTaken,
     TakeSavepoint,
     QueryCluster,
@@ -219,6 +221,7 @@ class Master(Service):
             await serve(subjects.APP_SAVEPOINT, {TakeSavepoint: self.on_savepoint}, concurrent=True, guard=guard),
             await serve(subjects.APP_RESTART, {RestartApplication: self.on_restart}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATE, {QueryState: self.on_state_query}, concurrent=True, guard=guard),
+            await serve(subjects.APP_DEBUG, {QueryStimuli: self.on_stimuli_query}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATUS, {QueryApplication: self.on_status}, guard=guard),
             await serve(subjects.APP_LIST, {ListApplications: self.on_list}, guard=guard),
             await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info}, guard=guard),
@@ -431,6 +434,11 @@ class Master(Service):
         """Pass the query to the app's AppMaster, which asks the task that owns the key."""
         return await self._ask_appmaster(msg.app_id, subjects.appmaster_state_query(msg.app_id), msg, StateValue,
                                          STATE_QUERY_TIMEOUT_S, "'s state can be read")
+
+    async def on_stimuli_query(self, msg: QueryStimuli) -> AppStimuli:
+        """Pass the query to the app's AppMaster, whose state machine keeps the log."""
+        return await self._ask_appmaster(msg.app_id, subjects.appmaster_debug(msg.app_id), msg, AppStimuli,
+                                         DEFAULT_REQUEST_TIMEOUT_S, " keeps a stimulus log")
 
     async def _ask_appmaster(self, app_id: int, subject: str, msg: Message, expect: type[Reply], timeout: float,
                              what: str) -> Reply:

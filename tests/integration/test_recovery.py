@@ -5,6 +5,7 @@ blacklist a worker; an exhausted restart budget fails the app."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -16,6 +17,7 @@ from gearbus.client import Client
 from gearbus.runtime.frames import encode_frame
 from shared import subjects
 from shared.messages import AppState, ExecutorStopped, TaskFailed, decode
+from tests.support.cli import gearbus
 from tests.support.cluster import wait_exited, wait_for_workers, wait_state, wait_until
 from tests.support.paths import TICKER
 from tests.support.ticker import read_ticks
@@ -62,6 +64,17 @@ async def test_a_killed_executor_is_replaced_and_the_app_goes_on(cluster, client
     log.info("executor_recovery_measured", seconds=round(time.monotonic() - killed_at, 3))
     assert status.state == AppState.ACTIVE and status.restarts == 1
     assert_at_most_once(seen)
+    # how it came about, as the AppMaster's state machine took it
+    code, out, err = await gearbus("status", "--nats", cluster.url, "--debug", str(app_id))
+    assert code == 0, err
+    assert "AppMaster: running, epoch 1" in out
+    lost = next(line for line in out.splitlines() if "executor_stopped(" in line)
+    assert "-> " in lost and "Fence" in lost and "StoreEpoch" in lost and "RequestSlot" in lost
+    assert "deployed(epoch=1)" in out.split(lost)[1]  # the rollback's deployment came after
+    code, out, _ = await gearbus("status", "--nats", cluster.url, "--debug", "--json", str(app_id))
+    debug = json.loads(out)["debug"]
+    assert debug["epoch"] == 1 and [s["stimulus_id"] for s in debug["stimuli"]] == sorted(
+        s["stimulus_id"] for s in debug["stimuli"])
     await client.kill(app_id)
 
 

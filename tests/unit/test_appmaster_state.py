@@ -343,3 +343,24 @@ def test_any_ordering_keeps_the_invariants(adopt, sequence):
             hosted = sorted(t for _, tasks in deploy.assignments for t in tasks)
             assert hosted == sorted(TASKS)
             assert all(m.executors[e].registered and not m.executors[e].lost for e, _ in deploy.assignments)
+
+
+def test_the_stimulus_log_tells_each_event_with_an_id_its_arguments_and_what_it_decided():
+    m = machine()
+    running(m)
+    complete_checkpoint(m, 1)
+    m.executor_heartbeat(0, 1.5)
+    m.tick(1.6)  # nothing due
+    m.executor_stopped(1, "w2", "exited with code -9", True, 2)
+    log = list(m.stimuli.entries)
+    assert [s.stimulus_id for s in log] == list(range(1, len(log) + 1))
+    events = [s.event for s in log]
+    assert "executor_heartbeat" not in events and events.count("tick") == 1  # the one that triggered
+    assert events.count("checkpoint_acked") == 1  # the last, which decided the store
+    lost = log[-1]
+    assert lost.event == "executor_stopped" and lost.at == 2
+    assert "executor_id=1" in lost.detail and "exited with code -9" in lost.detail and "now" not in lost.detail
+    assert {"Fence", "StoreEpoch", "RequestSlot"} <= set(lost.decided)
+    m.task_failed(SRC0, 1, AppError("ValueError", "bad record " + "x" * 200, "step"), False, 0, 3)
+    assert "error='ValueError: bad record" in m.stimuli.entries[-1].detail
+    assert len(m.stimuli.entries[-1].detail) < 300
