@@ -23,7 +23,7 @@ import zipfile
 import zipimport
 from dataclasses import dataclass
 
-from gearbus.api.dsl import Pipeline
+from gearbus.api.dsl import BasePipeline
 from gearbus.api.graph import Application
 from gearbus.planner import plan
 from shared.messages import FRAMEWORK_PACKAGES
@@ -91,7 +91,7 @@ def pack(path: str | os.PathLike) -> Artifact:
         return Artifact(f.read(), "module", entry)
 
 
-def call_application(module, args: list[str], origin: str) -> Pipeline | Application:
+def call_application(module, args: list[str], origin: str) -> BasePipeline | Application:
     """Call the module's ``application(args)`` and check what it returns."""
     factory = getattr(module, ENTRY_FUNCTION, None)
     if not callable(factory):
@@ -108,7 +108,7 @@ def call_application(module, args: list[str], origin: str) -> Pipeline | Applica
         sys.stderr.write(said.getvalue())
         raise
     sys.stderr.write(said.getvalue())  # what it printed without exiting (warnings) still reaches the log
-    if not isinstance(app, (Pipeline, Application)):
+    if not isinstance(app, (BasePipeline, Application)):
         raise ArtifactError(
             f"{origin}: {ENTRY_FUNCTION}() returned {type(app).__name__}, expected gearbus.Pipeline or Application"
         )
@@ -118,7 +118,7 @@ def call_application(module, args: list[str], origin: str) -> Pipeline | Applica
 def build_application(module, args: list[str], origin: str, runner: str = "cluster") -> Application:
     """Call the module's ``application(args)``; plan a Pipeline for ``runner``."""
     app = call_application(module, args, origin)
-    return plan(app, runner) if isinstance(app, Pipeline) else app
+    return plan(app, runner) if isinstance(app, BasePipeline) else app
 
 
 def import_file(path: str):
@@ -157,11 +157,11 @@ def load_local(path: str, args: list[str], runner: str = "cluster") -> Applicati
     return build_application(import_local(path), args, path, runner)
 
 
-def load_pipeline(path: str, args: list[str]) -> Pipeline:
+def load_pipeline(path: str, args: list[str]) -> BasePipeline:
     """Import a local file or package and return the DSL Pipeline it builds."""
     path = os.path.abspath(path)
     app = call_application(import_local(path), args, path)
-    if not isinstance(app, Pipeline):
+    if not isinstance(app, BasePipeline):
         raise ArtifactError(f"{path} builds a low-level Application; this runner runs DSL pipelines (gearbus.Pipeline)")
     return app
 

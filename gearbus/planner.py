@@ -13,7 +13,7 @@ import functools
 import warnings
 from dataclasses import dataclass, field
 
-from gearbus.api.dsl import Pipeline, Step
+from gearbus.api.dsl import BasePipeline, Step
 from gearbus.api.graph import Application, Graph, GraphError, Processor
 from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, Partitioner, ShufflePartitioner
 from gearbus.api.windows import GlobalWindows
@@ -78,7 +78,7 @@ def _make_window_operator(step: Step) -> WindowOperator:
         raise GraphError(f"step {step.name!r}: {exc}") from None
 
 
-def plan(pipeline: Pipeline, runner: str = "cluster") -> Application:
+def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
     """Plan ``pipeline`` for ``runner``; every error names the step it is about."""
     if runner not in RUNNERS:
         raise GraphError(f"unknown runner {runner!r}; expected one of {', '.join(RUNNERS)}")
@@ -261,7 +261,7 @@ class UnnamedStatefulStep(UserWarning):
     """A stateful step has a derived name, which a changed pipeline may not keep."""
 
 
-def _warn_unnamed_state(pipeline: Pipeline, app: Application) -> None:
+def _warn_unnamed_state(pipeline: BasePipeline, app: Application) -> None:
     stateful = {step for p in app.graph.processors for step in stateful_steps(p)}
     unnamed = sorted(s.name for s in pipeline.steps if not s.named and s.name in stateful)
     if unnamed:

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from hypothesis import settings
 
-from gearbus.api.dsl import Pipeline
+from gearbus.api.dsl import BasePipeline
 from gearbus.api.graph import Application
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
@@ -66,9 +66,9 @@ def inprocess() -> Callable[..., InProcessEngine]:
     application: every rule of the cluster's runtime over an in-memory transport, one
     interleaving per ``seed``; for tests that need no real processes."""
 
-    def make(app: Pipeline | Application, *, seed: int = 0, checkpoint_every: int = 0, epoch: int = 0,
+    def make(app: BasePipeline | Application, *, seed: int = 0, checkpoint_every: int = 0, epoch: int = 0,
              batch_records: int | None = None) -> InProcessEngine:
-        application = plan(app, "test") if isinstance(app, Pipeline) else app
+        application = plan(app, "test") if isinstance(app, BasePipeline) else app
         return InProcessEngine(application, batch_records, checkpoint_every, epoch, seed)
 
     return make

@@ -48,7 +48,7 @@ class Step:
         return f"Step({self.kind} {self.name!r})"
 
 
-class Pipeline:
+class BasePipeline:
     """A logical streaming graph. Build steps from :meth:`source`; every step gets a
     unique name, checked as it is added."""
 
@@ -87,14 +87,14 @@ class Pipeline:
         self.steps.append(step)
         return step
 
-    def _stream_of(self, step: Step) -> Stream:
+    def _stream_of(self, step: Step) -> BaseStream:
         """The stream of ``step``'s records; a Pipeline that adds steps returns its own Stream."""
-        return Stream(self, step)
+        return BaseStream(self, step)
 
     # --- sources ----------------------------------------------------------------
 
     def source(self, data_source: DataSource, *, name: str | None = None, parallelism: int = 1,
-               timestamp_fn: Callable[[Any], int] | None = None, max_out_of_orderness_ms: int = 0) -> Stream:
+               timestamp_fn: Callable[[Any], int] | None = None, max_out_of_orderness_ms: int = 0) -> BaseStream:
         """Read from a DataSource. ``timestamp_fn(value)`` gives each record's event time
         (epoch ms; default: ingestion time); the watermark trails the newest timestamp by
         ``max_out_of_orderness_ms``."""
@@ -103,7 +103,7 @@ class Pipeline:
                             max_out_of_orderness_ms=max_out_of_orderness_ms)
 
     def _source(self, data_source, default: str, name=None, parallelism=1, timestamp_fn=None,
-                max_out_of_orderness_ms=0) -> Stream:
+                max_out_of_orderness_ms=0) -> BaseStream:
         if not isinstance(data_source, DataSource):
             raise GraphError(f"source {name or default}: {data_source!r} is not a gearbus DataSource")
         try:
@@ -115,24 +115,24 @@ class Pipeline:
         return self._stream_of(step)
 
 
-class Stream:
+class BaseStream:
     """A stream of records produced by one step."""
 
-    def __init__(self, pipeline: Pipeline, step: Step):
+    def __init__(self, pipeline: BasePipeline, step: Step):
         self.pipeline = pipeline
         self.step = step
 
-    def _then(self, kind, name, fn=None, parallelism=None, default="", **params) -> Stream:
+    def _then(self, kind, name, fn=None, parallelism=None, default="", **params) -> BaseStream:
         return self.pipeline._stream_of(self.pipeline._add(kind, name, [self.step], fn, parallelism, default, **params))
 
-    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
+    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> BaseStream:
         """Transform each value. A ``parallelism`` other than the input's starts a new
         processor (records are spread round-robin); otherwise the step is chained."""
         return self._then("map", name, fn, parallelism)
 
     def map_async(self, async_fn: Callable[[Any], Awaitable[Any]], concurrency: int = 100, ordered: bool = True,
                   timeout_ms: float | None = None, on_timeout: Callable[[Any], Any] | None = None,
-                  name: str | None = None) -> Stream:
+                  name: str | None = None) -> BaseStream:
         """Transform each value with ``await async_fn(value)`` (an ``async def``: a lookup,
         a web service), with up to ``concurrency`` calls in flight per task on the task's
         event loop; chained like :meth:`map`.
@@ -165,10 +165,10 @@ class Stream:
                           timeout_ms=timeout_ms, on_timeout=on_timeout)
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
-                 parallelism: int | None = None) -> Stream:
+                 parallelism: int | None = None) -> BaseStream:
         return self._then("flat_map", name, fn, parallelism)
 
-    def filter(self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None) -> Stream:
+    def filter(self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None) -> BaseStream:
         return self._then("filter", name, fn, parallelism)
 
     def group_by(self, key_fn: Callable[[Any], Any], parallelism: int | None = None,
@@ -176,16 +176,16 @@ class Stream:
         """Partition by ``key_fn(value)``: records with equal keys meet in one task."""
         return GroupedStream(self._then("group_by", name, key_fn, parallelism, default="group_by"))
 
-    def merge(self, *others: Stream, name: str | None = None) -> Stream:
+    def merge(self, *others: BaseStream, name: str | None = None) -> BaseStream:
         """The union of this stream and ``others``."""
         for other in others:
-            if not isinstance(other, Stream) or other.pipeline is not self.pipeline:
+            if not isinstance(other, BaseStream) or other.pipeline is not self.pipeline:
                 raise GraphError(f"merge {name or ''}: can only merge streams of the same pipeline")
         step = self.pipeline._add("merge", name, [self.step] + [o.step for o in others])
         return self.pipeline._stream_of(step)
 
     def process(self, task_class: type[Task], parallelism: int | None = None, name: str | None = None,
-                **config) -> Stream:
+                **config) -> BaseStream:
         """Drop down to a custom low-level Task (its own processor)."""
         if not (isinstance(task_class, type) and issubclass(task_class, Task)):
             raise GraphError(f"process {name or ''}: {task_class!r} is not a gearbus Task subclass")
@@ -194,9 +194,9 @@ class Stream:
 
     # --- joins -----------------------------------------------------------------------
 
-    def join(self, other: Stream, left_key: Callable[[Any], Any] | None = None,
+    def join(self, other: BaseStream, left_key: Callable[[Any], Any] | None = None,
              right_key: Callable[[Any], Any] | None = None, window: WindowAssigner | None = None, how: str = "inner",
-             name: str | None = None, parallelism: int | None = None) -> Stream:
+             name: str | None = None, parallelism: int | None = None) -> BaseStream:
         """A window join (see :mod:`gearbus.api.joins`): the ``Joined(left, right)`` pairs of
         equal keys in the same ``window`` (TumblingWindows, SlidingWindows, SessionWindows),
         emitted when the watermark closes it; ``how``: "inner", "left", "right", "outer"."""
@@ -207,9 +207,9 @@ class Stream:
             raise GraphError(f"{what}: how must be one of {', '.join(map(repr, JOIN_KINDS))}, got {how!r}")
         return self._join(other, "window", name, parallelism, left_key, right_key, window=window, how=how)
 
-    def interval_join(self, other: Stream, left_key: Callable[[Any], Any] | None = None,
+    def interval_join(self, other: BaseStream, left_key: Callable[[Any], Any] | None = None,
                       right_key: Callable[[Any], Any] | None = None, lower_ms: int | None = None,
-                      upper_ms: int | None = None, name: str | None = None, parallelism: int | None = None) -> Stream:
+                      upper_ms: int | None = None, name: str | None = None, parallelism: int | None = None) -> BaseStream:
         """An inner interval join: ``Joined(l, r)`` for equal keys where
         ``l.ts + lower_ms <= r.ts <= l.ts + upper_ms`` (bounds inclusive, may be negative)."""
         what = f"interval_join {name or ''}".strip()
@@ -221,10 +221,10 @@ class Stream:
             raise GraphError(f"{what}: lower_ms ({lower}) must not exceed upper_ms ({upper})")
         return self._join(other, "interval", name, parallelism, left_key, right_key, lower_ms=lower, upper_ms=upper)
 
-    def join_table(self, table: Stream, key: Callable[[Any], Any] | None = None,
+    def join_table(self, table: BaseStream, key: Callable[[Any], Any] | None = None,
                    table_key: Callable[[Any], Any] | None = None, as_of: str = "latest", ttl_ms: int | None = None,
                    how: str = "inner", table_value: Callable[[Any], Any] | None = None, name: str | None = None,
-                   parallelism: int | None = None) -> Stream:
+                   parallelism: int | None = None) -> BaseStream:
         """Enrich each record with the value ``table`` (a changelog stream: upserts by
         ``table_key``; a value of None deletes) holds for ``key(record)``: ``Joined(record,
         value)``. ``as_of``: "latest" (the value when the record is processed) or
@@ -246,9 +246,9 @@ class Stream:
         return self._join(table, "table", name, parallelism, key, table_key, as_of=as_of, ttl_ms=ttl, how=how,
                           table_value=table_value)
 
-    def _join(self, other, variant: str, name, parallelism, left_key, right_key, **params) -> Stream:
+    def _join(self, other, variant: str, name, parallelism, left_key, right_key, **params) -> BaseStream:
         what = f"{_JOIN_METHODS[variant]} {name or ''}".strip()
-        if not isinstance(other, Stream) or other.pipeline is not self.pipeline:
+        if not isinstance(other, BaseStream) or other.pipeline is not self.pipeline:
             raise GraphError(f"{what}: can only join a Stream of the same pipeline (not a grouped or windowed "
                              f"stream), got {other!r}")
         step_name = name or what
@@ -324,7 +324,7 @@ def _is_async(fn) -> bool:
 class GroupedStream:
     """A keyed stream: aggregate it, per key, over windows (the global window by default)."""
 
-    def __init__(self, stream: Stream):
+    def __init__(self, stream: BaseStream):
         self._stream = stream
         self.pipeline = stream.pipeline
         self.step = stream.step
@@ -339,14 +339,14 @@ class GroupedStream:
         return WindowedStream(self, assigner, trigger, accumulation, allowed_lateness_ms, late_sink)
 
     def process(self, task_class: type[Task], parallelism: int | None = None, name: str | None = None,
-                **config) -> Stream:
+                **config) -> BaseStream:
         """A custom low-level Task over the keyed stream: records with equal keys reach the
         same task (``record.key``), so the task may keep state per key."""
         return self._stream.process(
             task_class, self.step.parallelism if parallelism is None else parallelism, name, **config)
 
     def process_keyed(self, function, name: str | None = None, ttl_ms: int | None = None,
-                      parallelism: int | None = None) -> Stream:
+                      parallelism: int | None = None) -> BaseStream:
         """Per-key state and timers (see :mod:`gearbus.api.keyed`): ``function`` is a
         KeyedProcessFunction subclass or a plain ``fn(value, ctx)``. ``ttl_ms``: a key's
         state not written for that long (event time) is forgotten."""
@@ -354,14 +354,14 @@ class GroupedStream:
                            function=check_keyed_function(name or self.step.name, function))
 
     def stateful_map(self, fn: Callable[[Any, Any], tuple[Any, Any]], ttl_ms: int | None = None,
-                     name: str | None = None, parallelism: int | None = None) -> Stream:
+                     name: str | None = None, parallelism: int | None = None) -> BaseStream:
         """``fn(state, value) -> (state, out)`` per record, with the record's key's state
         (None at first; returning None as the state forgets the key); emits ``out``."""
         if not callable(fn):
             raise GraphError(f"stateful_map {name or ''} after {self.step.name!r}: {fn!r} is not callable")
         return self._keyed("stateful_map", name, parallelism, ttl_ms, fn=fn)
 
-    def _keyed(self, kind: str, name, parallelism, ttl_ms, **params) -> Stream:
+    def _keyed(self, kind: str, name, parallelism, ttl_ms, **params) -> BaseStream:
         what = f"{kind} {name or ''} after {self.step.name!r}"
         try:
             ttl = None if ttl_ms is None else checked_millis("ttl_ms", ttl_ms, 1)
@@ -374,19 +374,19 @@ class GroupedStream:
     def _global(self) -> WindowedStream:
         return WindowedStream(self, GlobalWindows(), None, Accumulation.DISCARDING, 0, None)
 
-    def aggregate(self, aggregator: Aggregator, name: str | None = None) -> Stream:
+    def aggregate(self, aggregator: Aggregator, name: str | None = None) -> BaseStream:
         return self._global().aggregate(aggregator, name)
 
-    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
+    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> BaseStream:
         return self._global().reduce(fn, name)
 
-    def fold(self, zero: Any, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
+    def fold(self, zero: Any, fn: Callable[[Any, Any], Any], name: str | None = None) -> BaseStream:
         return self._global().fold(zero, fn, name)
 
-    def count(self, name: str | None = None) -> Stream:
+    def count(self, name: str | None = None) -> BaseStream:
         return self._global().count(name)
 
-    def sum(self, value_fn: Callable[[Any], Any] | None = None, name: str | None = None) -> Stream:
+    def sum(self, value_fn: Callable[[Any], Any] | None = None, name: str | None = None) -> BaseStream:
         return self._global().sum(value_fn, name)
 
 
@@ -405,7 +405,7 @@ class WindowedStream:
         self.allowed_lateness_ms = allowed_lateness_ms
         self.late_sink = late_sink
 
-    def aggregate(self, aggregator: Aggregator, name: str | None = None) -> Stream:
+    def aggregate(self, aggregator: Aggregator, name: str | None = None) -> BaseStream:
         if not isinstance(aggregator, Aggregator):
             raise GraphError(f"aggregate {name or ''}: {aggregator!r} is not a gearbus Aggregator")
         grouped = self._grouped
@@ -420,14 +420,14 @@ class WindowedStream:
             raise GraphError(f"{what} step {name or what!r} after {self._grouped.step.name!r}: {fn!r} is not callable")
         return fn
 
-    def reduce(self, fn, name=None) -> Stream:
+    def reduce(self, fn, name=None) -> BaseStream:
         return self.aggregate(Reduce(self._function("reduce", fn, name)), name)
 
-    def fold(self, zero, fn, name=None) -> Stream:
+    def fold(self, zero, fn, name=None) -> BaseStream:
         return self.aggregate(Fold(zero, self._function("fold", fn, name)), name)
 
-    def count(self, name=None) -> Stream:
+    def count(self, name=None) -> BaseStream:
         return self.aggregate(Count(), name)
 
-    def sum(self, value_fn=None, name=None) -> Stream:
+    def sum(self, value_fn=None, name=None) -> BaseStream:
         return self.aggregate(Sum(self._function("sum", value_fn, name, optional=True)), name)

@@ -15,7 +15,7 @@ from gearbus.connectors.jetstream import JetStreamTransactionalSink
 from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSource
 
 
-class Pipeline(dsl.Pipeline):
+class Pipeline(dsl.BasePipeline):
     """A logical streaming graph with read steps for every connector gearbus ships."""
 
     def _stream_of(self, step: dsl.Step) -> Stream:
@@ -69,7 +69,7 @@ class Pipeline(dsl.Pipeline):
         return self._source(source, "read_nats", name=name, parallelism=parallelism)
 
 
-class Stream(dsl.Stream):
+class Stream(dsl.BaseStream):
     """A stream of records produced by one step, with write steps for the connectors."""
 
     def write_jsonl(self, path: str, name: str | None = None) -> None:

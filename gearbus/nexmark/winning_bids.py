@@ -10,7 +10,7 @@ holds the auctions in flight and nothing else once the watermark passes them.
 
 from __future__ import annotations
 
-from gearbus.api.dsl import Stream
+from gearbus.api.dsl import BaseStream
 from gearbus.api.keyed import KeyedContext, KeyedProcessFunction
 
 AUCTION_SIDE, BID_SIDE = "auction", "bid"
@@ -75,7 +75,7 @@ class WinningBid(KeyedProcessFunction):
             ctx.state = None
 
 
-def winning_bids(auctions: Stream, bids: Stream, name: str = "winning_bids") -> Stream:
+def winning_bids(auctions: BaseStream, bids: BaseStream, name: str = "winning_bids") -> BaseStream:
     """``(auction, winning bid)`` per auction with a valid bid, once it expires."""
     both = auctions.map(_tagged_auction, name=f"{name}_auctions").merge(
         bids.map(_tagged_bid, name=f"{name}_bids"), name=f"{name}_inputs")

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gearbus.api.dsl import Pipeline
+from gearbus.api.dsl import BasePipeline
 from gearbus.api.graph import Application, GraphError
 from gearbus.api.task import TaskContext
 from gearbus.artifact import Artifact, load_local, load_pipeline as load_pipeline_file, pack
@@ -53,7 +53,7 @@ class TestRunner:
         """``seed``: which of the interleavings the cluster could take this run takes."""
         self.seed = seed
 
-    def run(self, app: Pipeline | Application | str, args: Sequence[str] = (), raise_on_failure: bool = True) -> RunResult:
+    def run(self, app: BasePipeline | Application | str, args: Sequence[str] = (), raise_on_failure: bool = True) -> RunResult:
         """Run to the end. Sources read batches of the app's ``batch_records`` (as the
         executors do), so watermarks advance at the same points as on the bus."""
         application = _resolve(app, args, "test")
@@ -66,13 +66,13 @@ class TestRunner:
         return RunResult(AppState.SUCCEEDED, name=application.name)
 
 
-def load_pipeline(app: Pipeline | str, args: Sequence[str] = ()) -> Pipeline:
+def load_pipeline(app: BasePipeline | str, args: Sequence[str] = ()) -> BasePipeline:
     """A Pipeline object as it is, or the one an app file builds from ``args``."""
-    return app if isinstance(app, Pipeline) else load_pipeline_file(app, list(args))
+    return app if isinstance(app, BasePipeline) else load_pipeline_file(app, list(args))
 
 
 def _resolve(app, args, runner: str) -> Application:
-    if isinstance(app, Pipeline):
+    if isinstance(app, BasePipeline):
         return plan(app, runner)
     if isinstance(app, Application):
         return app

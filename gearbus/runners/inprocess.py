@@ -62,13 +62,13 @@ from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
 from gearbus.runtime.savepoints import compacted, whole_snapshot
 from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
+from gearbus.runtime.task_key import TaskKey
 from shared.messages import AppError, LaunchTasks, TaskId
 
 log = logging.getLogger(__name__)  # as the connectors log: quiet unless the user sets logging up
 
 KEEP_CHECKPOINTS = 2
 
-TaskKey = tuple[int, int]
 Checkpoint = tuple[int, dict[TaskKey, bytes]]
 """A completed checkpoint: its id and each task's encoded :class:`TaskSnapshot`."""
 
@@ -136,7 +136,7 @@ class InProcessEngine:
         self._appmaster_instructions = {
             st.Logged: self._log, st.StoreEpoch: self._store_epoch, st.RequestSlots: self._request_slots,
             st.RequestSlot: self._request_slot, st.LaunchExecutor: self._launch_executor, st.Deploy: self._deploy,
-            st.Fence: self._fence, st.ReportState: self._report_state, st.End: self._end,
+            st.Fence: self._fence, st.ReportState: self._report_state, st.EndApp: self._end,
             st.RepeatFinalComplete: self._repeat_final_complete,
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._trigger,
             cp.StoreCheckpoint: self._store_checkpoint, cp.NotifyComplete: self._notify_complete,
@@ -263,7 +263,7 @@ class InProcessEngine:
         """No master to tell."""
 
     @staticmethod
-    def _end(end: st.End) -> None:
+    def _end(end: st.EndApp) -> None:
         if end.error is not None:
             raise PipelineFailed(end.error)
 
@@ -617,7 +617,7 @@ class InProcessEngine:
 
     def _guard(self, node: _Node, fn, *args):
         """Run a task's step; an exception fails the task, as its loop on an executor: the
-        user's error ends the app (its End raises PipelineFailed); one a rollback can
+        user's error ends the app (its EndApp raises PipelineFailed); one a rollback can
         repair (lifecycle.RECOVERABLE) rolls the app back, and what was under way stops
         (_Interrupted, caught where the engine drives the next step)."""
         try:

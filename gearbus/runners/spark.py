@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from urllib.parse import urlparse
 
 from gearbus.api.aggregators import Aggregator
-from gearbus.api.dsl import Pipeline, Step
+from gearbus.api.dsl import BasePipeline, Step
 from gearbus.api.graph import GraphError
 from gearbus.api.task import now_ms
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
@@ -137,7 +137,7 @@ def spark_session(master: str = "local[*]", app_name: str = "gearbus"):
 class SparkPlan:
     """The translation of one pipeline; :meth:`run` executes its sinks."""
 
-    def __init__(self, pipeline: Pipeline, spark, nats_servers: Sequence[str] = (), warn=print):
+    def __init__(self, pipeline: BasePipeline, spark, nats_servers: Sequence[str] = (), warn=print):
         self.pipeline = pipeline
         self.spark = spark
         self.sc = spark.sparkContext

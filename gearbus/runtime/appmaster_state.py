@@ -22,9 +22,9 @@ The app moves through these phases (``_ALLOWED`` enforces the table)::
     DEPLOYING       (or a deployment failed)                   (a new epoch; lost tasks get new executors)
     ROLLING_BACK  more losses                                ROLLING_BACK  (placed too)
     ROLLING_BACK  every lost task has a registered executor  DEPLOYING     Deploy(epoch)
-    RUNNING       every task finished                        ENDING        End(SUCCEEDED)
-    RUNNING       a savepoint with stop is written           ENDING        End(TERMINATED)
-    any           task failure, budget spent, no slot, ...   ENDING        End(FAILED, error)
+    RUNNING       every task finished                        ENDING        EndApp(SUCCEEDED)
+    RUNNING       a savepoint with stop is written           ENDING        EndApp(TERMINATED)
+    any           task failure, budget spent, no slot, ...   ENDING        EndApp(FAILED, error)
 
 Every loss counts against the restart budget (``max_restarts``) and against its worker
 (``blacklist_after`` failures there and the worker is avoided). Losses while a rollback is
@@ -43,9 +43,8 @@ from dataclasses import dataclass, field
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.state_backend import backend_name
 from gearbus.runtime.stimuli import StimulusLog, stimulus
+from gearbus.runtime.task_key import TaskKey
 from shared.messages import AppError, AppState, ErrorCode
-
-TaskKey = tuple[int, int]
 
 DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app survives
 DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": executor failures on one worker before avoiding it
@@ -150,7 +149,7 @@ class AnswerSavepoint:
 
 
 @dataclass(frozen=True)
-class End:
+class EndApp:
     """The app's outcome is decided: send the final counters, report, stop the executors."""
     state: str
     error: AppError | None = None
@@ -165,7 +164,7 @@ class Logged:
 
 
 Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | StoreEpoch | Fence
-               | ReportState | AnswerSavepoint | RepeatFinalComplete | End | Logged | cp.Action)
+               | ReportState | AnswerSavepoint | RepeatFinalComplete | EndApp | Logged | cp.Action)
 """What the shell carries out (never cp.FailApplication: the machine ends the app on it)."""
 
 
@@ -179,7 +178,7 @@ class Refused(Exception):
 
 
 @dataclass
-class Executor:
+class ExecutorRecord:
     """What the AppMaster knows of one executor."""
     executor_id: int
     worker_id: str
@@ -236,11 +235,11 @@ class AppMasterState:
         self.epoch = epoch
         self.restarts = restarts
         self.phase: Phase | None = None
-        self.executors: dict[int, Executor] = {}
+        self.executors: dict[int, ExecutorRecord] = {}
         self.unfinished: set[TaskKey] = set(self.tasks)
         self.blacklist: set[str] = set()
         self.failures: collections.Counter[str] = collections.Counter()
-        self.outcome: End | None = None
+        self.outcome: EndApp | None = None
         self._restore: cp.CheckpointMeta | None = None  # what the next deployment restores
         self._active_reported = False
         self._adopt_until: float | None = None
@@ -252,7 +251,7 @@ class AppMasterState:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def live_executors(self) -> list[Executor]:
+    def live_executors(self) -> list[ExecutorRecord]:
         return [e for e in self.executors.values() if e.live]
 
     @property
@@ -285,7 +284,7 @@ class AppMasterState:
             return []
         for worker in workers:
             executor_id = len(self.executors)
-            self.executors[executor_id] = Executor(executor_id, worker, launched_at=now)
+            self.executors[executor_id] = ExecutorRecord(executor_id, worker, launched_at=now)
         executors = list(self.executors.values())
         for n, task in enumerate(sorted(self.tasks)):
             index = task[1] if self.settings.placement == "by_index" else n
@@ -301,7 +300,7 @@ class AppMasterState:
         the previous AppMaster's with the tasks it hosts. Raises Refused otherwise."""
         executor = self.executors.get(executor_id)
         if executor is None and self.phase is Phase.ADOPTING:
-            executor = self.executors[executor_id] = Executor(executor_id, worker_id, list(tasks))
+            executor = self.executors[executor_id] = ExecutorRecord(executor_id, worker_id, list(tasks))
         if executor is None:
             raise Refused(ErrorCode.NOT_FOUND, f"this app launched no executor {executor_id}")
         if executor.lost:
@@ -556,7 +555,7 @@ class AppMasterState:
         self._enter(Phase.ROLLING_BACK)
         return actions + self._replace(orphans, set())
 
-    def _lost(self, executor: Executor, reason: str, now: float, suspect: bool = False) -> list[Instruction]:
+    def _lost(self, executor: ExecutorRecord, reason: str, now: float, suspect: bool = False) -> list[Instruction]:
         """An executor is gone (or declared gone): fence it, then roll the app back."""
         if executor.lost or self.phase is Phase.ENDING:
             return []
@@ -613,7 +612,7 @@ class AppMasterState:
     def _replace(self, tasks: list[TaskKey], avoid: set[str]) -> list[Instruction]:
         """A new executor (id never used before) for ``tasks``, away from ``avoid``."""
         executor_id = max(self.executors, default=-1) + 1
-        self.executors[executor_id] = Executor(executor_id, "", list(tasks))
+        self.executors[executor_id] = ExecutorRecord(executor_id, "", list(tasks))
         preferred, allowed = tuple(sorted(self.blacklist | avoid)), tuple(sorted(self.blacklist))
         self.executors[executor_id].fallback_exclude = allowed if allowed != preferred else None
         return [RequestSlot(executor_id, preferred)]
@@ -665,7 +664,7 @@ class AppMasterState:
         if self.phase is Phase.ENDING:
             return []
         self.phase = Phase.ENDING  # from any phase
-        self.outcome = End(state, error)
+        self.outcome = EndApp(state, error)
         failed = [AnswerSavepoint(r, error=f"the app ended ({state})") for r in self._savepoints]
         self._savepoints.clear()
         return failed + [self.outcome]

@@ -61,8 +61,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-TaskKey = tuple[int, int]
-"""A task: (processor id, task index)."""
+from gearbus.runtime.task_key import TaskKey
 
 #: The shortest chain a compaction replaces: rewriting the whole state to drop one
 #: snapshot's worth of reading costs more than it saves.

@@ -49,8 +49,8 @@ from typing import NamedTuple
 from gearbus.api.task import Record, Task
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.snapshots import MAX_DEPTH, Lineage, TaskSnapshot
+from gearbus.runtime.task_key import TaskKey
 
-Sender = tuple[int, int]  # (processor id, task index)
 NO_BARRIER = 0
 #: The smallest credit window a debloated receiver grants: one frame to process while the next comes.
 MIN_WINDOW = 2
@@ -80,7 +80,7 @@ class Grant(NamedTuple):
     send up to sequence ``consumed`` + ``window``. A count, not an increment, so a grant
     that is lost, repeated or overtaken changes nothing once a later one arrives."""
 
-    sender: Sender
+    sender: TaskKey
     consumed: int
     window: int
 
@@ -128,7 +128,7 @@ class _Input:
 class TaskCore:
     """One task's inputs, watermark, alignment and snapshots. Methods return actions."""
 
-    def __init__(self, task: Task, senders: Iterable[Sender], credit_frames: int, epoch: int = 0,
+    def __init__(self, task: Task, senders: Iterable[TaskKey], credit_frames: int, epoch: int = 0,
                  max_depth: int = MAX_DEPTH, debloat_target_ms: float = 0):
         """``max_depth``: how many snapshots may build on a whole one (0: every one whole);
         ``debloat_target_ms``: see :meth:`measured` (0: the window stays ``credit_frames``)."""
@@ -138,7 +138,7 @@ class TaskCore:
         self.window = credit_frames  # the credit window granted now
         self.debloat_target_s = debloat_target_ms / 1000
         self._measuring = (0, 0, 0.0)  # frames and records in, seconds they took, since the last measure
-        self.inputs: dict[Sender, _Input] = {s: _Input(credit_frames) for s in senders}
+        self.inputs: dict[TaskKey, _Input] = {s: _Input(credit_frames) for s in senders}
         self.open_inputs = len(self.inputs)
         self.watermark = WATERMARK_MIN  # the input's; the output's may lag (see output_watermark)
         self.input_ended = False  # every input ended: the end follows once nothing is pending
@@ -153,7 +153,7 @@ class TaskCore:
 
     # --- events ----------------------------------------------------------------------
 
-    def receive(self, sender: Sender, frame: Frame) -> list:
+    def receive(self, sender: TaskKey, frame: Frame) -> list:
         """A frame from ``sender`` (raises DataPlaneError when frames were lost)."""
         state = self.inputs.get(sender)
         if state is None:
@@ -274,7 +274,7 @@ class TaskCore:
 
     # --- rules -----------------------------------------------------------------------
 
-    def _grant(self, sender: Sender, state: _Input) -> Grant:
+    def _grant(self, sender: TaskKey, state: _Input) -> Grant:
         """Credit for ``sender`` up to what it processed plus the window. :meth:`_process`
         grants every half window processed (rounded down: one grant lost, the next comes
         before the sender's credit from the one before runs out), and as soon as what the
@@ -284,7 +284,7 @@ class TaskCore:
         state.limit = max(state.limit, state.consumed + self.window)
         return Grant(sender, state.consumed, self.window)
 
-    def _process(self, sender: Sender, state: _Input, frame: Frame, actions: list) -> None:
+    def _process(self, sender: TaskKey, state: _Input, frame: Frame, actions: list) -> None:
         state.consumed += 1
         window = self.window
         if state.consumed - state.granted >= max(1, window // 2) or (state.limit - state.consumed) * 2 <= window:
@@ -334,7 +334,7 @@ class TaskCore:
         output, self.task.output = self.task.output, []
         return output
 
-    def _barrier(self, sender: Sender, state: _Input, checkpoint_id: int, actions: list) -> None:
+    def _barrier(self, sender: TaskKey, state: _Input, checkpoint_id: int, actions: list) -> None:
         if checkpoint_id != self.aligning:
             if self.aligning != NO_BARRIER:
                 raise DataPlaneError(

@@ -25,9 +25,9 @@ from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.core import NO_BARRIER, End, Flush, Frame, Snapshot
 from gearbus.runtime.frames import encode_frame
 from gearbus.runtime.state_backend import backend_name
+from gearbus.runtime.task_key import TaskKey
 from shared.values import ValueTypeError
 
-TaskKey = tuple[int, int]  # (processor id, task index)
 
 
 #: The debloat target by state backend, when the app sets none. State on disk makes a task

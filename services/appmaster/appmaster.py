@@ -146,7 +146,7 @@ class AppMaster(Service):
             st.AskExecutorsToRegister: self._ask_executors_to_register,
             st.Deploy: self._spawning(self._deploy, "deploy"), st.Fence: self._spawning(self._fence, "fence"),
             st.ReportState: self._report_state, st.AnswerSavepoint: self._answer_savepoint,
-            st.RepeatFinalComplete: self._repeat_final_complete, st.End: self._spawning(self._finish, "finish"),
+            st.RepeatFinalComplete: self._repeat_final_complete, st.EndApp: self._spawning(self._finish, "finish"),
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._retrigger, cp.StoreCheckpoint: self._store,
             cp.NotifyComplete: self._notify_complete, cp.CompactCheckpoint: self._start_compaction,
             cp.PruneCheckpoints: self._start_prune, cp.AbandonCheckpoint: self._abandon,
@@ -220,11 +220,11 @@ class AppMaster(Service):
                 self._machine(tasks, restore, 0, 0)
                 actions = self.state.start(time.monotonic(), restore)
         except AppFailure as failure:
-            await self._finish(st.End(AppState.FAILED, failure.error))
+            await self._finish(st.EndApp(AppState.FAILED, failure.error))
             return
         except Exception as exc:
             log.error("app_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-            await self._finish(st.End(AppState.FAILED, AppError(type(exc).__name__, str(exc), "appmaster",
+            await self._finish(st.EndApp(AppState.FAILED, AppError(type(exc).__name__, str(exc), "appmaster",
                                                                 traceback.format_exc())))
             return
         self.spawn(self.tick_loop(), "ticks")
@@ -406,7 +406,7 @@ class AppMaster(Service):
             log.warning("fence_kill_failed", executor_id=fence.executor_id, worker_id=fence.worker_id,
                         error=exc.message)
 
-    async def _finish(self, end: st.End) -> None:
+    async def _finish(self, end: st.EndApp) -> None:
         """The app's outcome: the final counters, then the state, then stop everything."""
         if end.error is not None:
             log.error("app_failed", error=f"{end.error.error_type}: {end.error.message}", where=end.error.where)

@@ -12,7 +12,7 @@ from gearbus.runtime.appmaster_state import (
     AppMasterState,
     AskExecutorsToRegister,
     Deploy,
-    End,
+    EndApp,
     Fence,
     LaunchExecutor,
     Phase,
@@ -90,7 +90,7 @@ def test_an_executor_lost_while_starting_fails_the_app():
     m.start(0)
     m.slots_allocated(["w1", "w2"], 0)
     out = m.executor_stopped(1, "w2", "exited with code 1", False, 0)
-    [end] = of(End, out)
+    [end] = of(EndApp, out)
     assert end.state == AppState.FAILED and end.error.error_type == "ExecutorLost"
     assert of(Fence, out) == [Fence(1, "w2", "executor 1 on worker w2 exited with code 1")]
 
@@ -129,7 +129,7 @@ def test_a_slot_away_from_the_suspect_worker_is_asked_first_then_any_and_then_th
     running(m)
     assert of(RequestSlot, m.executor_stopped(1, "w2", "exited with code -9", True, 2)) == [RequestSlot(2, ("w2",))]
     assert of(RequestSlot, m.slot_failed(2, "no free slot")) == [RequestSlot(2, ())]  # the suspect's worker will do
-    [end] = of(End, m.slot_failed(2, "no free slot"))
+    [end] = of(EndApp, m.slot_failed(2, "no free slot"))
     assert end.state == AppState.FAILED and end.error.error_type == "RecoveryFailed"
     assert "no slot for the lost tasks: no free slot" in end.error.message
     m.validate()
@@ -160,7 +160,7 @@ def test_the_restart_budget_ends_the_app_and_a_worker_failing_often_is_avoided()
         assert deploy.epoch == epoch + 1
         m.deployed(epoch + 1, 1)
     assert m.blacklist == {"w1"}
-    [end] = of(End, m.task_failed(SRC0, 2, AppError("E", "boom again"), True, 0, 3))
+    [end] = of(EndApp, m.task_failed(SRC0, 2, AppError("E", "boom again"), True, 0, 3))
     assert end.state == AppState.FAILED and end.error.error_type == "RestartBudgetExhausted"
     assert "boom again" in end.error.message
 
@@ -191,7 +191,7 @@ def test_a_task_failing_for_good_fails_the_app_with_its_error():
     m = machine()
     running(m)
     error = AppError("ValueError", "bad record", "task 1.0")
-    assert m.task_failed(SINK0, 0, error, False, 0, 1) == [End(AppState.FAILED, error)]
+    assert m.task_failed(SINK0, 0, error, False, 0, 1) == [EndApp(AppState.FAILED, error)]
     assert m.task_failed(SINK1, 0, error, False, 1, 1) == []  # decided once
 
 
@@ -225,7 +225,7 @@ def test_the_app_succeeds_when_every_task_finished_in_the_current_epoch():
     for task in TASKS[:-1]:
         assert m.task_finished(task, 0) == []
     assert m.task_finished(SINK1, 5) == []  # another epoch's
-    assert of(End, m.task_finished(SINK1, 0)) == [End(AppState.SUCCEEDED)]
+    assert of(EndApp, m.task_finished(SINK1, 0)) == [EndApp(AppState.SUCCEEDED)]
     m.validate()
 
 
@@ -245,7 +245,7 @@ def test_the_final_checkpoint_is_announced_again_every_second_until_every_task_f
     for task in TASKS[:-1]:
         m.task_finished(task, 0)
     assert of(RepeatFinalComplete, m.tick(3.6)) == [RepeatFinalComplete(trigger.checkpoint_id, 0)]
-    assert of(End, m.task_finished(SINK1, 0)) == [End(AppState.SUCCEEDED)]
+    assert of(EndApp, m.task_finished(SINK1, 0)) == [EndApp(AppState.SUCCEEDED)]
     assert m.tick(9) == []
     m.validate()
 
@@ -263,7 +263,7 @@ def test_a_savepoint_with_stop_answers_with_its_checkpoint_then_terminates_the_a
     [store] = of(cp.StoreCheckpoint, acks)
     [answer] = of(AnswerSavepoint, m.checkpoint_stored(store.meta.checkpoint_id, 1))
     assert answer.request_id == 41 and answer.meta.checkpoint_id == trigger.checkpoint_id
-    assert m.savepoint_written(41) == [End(AppState.TERMINATED)]
+    assert m.savepoint_written(41) == [EndApp(AppState.TERMINATED)]
 
 
 def test_a_savepoint_whose_checkpoint_fails_is_answered_with_the_reason():
@@ -336,7 +336,7 @@ def test_any_ordering_keeps_the_invariants(adopt, sequence):
         m.validate()
         assert m.epoch >= epoch
         epoch = m.epoch
-        ends += len(of(End, out))
+        ends += len(of(EndApp, out))
         assert ends <= 1, "the app ended twice"
         for deploy in of(Deploy, out):
             assert deploy.epoch == m.epoch
