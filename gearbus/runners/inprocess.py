@@ -136,7 +136,7 @@ class InProcessEngine:
         self._appmaster_instructions = {
             st.Logged: self._log, st.StoreEpoch: self._store_epoch, st.RequestSlots: self._request_slots,
             st.RequestSlot: self._request_slot, st.LaunchExecutor: self._launch_executor, st.Deploy: self._deploy,
-            st.Fence: self._fence, st.ReportState: self._report_state, st.EndApp: self._end,
+            st.Fence: self._fence, st.ReportState: self._report_state, st.EndApp: self._end, st.Shutdown: self._shutdown,
             st.RepeatFinalComplete: self._repeat_final_complete,
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._trigger,
             cp.StoreCheckpoint: self._store_checkpoint, cp.NotifyComplete: self._notify_complete,
@@ -259,8 +259,12 @@ class InProcessEngine:
         if machine is not None:
             self._do(fence.executor_id, machine.fenced(fence.reason))
 
-    def _report_state(self, _: st.ReportState) -> None:
-        """No master to tell."""
+    def _report_state(self, report: st.ReportState) -> None:
+        """No master to tell: as if it answered."""
+        self._carry_out(self.state.state_reported(report.state, self.clock))
+
+    def _shutdown(self, _: st.Shutdown) -> None:
+        """The engine's loop ends with the app: nothing else runs."""
 
     @staticmethod
     def _end(end: st.EndApp) -> None:

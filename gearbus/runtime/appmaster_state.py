@@ -22,9 +22,10 @@ The app moves through these phases (``_ALLOWED`` enforces the table)::
     DEPLOYING       (or a deployment failed)                   (a new epoch; lost tasks get new executors)
     ROLLING_BACK  more losses                                ROLLING_BACK  (placed too)
     ROLLING_BACK  every lost task has a registered executor  DEPLOYING     Deploy(epoch)
-    RUNNING       every task finished                        ENDING        EndApp(SUCCEEDED)
-    RUNNING       a savepoint with stop is written           ENDING        EndApp(TERMINATED)
-    any           task failure, budget spent, no slot, ...   ENDING        EndApp(FAILED, error)
+    RUNNING       every task finished                        ENDING        EndApp(SUCCEEDED), ReportState
+    RUNNING       a savepoint with stop is written           ENDING        EndApp(TERMINATED), ReportState
+    any           task failure, budget spent, no slot, ...   ENDING        EndApp(FAILED, error), ReportState
+    ENDING        the end reported (or given up on)          ENDING        Shutdown
 
 Every loss counts against the restart budget (``max_restarts``) and against its worker
 (``blacklist_after`` failures there and the worker is avoided). Losses while a rollback is
@@ -52,6 +53,7 @@ EXECUTOR_TIMEOUT_HEARTBEATS = 5  # an executor silent this many heartbeat interv
 MISSED_HEARTBEATS_LOGGED = 3  # after this many intervals of silence the shell warns once
 ADOPTION_WINDOW_HEARTBEATS = 2  # a relaunched AppMaster waits this long for the running executors
 STARTUP_TIMEOUT_S = 60.0  # a launched executor must register within this
+REPORT_RETRY_S = 30.0  # a state report the master did not answer is sent again for this long (a fail-over)
 
 
 class Phase(enum.Enum):
@@ -135,8 +137,9 @@ class Fence:
 
 @dataclass(frozen=True)
 class ReportState:
-    """Tell the master the app's state."""
+    """Tell the master the app's state (and why it failed); then ``state_reported``."""
     state: str
+    error: AppError | None = None
 
 
 @dataclass(frozen=True)
@@ -150,9 +153,16 @@ class AnswerSavepoint:
 
 @dataclass(frozen=True)
 class EndApp:
-    """The app's outcome is decided: send the final counters, report, stop the executors."""
+    """The app's outcome is decided: log it and send the final counters (a ReportState of
+    the outcome follows: the counters go before the final state)."""
     state: str
     error: AppError | None = None
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """The app's end is reported (or could not be): stop its executors, then this AppMaster."""
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -164,7 +174,7 @@ class Logged:
 
 
 Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | StoreEpoch | Fence
-               | ReportState | AnswerSavepoint | RepeatFinalComplete | EndApp | Logged | cp.Action)
+               | ReportState | AnswerSavepoint | RepeatFinalComplete | EndApp | Shutdown | Logged | cp.Action)
 """What the shell carries out (never cp.FailApplication: the machine ends the app on it)."""
 
 
@@ -246,6 +256,7 @@ class AppMasterState:
         self._savepoints: dict[int, tuple[int, bool]] = {}  # request id -> (first usable checkpoint id, stop)
         self._written: dict[int, bool] = {}  # request id -> stop, for savepoints being written
         self._final_announced: tuple[int, float] | None = None  # the final checkpoint, when last announced
+        self._report_failing_since: dict[str, float] = {}  # state -> when its report first went unanswered
         #: every event taken, and what it decided (executor heartbeats, and ticks and acks that decided nothing, aside)
         self.stimuli = StimulusLog(quiet=frozenset({"tick", "checkpoint_acked", "task_ended"}))
 
@@ -463,6 +474,25 @@ class AppMasterState:
         return self._end(AppState.TERMINATED) if ok and stop else []
 
     @stimulus
+    def state_reported(self, state: str, now: float, failure: str = "", retryable: bool = False
+                       ) -> list[Instruction]:
+        """The master answered a state report (``failure``: it did not). One it did not
+        answer in time (a fail-over) goes again, for REPORT_RETRY_S; the outcome's report,
+        once answered or given up, lets the app's processes stop (a repeated report is
+        harmless: the master ignores one that changes nothing)."""
+        actions: list[Instruction] = []
+        if failure:
+            since = self._report_failing_since.setdefault(state, now)
+            if retryable and now - since < REPORT_RETRY_S:
+                error = self.outcome.error if self.outcome is not None and self.outcome.state == state else None
+                return [ReportState(state, error)]
+            actions.append(Logged("state_report_failed", "error", (("state", state), ("error", failure))))
+        self._report_failing_since.pop(state, None)
+        if self.outcome is not None and self.outcome.state == state:
+            actions.append(Shutdown("app ended" if state == AppState.SUCCEEDED else f"app {state.lower()}"))
+        return actions
+
+    @stimulus
     def fail(self, error: AppError) -> list[Instruction]:
         """Something the shell could not do (load the app, store the epoch, ...) ends the app."""
         return self._end(AppState.FAILED, error) if self.phase is not Phase.ENDING else []
@@ -667,4 +697,4 @@ class AppMasterState:
         self.outcome = EndApp(state, error)
         failed = [AnswerSavepoint(r, error=f"the app ended ({state})") for r in self._savepoints]
         self._savepoints.clear()
-        return failed + [self.outcome]
+        return failed + [self.outcome, ReportState(state, error)]

@@ -146,7 +146,8 @@ class AppMaster(Service):
             st.AskExecutorsToRegister: self._ask_executors_to_register,
             st.Deploy: self._spawning(self._deploy, "deploy"), st.Fence: self._spawning(self._fence, "fence"),
             st.ReportState: self._report_state, st.AnswerSavepoint: self._answer_savepoint,
-            st.RepeatFinalComplete: self._repeat_final_complete, st.EndApp: self._spawning(self._finish, "finish"),
+            st.RepeatFinalComplete: self._repeat_final_complete, st.EndApp: self._end_app,
+            st.Shutdown: self._spawning(self._shutdown, "shutdown"),
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._retrigger, cp.StoreCheckpoint: self._store,
             cp.NotifyComplete: self._notify_complete, cp.CompactCheckpoint: self._start_compaction,
             cp.PruneCheckpoints: self._start_prune, cp.AbandonCheckpoint: self._abandon,
@@ -220,12 +221,11 @@ class AppMaster(Service):
                 self._machine(tasks, restore, 0, 0)
                 actions = self.state.start(time.monotonic(), restore)
         except AppFailure as failure:
-            await self._finish(st.EndApp(AppState.FAILED, failure.error))
+            await self._fail_unplanned(failure.error)
             return
         except Exception as exc:
             log.error("app_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-            await self._finish(st.EndApp(AppState.FAILED, AppError(type(exc).__name__, str(exc), "appmaster",
-                                                                traceback.format_exc())))
+            await self._fail_unplanned(AppError(type(exc).__name__, str(exc), "appmaster", traceback.format_exc()))
             return
         self.spawn(self.tick_loop(), "ticks")
         await self.carry_out(actions)
@@ -312,9 +312,14 @@ class AppMaster(Service):
         await self.bus.publish(subjects.executor_reregister(self.app_id), ReRegister("the AppMaster was relaunched"))
 
     async def _report_state(self, report: st.ReportState) -> None:
-        log.info("app_active", executors=len(self.state.live_executors()), tasks=len(self.state.tasks),
-                 guarantee=self.guarantee[0])
-        self.spawn(self._report(report.state, None), "report")
+        if report.state == AppState.ACTIVE:
+            log.info("app_active", executors=len(self.state.live_executors()), tasks=len(self.state.tasks),
+                     guarantee=self.guarantee[0])
+        self.spawn(self._send_state(report), "report")
+
+    async def _send_state(self, report: st.ReportState) -> None:
+        failure, retryable = await self._request_state(report.state, report.error)
+        await self.carry_out(self.state.state_reported(report.state, time.monotonic(), failure, retryable))
 
     async def _answer_savepoint(self, answer: st.AnswerSavepoint) -> None:
         waiting = self._savepoints.pop(answer.request_id, None)
@@ -406,13 +411,23 @@ class AppMaster(Service):
             log.warning("fence_kill_failed", executor_id=fence.executor_id, worker_id=fence.worker_id,
                         error=exc.message)
 
-    async def _finish(self, end: st.EndApp) -> None:
-        """The app's outcome: the final counters, then the state, then stop everything."""
+    async def _end_app(self, end: st.EndApp) -> None:
+        """The app's outcome: logged, and the final counters sent before the final state."""
         if end.error is not None:
             log.error("app_failed", error=f"{end.error.error_type}: {end.error.message}", where=end.error.where)
-        await self._send_heartbeat()  # the final counters, before the final state
-        await self._report(end.state, end.error)
-        await self.stop_executors("app ended" if end.state == AppState.SUCCEEDED else f"app {end.state.lower()}")
+        await self._send_heartbeat()
+
+    async def _shutdown(self, shutdown: st.Shutdown) -> None:
+        await self.stop_executors(shutdown.reason)
+        self.stop()
+
+    async def _fail_unplanned(self, error: AppError) -> None:
+        """The app could not be loaded or planned: no state machine runs to decide its end.
+        Reported once (the master also hears that this process exited), then this stops."""
+        await self._end_app(st.EndApp(AppState.FAILED, error))
+        failure, _ = await self._request_state(AppState.FAILED, error)
+        if failure:
+            log.error("state_report_failed", state=AppState.FAILED, error=failure)
         self.stop()
 
     async def tick_loop(self) -> None:
@@ -729,22 +744,18 @@ class AppMaster(Service):
             except RequestError as exc:
                 log.warning("executor_shutdown_failed", executor_id=executor.executor_id, error=exc.message)
 
-    async def _report(self, state: str, error: AppError | None) -> None:
-        """Tell the master the app's state; retried through a fail-over (a repeated
-        report is harmless: the master ignores one that changes nothing)."""
-        deadline = time.monotonic() + MASTER_RETRY_S
-        while True:
-            try:
-                await self.bus.request(subjects.appmaster_state(self.app_id), ApplicationStateChanged(self.app_id, state, error),
-                                       timeout=5, retry_s=MASTER_RETRY_S)
-                return
-            except RequestTimeout as exc:
-                if time.monotonic() > deadline:
-                    log.error("state_report_failed", state=state, error=exc.message)
-                    return
-            except RequestError as exc:
-                log.error("state_report_failed", state=state, error=exc.message)
-                return
+    async def _request_state(self, state: str, error: AppError | None) -> tuple[str, bool]:
+        """Tell the master the app's state: ("", False) once it answered, else (why, whether
+        to try again: it did not answer in time)."""
+        try:
+            await self.bus.request(subjects.appmaster_state(self.app_id),
+                                   ApplicationStateChanged(self.app_id, state, error), timeout=5,
+                                   retry_s=MASTER_RETRY_S)
+        except RequestTimeout as exc:
+            return exc.message, True
+        except RequestError as exc:
+            return exc.message, False
+        return "", False
 
     def _checkpoint_stats(self) -> CheckpointStats | None:
         if self.coordinator is None:

@@ -22,6 +22,7 @@ from gearbus.runtime.appmaster_state import (
     RepeatFinalComplete,
     RequestSlots,
     Settings,
+    Shutdown,
     StoreEpoch,
 )
 from shared.messages import AppError, AppState
@@ -191,7 +192,8 @@ def test_a_task_failing_for_good_fails_the_app_with_its_error():
     m = machine()
     running(m)
     error = AppError("ValueError", "bad record", "task 1.0")
-    assert m.task_failed(SINK0, 0, error, False, 0, 1) == [EndApp(AppState.FAILED, error)]
+    assert m.task_failed(SINK0, 0, error, False, 0, 1) == [EndApp(AppState.FAILED, error),
+                                                           ReportState(AppState.FAILED, error)]
     assert m.task_failed(SINK1, 0, error, False, 1, 1) == []  # decided once
 
 
@@ -250,6 +252,35 @@ def test_the_final_checkpoint_is_announced_again_every_second_until_every_task_f
     m.validate()
 
 
+def test_the_outcome_is_reported_again_through_a_fail_over_then_the_processes_stop():
+    m = machine()
+    running(m)
+    error = AppError("ValueError", "bad record", "step")
+    assert of(ReportState, m.task_failed(SINK0, 0, error, False, 0, 1)) == [ReportState(AppState.FAILED, error)]
+    # no master answers (one is being elected): again, for REPORT_RETRY_S from the first miss
+    assert m.state_reported(AppState.FAILED, 10, "timed out", retryable=True) == [ReportState(AppState.FAILED, error)]
+    assert m.state_reported(AppState.FAILED, 39, "timed out", retryable=True) == [ReportState(AppState.FAILED, error)]
+    out = m.state_reported(AppState.FAILED, 40, "timed out", retryable=True)
+    assert of(Shutdown, out) == [Shutdown("app failed")] and "state_report_failed" in [i.event for i in out
+                                                                                        if hasattr(i, "event")]
+    m.validate()
+
+
+def test_an_answered_report_of_the_outcome_stops_the_processes_and_one_refused_is_not_repeated():
+    m = machine()
+    running(m)
+    assert m.state_reported(AppState.ACTIVE, 1) == []  # the app goes on
+    for task in TASKS[:-1]:
+        m.task_finished(task, 0)
+    assert of(ReportState, m.task_finished(SINK1, 0)) == [ReportState(AppState.SUCCEEDED)]
+    assert m.state_reported(AppState.SUCCEEDED, 2) == [Shutdown("app ended")]
+    other = machine()
+    running(other)
+    other.fail(AppError("E", "boom", "here"))
+    out = other.state_reported(AppState.FAILED, 3, "unknown app id 1", retryable=False)
+    assert of(ReportState, out) == [] and of(Shutdown, out) == [Shutdown("app failed")]
+
+
 def test_a_savepoint_with_stop_answers_with_its_checkpoint_then_terminates_the_app():
     m = machine()
     running(m)
@@ -263,7 +294,7 @@ def test_a_savepoint_with_stop_answers_with_its_checkpoint_then_terminates_the_a
     [store] = of(cp.StoreCheckpoint, acks)
     [answer] = of(AnswerSavepoint, m.checkpoint_stored(store.meta.checkpoint_id, 1))
     assert answer.request_id == 41 and answer.meta.checkpoint_id == trigger.checkpoint_id
-    assert m.savepoint_written(41) == [EndApp(AppState.TERMINATED)]
+    assert m.savepoint_written(41) == [EndApp(AppState.TERMINATED), ReportState(AppState.TERMINATED)]
 
 
 def test_a_savepoint_whose_checkpoint_fails_is_answered_with_the_reason():
