@@ -227,8 +227,10 @@ async def _stop_task(task: asyncio.Task | None) -> None:
 
 
 async def _dashboard(args) -> int:
+    if not args.sample_seconds > 0:
+        raise SystemExit("gearbus dashboard: --sample-seconds must be positive")
     return await serve_dashboard(dashboard_servers(args), args.host, args.port, own_signals=True,
-                                 security=Security.from_args(args))
+                                 security=Security.from_args(args), sample_s=args.sample_seconds)
 
 
 def _report_run(args, app: AppSummary, phases: dict) -> int:

@@ -1,8 +1,9 @@
 """The dashboard's HTTP side: the REST API under /api/v1/, /metrics for Prometheus and the
 web UI's pages and assets (shipped in the package, nothing fetched at run time).
 
-Every answer is read from the cluster when asked (the dashboard keeps no state, so any
-number of them can run); FastAPI gives the OpenAPI description (/openapi.json, /docs)."""
+Every answer is read from the cluster when asked, so any number of dashboards can run;
+only the charts' samples and the timeline are this process's own (gearbus/dashboard/
+history.py). FastAPI gives the OpenAPI description (/openapi.json, /docs)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gearbus.dashboard.cluster import ClusterView, Conflict, Invalid, NotFound, Unreachable
+from gearbus.dashboard.history import History
 from gearbus.dashboard.prometheus import exposition
 from gearbus.runtime import state_query
 from shared.messages import (
@@ -43,7 +45,9 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(view: ClusterView) -> FastAPI:
+def create_app(view: ClusterView, history: History | None = None) -> FastAPI:
+    """``history``: what the charts and the timeline show (a fresh, empty one if None)."""
+    history = history or History()
     app = FastAPI(title="gearbus dashboard", version="1",
                   description="A gearbus cluster's masters, workers and applications, read over NATS.")
 
@@ -145,6 +149,18 @@ def create_app(view: ClusterView) -> FastAPI:
                              "processors": [p.to_wire() for p in a.processors],
                              "tasks": [t.to_wire() for t in a.tasks],
                              "checkpoints": a.checkpoints.to_wire() if a.checkpoints else None})
+
+    @app.get("/api/v1/apps/{app_id}/series",
+             summary="Each processor's rate, back-pressure, watermark lag and state size, sampled over 15 minutes")
+    async def series(app_id: int):
+        await view.app(app_id)  # 404 for an app the cluster does not know
+        return JSONResponse(history.series(app_id))
+
+    @app.get("/api/v1/apps/{app_id}/timeline",
+             summary="The app's state changes, restarts and checkpoints over the last 15 minutes, oldest first")
+    async def timeline(app_id: int):
+        await view.app(app_id)
+        return JSONResponse(history.timeline(app_id))
 
     @app.get("/api/v1/apps/{app_id}/state/{step}",
              summary="What a keyed step holds for a key (JSON, e.g. ?key=%22word%22), read from its task live")

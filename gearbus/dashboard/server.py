@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 
 import structlog
 
@@ -26,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_nats_argument(parser)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}; 0: any)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--sample-seconds", type=float, default=5.0,
+                        help="how often the charts sample every app (default 5; they cover the last 15 minutes)")
     add_security_arguments(parser)
 
 
@@ -34,13 +37,15 @@ def servers_of(args: argparse.Namespace) -> list[str]:
 
 
 async def serve(servers: list[str], host: str, port: int, own_signals: bool = False,
-                security: Security = Security()) -> int:
+                security: Security = Security(), sample_s: float = 5.0) -> int:
     """Serve until cancelled (or, with ``own_signals``, SIGTERM/SIGINT: a graceful stop and
-    exit code 0, as every role); print the URL once the port listens."""
+    exit code 0, as every role); print the URL once the port listens. Every ``sample_s``
+    the apps' figures are sampled for the charts."""
     import uvicorn  # here, not at the top: every gearbus command imports this module for its options
 
     from gearbus.dashboard.api import create_app
     from gearbus.dashboard.cluster import ClusterView
+    from gearbus.dashboard.history import History
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -53,12 +58,14 @@ async def serve(servers: list[str], host: str, port: int, own_signals: bool = Fa
     except ConnectionError as exc:
         print(f"gearbus dashboard: {exc}", file=sys.stderr)
         return 1
-    server = Server(uvicorn.Config(create_app(view), host=host, port=port, log_level="warning",
+    history = History(sample_s)
+    server = Server(uvicorn.Config(create_app(view, history), host=host, port=port, log_level="warning",
                                    lifespan="off", access_log=False))
     if own_signals:
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, setattr, server, "should_exit", True)
     serving = asyncio.create_task(server.serve())
+    sampling = asyncio.create_task(sample(view, history))
     try:
         while not server.started:
             if serving.done():
@@ -72,8 +79,22 @@ async def serve(servers: list[str], host: str, port: int, own_signals: bool = Fa
         return 0
     finally:
         server.should_exit = True
-        await asyncio.gather(serving, return_exceptions=True)
+        sampling.cancel()
+        await asyncio.gather(serving, sampling, return_exceptions=True)
         await view.close()
+
+
+async def sample(view, history) -> None:
+    """Feed the charts: every app's summary, every ``history.sample_s``; a cluster that does
+    not answer leaves a gap."""
+    from gearbus.dashboard.cluster import Unreachable
+
+    while True:
+        try:
+            history.observe(await view.apps(), int(time.time() * 1000))
+        except Unreachable as exc:
+            log.info("dashboard_sample_missed", error=str(exc))
+        await asyncio.sleep(history.sample_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,4 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except CredentialsError as exc:
         parser.error(str(exc))
     configure("dashboard")
-    return asyncio.run(serve(servers_of(args), args.host, args.port, own_signals=True, security=security))
+    if not args.sample_seconds > 0:
+        parser.error("--sample-seconds must be positive")
+    return asyncio.run(serve(servers_of(args), args.host, args.port, own_signals=True, security=security,
+                             sample_s=args.sample_seconds))

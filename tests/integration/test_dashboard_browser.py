@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 
 import pytest
 from playwright.async_api import Page, async_playwright, expect
@@ -62,7 +63,7 @@ async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button
     running = await client.submit(pack(TICKER), ["--output", str(tmp_path / "ticks.jsonl"), "--rate", "50"])
     await wait_state(client, running, AppState.ACTIVE)
 
-    async with Dashboard(cluster.url) as dashboard:
+    async with Dashboard(cluster.url, sample_s=0.5) as dashboard:
         await page.goto(dashboard.url + "/")
         app_link = page.locator("#apps tbody a", has_text="ticker")
         await expect(app_link).to_have_attribute("href", f"/apps/{running}")
@@ -95,6 +96,21 @@ async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button
         newest = int(await completed.first.locator("td").first.inner_text())
         _, checkpoints = await dashboard.json("GET", f"/api/v1/apps/{running}/checkpoints")
         assert newest in [c["checkpoint_id"] for c in checkpoints["history"] if c["status"] == "completed"]
+        # the charts: a line per processor on each, sampled by the dashboard; the timeline
+        for figure in ("records_in_per_s", "backpressure", "watermark_lag_ms", "state_bytes"):
+            await expect(page.locator(f'#charts figure[data-figure="{figure}"] polyline.series')).to_have_count(
+                len(dag["processors"]))
+        for processor in dag["processors"]:
+            await expect(page.locator("#chart-legend")).to_contain_text(processor["name"])
+        _, series = await dashboard.json("GET", f"/api/v1/apps/{running}/series")
+        assert len(series["samples"]) >= 1 and series["window_s"] == 900
+        assert any(s["processors"]["0"]["records_in_per_s"] >= 0 for s in series["samples"])
+        await expect(page.locator("#timeline-strip .tick.checkpoint_completed").first).to_be_attached()
+        victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
+        os.kill(victim, signal.SIGKILL)  # a restart: on the timeline, and listed
+        restart = page.locator("#timeline tbody tr", has_text="restart 1")
+        await expect(restart).to_be_visible()
+        await expect(page.locator("#timeline-strip circle.mark.restart")).to_have_count(1)
         await screenshot(page, "dashboard-app-running.png")
 
         async def confirm(dialog):

@@ -12,14 +12,17 @@ from tests.support.paths import REPO
 
 
 class Dashboard:
-    def __init__(self, nats_url: str):
+    def __init__(self, nats_url: str, sample_s: float | None = None):
+        """``sample_s``: how often it samples the apps for its charts (None: its default)."""
         self.nats_url = nats_url
+        self.sample_s = sample_s
         self.url = ""
         self.process: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> Dashboard:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.dashboard", "--nats", self.nats_url, "--port", "0", cwd=REPO,
+            sys.executable, "-m", "services.dashboard", "--nats", self.nats_url, "--port", "0",
+            *(["--sample-seconds", str(self.sample_s)] if self.sample_s else []), cwd=REPO,
             stderr=asyncio.subprocess.PIPE)
         async with asyncio.timeout(20):
             while True:

@@ -1,5 +1,6 @@
 // gearbus dashboard, one application: its DAG laid out by dagre and drawn as SVG (names and
-// figures are text in the page), per-processor and per-task tables, the error, kill and restart.
+// figures are text in the page), charts and a timeline of the last 15 minutes, per-processor
+// and per-task tables, the error, kill and restart.
 "use strict";
 
 const APP_ID = Number(location.pathname.split("/").filter(Boolean).pop());
@@ -160,6 +161,85 @@ function showTables(a) {
   ], "no task running");
 }
 
+// Each processor's line on the charts, by its place among the processors (the same on all four).
+const SERIES_COLOURS = ["#2456c7", "#2e8b57", "#d08a00", "#8e44ad", "#c62828", "#00838f", "#6d4c41", "#5b6475"];
+const CHART_W = 400;
+const CHART_H = 120;
+const CHART_PAD = 4;
+const CHART_FORMAT = { records_in_per_s: fmtRate, backpressure: fmtPercent, watermark_lag_ms: fmtMs,
+                       state_bytes: fmtBytes };
+
+// One chart: a line per processor from ``startMs`` to now, up to the largest value seen
+// (back-pressure: 100%).
+function drawChart(root, figure, series, startMs, endMs) {
+  const values = series.samples.flatMap((s) => Object.values(s.processors).map((p) => p[figure] ?? 0));
+  const top = figure === "backpressure" ? 1 : Math.max(...values, 0) || 1;
+  const x = (t) => CHART_PAD + (CHART_W - 2 * CHART_PAD) * Math.max(t - startMs, 0) / (endMs - startMs);
+  const y = (v) => CHART_H - 14 - (CHART_H - 26) * Math.min((v ?? 0) / top, 1);
+  root.setAttribute("viewBox", `0 0 ${CHART_W} ${CHART_H}`);
+  root.setAttribute("preserveAspectRatio", "none");
+  root.replaceChildren(
+    svg("line", { class: "axis", x1: CHART_PAD, x2: CHART_W - CHART_PAD, y1: y(0), y2: y(0) }),
+    svg("text", { class: "axis-label", x: CHART_PAD, y: 10 }, CHART_FORMAT[figure](top)),
+    svg("text", { class: "axis-label", x: CHART_PAD, y: CHART_H - 2 }, `${fmtMs(endMs - startMs)} ago`),
+    svg("text", { class: "axis-label", x: CHART_W - CHART_PAD, y: CHART_H - 2, "text-anchor": "end" }, "now"));
+  series.processors.forEach((p, i) => {
+    const points = series.samples.filter((s) => s.processors[p.processor])
+      .map((s) => `${x(s.t_ms).toFixed(1)},${y(s.processors[p.processor][figure]).toFixed(1)}`);
+    if (!points.length) return;
+    const line = svg("polyline", { class: "series", "data-processor": p.processor, points: points.join(" "),
+                                   stroke: SERIES_COLOURS[i % SERIES_COLOURS.length] });
+    line.append(svg("title", {}, p.name));
+    root.append(line);
+  });
+}
+
+// Where the charts and the timeline start: the window back from now, or the first sample when
+// this dashboard has sampled for less than that.
+function chartStart(series, endMs) {
+  const first = series.samples.length ? series.samples[0].t_ms : endMs - 1000;
+  return Math.max(endMs - series.window_s * 1000, Math.min(first, endMs - 1000));
+}
+
+function showCharts(series, startMs, endMs) {
+  for (const figure of document.querySelectorAll("#charts figure.chart")) {
+    drawChart(figure.querySelector("svg"), figure.dataset.figure, series, startMs, endMs);
+  }
+  document.getElementById("chart-legend").replaceChildren(...series.processors.map((p, i) =>
+    el("span", { style: `--swatch: ${SERIES_COLOURS[i % SERIES_COLOURS.length]}` }, p.name)));
+}
+
+// The timeline: a strip with a tick per checkpoint and a mark per restart or state change, and
+// those (and failed checkpoints) listed, newest first.
+function showTimeline(events, startMs, endMs) {
+  const strip = document.getElementById("timeline-strip");
+  const width = 1000;
+  const x = (t) => 6 + (width - 12) * Math.max(t - startMs, 0) / (endMs - startMs);
+  strip.setAttribute("viewBox", `0 0 ${width} 46`);
+  strip.setAttribute("preserveAspectRatio", "none");
+  strip.replaceChildren(svg("line", { class: "axis", x1: 0, x2: width, y1: 23, y2: 23 }));
+  for (const e of events) {
+    const node = e.kind.startsWith("checkpoint")
+      ? svg("line", { class: `tick ${e.kind}`, x1: x(e.t_ms), x2: x(e.t_ms), y1: 12, y2: 34 })
+      : svg("circle", { class: `mark ${e.kind}`, cx: x(e.t_ms), cy: 23, r: 6 });
+    node.append(svg("title", {}, `${fmtTime(e.t_ms)} ${e.detail}`));
+    strip.append(node);
+  }
+  const listed = events.filter((e) => e.kind !== "checkpoint_completed").reverse();
+  fillTable(document.querySelector("#timeline tbody"), listed, (e) => [
+    fmtTime(e.t_ms), e.kind.replace("_", " "), e.detail,
+  ], "no restart, state change or failed checkpoint in the last 15 minutes");
+}
+
+async function refreshHistory() {
+  const [series, events] = await Promise.all([api(`/api/v1/apps/${APP_ID}/series`),
+                                              api(`/api/v1/apps/${APP_ID}/timeline`)]);
+  const endMs = Date.now();
+  const startMs = Math.min(chartStart(series, endMs), ...events.map((e) => e.t_ms));
+  showCharts(series, startMs, endMs);
+  showTimeline(events, startMs, endMs);
+}
+
 async function refresh() {
   let a;
   try {
@@ -181,6 +261,7 @@ async function refresh() {
   showError(a.error);
   if (a.dag) updateDag(a.dag, a.processors, a.state === "ACTIVE");
   showTables(a);
+  await refreshHistory();
 }
 
 async function act(button, verb, confirmText, done) {
