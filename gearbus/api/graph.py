@@ -3,8 +3,10 @@ partitioners, wrapped in an Application."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,3 +194,18 @@ class Application:
         if not isinstance(self.graph, Graph):
             raise GraphError(f"application {self.name!r}: graph must be a gearbus Graph")
         self.graph.freeze()
+
+    def with_parallelism(self, parallelism: Mapping[int, int]) -> Application:
+        """This application with some processors (by id) at another parallelism: a rescaled
+        plan (same processors, ids and edges). Raises GraphError when that breaks a rule of
+        the graph (an edge that needs equal parallelism, more tasks than key groups)."""
+        if not parallelism:
+            return self
+        graph, copies = Graph(), {}
+        for processor in self.graph.processors:
+            copies[id(processor)] = copied = copy.copy(processor)
+            copied.parallelism = parallelism.get(processor.id, processor.parallelism)
+            graph.add(copied)
+        for edge in self.graph.edges:
+            graph.connect(copies[id(edge.upstream)], copies[id(edge.downstream)], edge.partitioner)
+        return Application(self.name, graph, self.config)

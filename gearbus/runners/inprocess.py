@@ -31,8 +31,9 @@ gets from NATS and the OS:
   reads first (each channel stays FIFO), so one seed always gives one interleaving.
 
 A run can lose executors at chosen points and recover by itself, as the cluster does;
-or stop at a chosen point as if every process had crashed, and another engine can
-resume from the last completed checkpoint: a user's test of exactly-once recovery.
+be rescaled at chosen points, as the cluster is; or stop at a chosen point as if every
+process had crashed, and another engine can resume from the last completed checkpoint:
+a user's test of exactly-once recovery.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gearbus.api.graph import Application
+from gearbus.api.graph import Application, GraphError
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import Task, TaskContext, now_ms
 from gearbus.api.watermarks import WATERMARK_MAX
@@ -59,7 +60,8 @@ from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
-from gearbus.runtime.savepoints import compacted, whole_snapshot
+from gearbus.runtime.rescale import processors_of
+from gearbus.runtime.savepoints import SavepointMismatch, compacted, divided_snapshot, whole_snapshot
 from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from gearbus.runtime.task_key import TaskKey
@@ -110,6 +112,7 @@ class InProcessEngine:
         the first deployment's. ``seed``: picks the interleaving. The app's config sets
         the executors, the task placement and the restart budget, as on the cluster."""
         self.app = app
+        self.plan = app  # at the parallelism it runs now (a rescale changes it)
         self.first_epoch = epoch
         self.checkpoint_every = checkpoint_every
         self.random = random.Random(seed)
@@ -124,6 +127,11 @@ class InProcessEngine:
         self.hosts: dict[TaskKey, int] = {}  # task -> the in-memory executor it runs on
         self.executors: dict[int, lifecycle.ExecutorTasks] = {}  # each in-memory executor's tasks
         self._restoring: cp.CheckpointMeta | None = None  # what the deployment's tasks restore from
+        self._restore_epochs: dict[int, int] = {}  # processors restoring state a rescale divided, and its epoch
+        #: (checkpoint id, epoch) -> task key -> encoded snapshot, state a rescale divided over new tasks
+        self.divided: dict[tuple[int, int], dict[TaskKey, bytes]] = {}
+        self.rescales: list[st.AnswerRescale] = []  # how each rescale asked for ended
+        self._rescale_requests = itertools.count(1)
         #: how each executor's instruction is carried out: one handler per kind, as the executor's
         self._instructions = {
             lifecycle.RetireTasks: self._retire, lifecycle.OpenTasks: self._open, lifecycle.StartTasks: self._start,
@@ -137,7 +145,8 @@ class InProcessEngine:
             st.Logged: self._log, st.StoreEpoch: self._store_epoch, st.RequestSlots: self._request_slots,
             st.RequestSlot: self._request_slot, st.LaunchExecutor: self._launch_executor, st.Deploy: self._deploy,
             st.Fence: self._fence, st.ReportState: self._report_state, st.EndApp: self._end, st.Shutdown: self._shutdown,
-            st.RepeatFinalComplete: self._repeat_final_complete,
+            st.RepeatFinalComplete: self._repeat_final_complete, st.DivideState: self._divide,
+            st.AnswerRescale: self.rescales.append,
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._trigger,
             cp.StoreCheckpoint: self._store_checkpoint, cp.NotifyComplete: self._notify_complete,
             cp.CompactCheckpoint: self._compact, cp.PruneCheckpoints: self._prune,
@@ -183,6 +192,31 @@ class InProcessEngine:
         """A task's whole state at a completed checkpoint, added up as the task restores it."""
         return whole_snapshot(self.app.graph.processors[key[0]], self._chain(checkpoint_id, key))
 
+    def _restore_snapshot(self, checkpoint_id: int, key: TaskKey) -> TaskSnapshot:
+        """What a task of the deployment restores: its whole state at the checkpoint, or
+        the share of it a rescale divided for it."""
+        if key[0] in self._restore_epochs:
+            return TaskSnapshot.decode(self.divided[(checkpoint_id, self._restore_epochs[key[0]])][key])
+        return self._whole(checkpoint_id, key)
+
+    def _divide(self, divide: st.DivideState) -> None:
+        """Divide the rescaled processors' state of the checkpoint over their new tasks, as
+        the AppMaster does; a state that cannot be divided refuses the rescale."""
+        checkpoint_id = divide.checkpoint.checkpoint_id
+        divided = {}
+        try:
+            plan = self.plan.with_parallelism({p: new for p, _, new in divide.parallelism})
+            for processor_id, old, new in divide.parallelism:
+                whole = [self._whole(checkpoint_id, (processor_id, index)) for index in range(old)]
+                for index in range(new):
+                    snapshot = divided_snapshot(plan.graph.processors[processor_id], whole, index)
+                    divided[(processor_id, index)] = snapshot.encode()
+        except (SavepointMismatch, GraphError) as exc:
+            self._carry_out(self.state.state_divided(divide.request_id, self.clock, str(exc)))
+            return
+        self.divided[(checkpoint_id, divide.epoch)] = divided
+        self._carry_out(self.state.state_divided(divide.request_id, self.clock))
+
     def _compacted(self, checkpoint_id: int, key: TaskKey) -> bytes:
         """A task's whole state at a completed checkpoint, encoded as a snapshot that needs
         no other: as the AppMaster compacts it."""
@@ -193,7 +227,8 @@ class InProcessEngine:
         return self.origin_ms + int(self.clock * 1000)
 
     def run(self, restore: Checkpoint | None = None, crash_after_frames: int | None = None,
-            kill_executor_after_frames: Iterable[int] = ()) -> None:
+            kill_executor_after_frames: Iterable[int] = (),
+            rescale_after_frames: Mapping[int, Mapping[str, int]] | None = None) -> None:
         """Run until the app succeeded (its final checkpoint completed and every task
         finished); a failure raises PipelineFailed.
 
@@ -202,10 +237,28 @@ class InProcessEngine:
         ``kill_executor_after_frames``: after delivering each of these many frames, one
         executor (picked by the seed) dies; the app rolls back to its last checkpoint in
         a new epoch, as on the cluster, within its restart budget (``max_restarts``).
+        ``rescale_after_frames``: after delivering that many frames, ask for a rescale of
+        these steps (``{step: parallelism}``), as ``gearbus rescale`` does (:meth:`rescale`);
+        how each ended is in :attr:`rescales`.
         """
-        _on_a_loop(self._run(restore, crash_after_frames, sorted(kill_executor_after_frames)))
+        schedule = [(frames, self._kill_executor) for frames in kill_executor_after_frames]
+        schedule += [(frames, functools.partial(self.rescale, dict(steps)))
+                     for frames, steps in (rescale_after_frames or {}).items()]
+        _on_a_loop(self._run(restore, crash_after_frames, sorted(schedule, key=lambda event: event[0])))
 
-    async def _run(self, restore: Checkpoint | None, crash_after_frames: int | None, kills: list[int]) -> None:
+    def rescale(self, steps: Mapping[str, int]) -> None:
+        """Ask the running app to run ``steps`` at these parallelisms, as ``gearbus rescale``
+        does: steps that name no processor raise RescaleError; what the AppMaster refuses
+        (not running now, another change in flight, out of range) is answered in
+        :attr:`rescales`, the app untouched."""
+        request_id, asked = next(self._rescale_requests), processors_of(self.plan, steps)
+        try:
+            self._carry_out(self.state.rescale_requested(request_id, asked, self.clock))
+        except st.Refused as refused:
+            self.rescales.append(st.AnswerRescale(request_id, refused.message))
+
+    async def _run(self, restore: Checkpoint | None, crash_after_frames: int | None,
+                   schedule: list[tuple[int, Callable[[], None]]]) -> None:
         meta = self._restored(*restore) if restore is not None else None
         self.state = st.AppMasterState(self.tasks, self._coordinator(meta), self.settings, self.first_epoch)
         self.results = asyncio.Event()
@@ -214,7 +267,7 @@ class InProcessEngine:
                 self._carry_out(self.state.start(self.clock, meta))
             except _Interrupted:
                 pass  # a task failed as it started: the app rolled back
-            await self._loop(crash_after_frames, kills)
+            await self._loop(crash_after_frames, schedule)
             if self.state.outcome is None:
                 unfinished = [n.name for n in self.nodes.values() if not n.core.ended]
                 if unfinished:
@@ -280,11 +333,14 @@ class InProcessEngine:
         (or fresh); tasks that had ended tell their receivers again."""
         self.hosts = {task: executor_id for executor_id, tasks in deploy.assignments for task in tasks}
         restore = self._restoring = deploy.restore
+        self.plan = self.app.with_parallelism(dict(deploy.parallelism))
+        self._restore_epochs = dict(deploy.restore_epochs)
         for executor_id, tasks in deploy.assignments:
             launch = LaunchTasks([TaskId(*task) for task in tasks], self.app.graph.digest(), 0, deploy.epoch,
                                  restore.checkpoint_id if restore else 0, restore.epoch if restore else 0)
             machine = self.executors.setdefault(executor_id, lifecycle.ExecutorTasks())
-            self._do(executor_id, machine.launch(launch, [TaskId(*task) for task in tasks if task in self.sources]))
+            self._do(executor_id, machine.launch(launch, [TaskId(*task) for task in tasks
+                                                          if self.plan.graph.processors[task[0]].is_source]))
         self.wire = {(node.key, receiver): collections.deque() for node in self.nodes.values()
                      for receiver in node.sender.channels}
         self.inboxes.clear()
@@ -294,12 +350,12 @@ class InProcessEngine:
             self._do(executor_id, machine.start_all())
 
     def _build(self, epoch: int, keys: list[TaskKey]) -> dict[TaskKey, _Node]:
-        graph, nodes = self.app.graph, {}
+        graph, nodes = self.plan.graph, {}
         for processor_id, index in keys:
             p = graph.processors[processor_id]
             senders = [(e.upstream.id, i) for e in graph.inputs_of(p) for i in range(e.upstream.parallelism)]
             edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
-            task = p.task_class(TaskContext(0, self.app.name, p, index, 0, epoch=epoch, clock=self.now_ms,
+            task = p.task_class(TaskContext(0, self.plan.name, p, index, 0, epoch=epoch, clock=self.now_ms,
                                             request_poll=functools.partial(self._request_poll, (p.id, index)),
                                             state_backend=self.config.state_backend))
             core = TaskCore(task, senders, self.config.credit_frames, epoch,
@@ -354,7 +410,7 @@ class InProcessEngine:
             self._guard(node, node.task.on_start)
             node.started = True
             if restore is not None:
-                self._guard(node, node.core.restore, self._whole(restore.checkpoint_id, node.key))
+                self._guard(node, node.core.restore, self._restore_snapshot(restore.checkpoint_id, node.key))
                 if node.core.ended:  # it ended before the checkpoint: its receivers hear the end again
                     self._send(node, node.sender.finish(WATERMARK_MAX))
                     self._do(executor_id, self.executors[executor_id].task_ended(task, node.core.epoch))
@@ -449,28 +505,28 @@ class InProcessEngine:
 
     # --- driving -----------------------------------------------------------------------
 
-    async def _loop(self, crash_after_frames: int | None, kills: list[int]) -> None:
+    async def _loop(self, crash_after_frames: int | None, schedule: list[tuple[int, Callable[[], None]]]) -> None:
         """Step until the app's outcome is decided or nothing can move; a step a rollback
         interrupted is over, and the next one drives the new attempt."""
         while self.state.outcome is None:
             try:
-                if not await self._step(crash_after_frames, kills):
+                if not await self._step(crash_after_frames, schedule):
                     return
             except _Interrupted:
                 continue
 
-    async def _step(self, crash_after_frames: int | None, kills: list[int]) -> bool:
-        """Deliver a frame if any can go; else a round of source reads; else wait for the
-        first async call to finish. False when nothing can move. A full task takes no
-        frames and reads nothing."""
+    async def _step(self, crash_after_frames: int | None, schedule: list[tuple[int, Callable[[], None]]]) -> bool:
+        """Deliver a frame if any can go (or first what ``schedule`` asks once that many
+        went: a kill, a rescale); else a round of source reads; else wait for the first
+        async call to finish. False when nothing can move. A full task takes no frames and
+        reads nothing."""
         ready = [channel for channel, frames in self.wire.items()
                  if frames and not self.nodes[channel[1]].waiting and self.nodes[channel[1]].core.accepting]
         if ready:
             if crash_after_frames is not None and self._delivered >= crash_after_frames:
                 raise SimulatedCrash(f"stopped after {self._delivered} frames")
-            if kills and self._delivered >= kills[0]:
-                kills.pop(0)
-                self._kill_executor()
+            if schedule and self._delivered >= schedule[0][0]:
+                schedule.pop(0)[1]()
                 return True
             self._deliver(*ready[self.random.randrange(len(ready))])
             return True
@@ -614,6 +670,7 @@ class InProcessEngine:
     def _prune(self, prune: cp.PruneCheckpoints) -> None:
         for checkpoint_id in prune.checkpoint_ids:
             self.completed.pop(checkpoint_id, None)
+        self.divided = {at: snapshots for at, snapshots in self.divided.items() if at[0] not in prune.checkpoint_ids}
 
     def _abandon(self, abandon: cp.AbandonCheckpoint) -> None:
         """A rollback dropped the checkpoint in flight."""

@@ -41,6 +41,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gearbus.api.partitioners import MAX_PARALLELISM
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.state_backend import backend_name
 from gearbus.runtime.stimuli import StimulusLog, stimulus
@@ -69,7 +70,7 @@ _ALLOWED: dict[Phase, frozenset[Phase]] = {
     Phase.STARTING: frozenset({Phase.DEPLOYING, Phase.ENDING}),
     Phase.ADOPTING: frozenset({Phase.DEPLOYING, Phase.ROLLING_BACK, Phase.ENDING}),
     Phase.DEPLOYING: frozenset({Phase.RUNNING, Phase.ROLLING_BACK, Phase.ENDING}),
-    Phase.RUNNING: frozenset({Phase.ROLLING_BACK, Phase.ENDING}),
+    Phase.RUNNING: frozenset({Phase.ROLLING_BACK, Phase.DEPLOYING, Phase.ENDING}),  # DEPLOYING: a rescale
     Phase.ROLLING_BACK: frozenset({Phase.DEPLOYING, Phase.ROLLING_BACK, Phase.ENDING}),
     Phase.ENDING: frozenset(),
 }
@@ -106,10 +107,35 @@ class AskExecutorsToRegister:
 @dataclass(frozen=True)
 class Deploy:
     """Launch each executor's tasks in ``epoch`` (replacing older ones), restored from
-    ``restore`` (None: fresh), and start them all; then ``deployed`` or ``deploy_failed``."""
+    ``restore`` (None: fresh), and start them all; then ``deployed`` or ``deploy_failed``.
+    ``parallelism``: each rescaled processor's, where it differs from the plan's;
+    ``restore_epochs``: the processors whose snapshots of ``restore`` a rescale divided
+    anew for their new tasks, with the epoch they were stored under (the rest: the
+    checkpoint's own)."""
     epoch: int
     restore: cp.CheckpointMeta | None
     assignments: tuple[tuple[int, tuple[TaskKey, ...]], ...]  # (executor id, its tasks)
+    parallelism: tuple[tuple[int, int], ...] = ()  # (processor id, parallelism)
+    restore_epochs: tuple[tuple[int, int], ...] = ()  # (processor id, epoch)
+
+
+@dataclass(frozen=True)
+class DivideState:
+    """Divide the rescaled processors' snapshots of completed checkpoint ``checkpoint``
+    (whole, at their old parallelism) over their new tasks by key group, and store each
+    new task's under ``epoch``; then ``state_divided`` (with the error if it cannot be)."""
+    request_id: int
+    checkpoint: cp.CheckpointMeta
+    epoch: int
+    parallelism: tuple[tuple[int, int, int], ...]  # (processor id, old parallelism, new)
+
+
+@dataclass(frozen=True)
+class AnswerRescale:
+    """Answer rescale request ``request_id``: done (its tasks run at the new parallelism),
+    or not, with why (``error``; the app runs on as it was)."""
+    request_id: int
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -173,9 +199,23 @@ class Logged:
     data: tuple[tuple[str, object], ...]
 
 
-Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | StoreEpoch | Fence
-               | ReportState | AnswerSavepoint | RepeatFinalComplete | EndApp | Shutdown | Logged | cp.Action)
+Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | DivideState | StoreEpoch | Fence
+               | ReportState | AnswerSavepoint | AnswerRescale | RepeatFinalComplete | EndApp | Shutdown | Logged
+               | cp.Action)
 """What the shell carries out (never cp.FailApplication: the machine ends the app on it)."""
+
+
+@dataclass
+class _Rescale:
+    request_id: int
+    parallelism: dict[int, int]  # processor id -> its new parallelism
+    first_checkpoint: int  # the rescale goes on from the first checkpoint completed from this id on
+    division: tuple[cp.CheckpointMeta, int] | None = None  # (that checkpoint, the epoch its state is divided in)
+    applied: bool = False  # the tasks run (or are being deployed) at the new parallelism
+
+
+def _parallelisms(parallelism: dict[int, int]) -> str:
+    return ", ".join(f"processor {p}: {n}" for p, n in sorted(parallelism.items()))
 
 
 class Refused(Exception):
@@ -240,6 +280,9 @@ class AppMasterState:
     def __init__(self, tasks: Iterable[TaskKey], coordinator: cp.CheckpointCoordinator, settings: Settings,
                  epoch: int = 0, restarts: int = 0) -> None:
         self.tasks: tuple[TaskKey, ...] = tuple(tasks)
+        #: each processor's parallelism now, and the plan's (a rescale changes the first)
+        self.parallelism: dict[int, int] = dict(collections.Counter(p for p, _ in self.tasks))
+        self._planned = dict(self.parallelism)
         self.coordinator = coordinator
         self.settings = settings
         self.epoch = epoch
@@ -257,6 +300,9 @@ class AppMasterState:
         self._written: dict[int, bool] = {}  # request id -> stop, for savepoints being written
         self._final_announced: tuple[int, float] | None = None  # the final checkpoint, when last announced
         self._report_failing_since: dict[str, float] = {}  # state -> when its report first went unanswered
+        self._rescale: _Rescale | None = None  # the change in flight
+        #: processors whose snapshots of the checkpoint a deployment restores a rescale divided, and their epoch
+        self._restore_epochs: dict[int, int] = {}
         #: every event taken, and what it decided (executor heartbeats, and ticks and acks that decided nothing, aside)
         self.stimuli = StimulusLog(quiet=frozenset({"tick", "checkpoint_acked", "task_ended"}))
 
@@ -392,6 +438,10 @@ class AppMasterState:
         if not self._active_reported:
             self._active_reported = True
             actions.append(ReportState(AppState.ACTIVE))
+        if self._rescale is not None and self._rescale.applied:
+            actions += [Logged("rescaled", "info", (("parallelism", _parallelisms(self._rescale.parallelism)),)),
+                        AnswerRescale(self._rescale.request_id)]
+            self._rescale = None
         return actions + self._checkpointing(self.coordinator.start(now))
 
     @stimulus
@@ -453,7 +503,18 @@ class AppMasterState:
 
     @stimulus
     def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.stored(checkpoint_id, now))
+        return self._checkpointing(self.coordinator.stored(checkpoint_id, now)) + self._divide_if_due(now)
+
+    @stimulus
+    def state_divided(self, request_id: int, now: float, error: str = "") -> list[Instruction]:
+        """The rescale's checkpoint's state is divided over the new tasks (or could not be,
+        ``error``: the rescale is refused with it, and checkpoints go on)."""
+        change = self._rescale
+        if change is None or change.request_id != request_id or change.division is None or change.applied:
+            return []
+        if error:
+            return self._rescale_dropped(error) + self._checkpointing(self.coordinator.hold(False, now))
+        return self._apply_rescale(now)
 
     @stimulus
     def checkpoint_store_failed(self, checkpoint_id: int, reason: str, now: float) -> list[Instruction]:
@@ -466,6 +527,31 @@ class AppMasterState:
             raise Refused(ErrorCode.UNAVAILABLE, "the app is not running: no savepoint now")
         self._savepoints[request_id] = (self.coordinator.next_id, stop)
         return self._checkpointing(self.coordinator.request(now))
+
+    @stimulus
+    def rescale_requested(self, request_id: int, parallelism: dict[int, int], now: float) -> list[Instruction]:
+        """Run processors at another parallelism: a checkpoint now, then every task goes on
+        from it in a new epoch, the rescaled processors' state divided anew by key group
+        (``rescaled`` answers). Raises Refused, the app untouched, when it cannot be done."""
+        if self.phase is not Phase.RUNNING:
+            raise Refused(ErrorCode.CONFLICT, f"the app is {self.phase.value if self.phase else 'starting'}: "
+                                              "rescale it once it runs")
+        if self._rescale is not None:
+            raise Refused(ErrorCode.CONFLICT, f"another change is in flight (rescale to "
+                                              f"{_parallelisms(self._rescale.parallelism)}): one at a time")
+        problems = [f"processor {p}: no such processor" for p in parallelism if p not in self.parallelism]
+        problems += [f"processor {p}: parallelism {n} is not between 1 and {MAX_PARALLELISM} (the key groups)"
+                     for p, n in parallelism.items() if p in self.parallelism and not 1 <= n <= MAX_PARALLELISM]
+        ended = sorted({p for p, _ in self.coordinator.ended} & set(parallelism))
+        problems += [f"processor {p}: its tasks have ended" for p in ended]
+        if problems:
+            raise Refused(ErrorCode.BAD_REQUEST, "; ".join(problems))
+        changes = {p: n for p, n in parallelism.items() if self.parallelism[p] != n}
+        if not changes:
+            raise Refused(ErrorCode.BAD_REQUEST, f"already at {_parallelisms(parallelism)}: nothing to change")
+        self._rescale = _Rescale(request_id, changes, self.coordinator.next_id)
+        return [Logged("rescale_requested", "info", (("parallelism", _parallelisms(changes)),))] + \
+            self._checkpointing(self.coordinator.request(now))
 
     @stimulus
     def savepoint_written(self, request_id: int, ok: bool = True) -> list[Instruction]:
@@ -557,6 +643,11 @@ class AppMasterState:
             "a lost executor still hosts tasks"
         assert self.unfinished <= set(self.tasks)
         assert self.coordinator.epoch == self.epoch, (self.coordinator.epoch, self.epoch)
+        assert sorted(self.tasks) == sorted((p, i) for p, n in self.parallelism.items() for i in range(n))
+        assert self.coordinator.tasks == set(self.tasks), (self.coordinator.tasks, self.tasks)
+        assert self._rescale is None or self._rescale.applied or self.phase is Phase.RUNNING, self._rescale
+        dividing = self._rescale is not None and self._rescale.division is not None and not self._rescale.applied
+        assert self.coordinator.held == dividing, (self.coordinator.held, self._rescale)
         assert (self.outcome is not None) == (self.phase is Phase.ENDING)
 
     # -- transitions ----------------------------------------------------------------------
@@ -623,6 +714,7 @@ class AppMasterState:
         if self.phase is Phase.ENDING:
             return actions
         if self.phase is not Phase.ROLLING_BACK:
+            actions += self._rescale_dropped(f"the app rolled back ({reason})")
             self.epoch += 1
             actions += self._checkpointing(self.coordinator.restart(self.epoch, now))
             self._restore = self.coordinator.latest()
@@ -657,7 +749,65 @@ class AppMasterState:
         return [self._deployment()]
 
     def _deployment(self) -> Deploy:
-        return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()))
+        return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()),
+                      tuple(sorted((p, n) for p, n in self.parallelism.items() if n != self._planned[p])),
+                      tuple(sorted(self._restore_epochs.items())))
+
+    def _divide_if_due(self, now: float) -> list[Instruction]:
+        """The rescale's checkpoint completed: nothing is triggered while its state is
+        divided over the new tasks (the app goes on from that checkpoint: nothing may
+        complete after it)."""
+        change, latest = self._rescale, self.coordinator.latest()
+        if change is None or change.division is not None or latest is None \
+                or latest.checkpoint_id < change.first_checkpoint or self.phase is not Phase.RUNNING:
+            return []
+        if self.coordinator.in_flight is not None:  # the final one went at once: the tasks are ending
+            return self._rescale_dropped("the app's tasks are ending")
+        change.division = (latest, self.epoch + 1)
+        self.coordinator.hold(True, now)
+        return [DivideState(change.request_id, latest, self.epoch + 1,
+                            tuple((p, self.parallelism[p], n) for p, n in sorted(change.parallelism.items())))]
+
+    def _apply_rescale(self, now: float) -> list[Instruction]:
+        """Every task goes on from the rescale's checkpoint in the division's epoch, the
+        rescaled processors' new tasks placed anew and restored from the divided state."""
+        change = self._rescale
+        latest, epoch = change.division
+        change.applied = True
+        self._restore_epochs = {p: epoch for p in change.parallelism}
+        self.parallelism.update(change.parallelism)
+        self.tasks = tuple((p, i) for p in sorted(self.parallelism) for i in range(self.parallelism[p]))
+        sources = {p for p, _ in self.coordinator.sources}
+        self.epoch = epoch
+        actions = self._checkpointing(self.coordinator.restart(self.epoch, now))
+        self.coordinator.retask(self.tasks, [t for t in self.tasks if t[0] in sources])
+        self._restore, self.unfinished = latest, set(self.tasks)
+        self._place(change.parallelism)
+        self._enter(Phase.DEPLOYING)
+        return actions + [Logged("rescaling", "info", (("parallelism", _parallelisms(change.parallelism)),
+                                                        ("epoch", self.epoch), ("from_checkpoint", latest.checkpoint_id))),
+                          StoreEpoch(self.epoch, self.restarts), self._deployment()]
+
+    def _place(self, changed: dict[int, int]) -> None:
+        """The rescaled processors' tasks, placed anew on the live executors (the others stay)."""
+        live = sorted(self.live_executors(), key=lambda e: e.executor_id)
+        for executor in live:
+            executor.tasks = [t for t in executor.tasks if t[0] not in changed]
+        for processor in sorted(changed):
+            for index in range(changed[processor]):
+                target = live[index % len(live)] if self.settings.placement == "by_index" else \
+                    min(live, key=lambda e: (len(e.tasks), e.executor_id))
+                target.tasks.append((processor, index))
+
+    def _rescale_dropped(self, why: str) -> list[Instruction]:
+        """The rescale asked for cannot go on (its checkpoint failed, the app rolled back or
+        ends before it was applied): answered with why; the app runs on as it was. Once
+        applied, the new parallelism stands: a rollback restores it again."""
+        change = self._rescale
+        if change is None or change.applied:
+            return []
+        self._rescale = None  # (a division under way held the checkpoints: its caller releases them)
+        return [AnswerRescale(change.request_id, f"rescale to {_parallelisms(change.parallelism)} not done: {why}")]
 
     def _checkpointing(self, actions: list[cp.Action]) -> list[Instruction]:
         """Pass the coordinator's actions on; answer savepoints whose checkpoint ended, and
@@ -671,8 +821,11 @@ class AppMasterState:
             out.append(action)
             if isinstance(action, cp.NotifyComplete):
                 out += self._savepoints_ended(action.checkpoint_id, self.coordinator.latest(), "")
+                self._restore_epochs = {}  # taken by the tasks running now
             elif isinstance(action, cp.AbandonCheckpoint):
                 out += self._savepoints_ended(action.checkpoint_id, None, action.reason)
+                if self._rescale is not None and action.checkpoint_id >= self._rescale.first_checkpoint:
+                    out += self._rescale_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
         return out
 
     def _savepoints_ended(self, checkpoint_id: int, meta: cp.CheckpointMeta | None,
@@ -697,4 +850,8 @@ class AppMasterState:
         self.outcome = EndApp(state, error)
         failed = [AnswerSavepoint(r, error=f"the app ended ({state})") for r in self._savepoints]
         self._savepoints.clear()
+        failed += self._rescale_dropped(f"the app ended ({state})")
+        if self._rescale is not None:  # applied, not yet deployed: it will not be
+            failed.append(AnswerRescale(self._rescale.request_id, f"the app ended ({state})"))
+            self._rescale = None
         return failed + [self.outcome, ReportState(state, error)]

@@ -146,6 +146,21 @@ def rescaled_state(processor: Processor, step: str, states: list, index: int) ->
                                 f"{processor.parallelism}): {exc}") from None
 
 
+def divided_snapshot(processor: Processor, whole: list[TaskSnapshot], index: int) -> TaskSnapshot:
+    """Task ``index``'s snapshot at ``processor``'s parallelism (a rescale's new one), from
+    ``whole``: the whole snapshots of every task of the processor at the old parallelism,
+    in task order, of one checkpoint. Each step's state is divided as a savepoint's is (by
+    key group); the watermark is the lowest. Nothing builds on it: the task's next
+    snapshot is whole. Raises SavepointMismatch when a step's state cannot be divided."""
+    saved: dict[str, list] = {}
+    for envelope in whole:
+        for step, state in split_task_state(processor, envelope.state).items():
+            saved.setdefault(step, []).append(state)
+    steps = {step: rescaled_state(processor, step, states, index) for step, states in saved.items()}
+    return TaskSnapshot(whole[0].checkpoint_id, join_task_state(processor, steps) if steps else None,
+                        all(envelope.ended for envelope in whole), min(envelope.watermark for envelope in whole))
+
+
 def task_states(processor: Processor, saved: dict[str, list], layout: int = KEY_LAYOUT) -> list[Any]:
     """Each task's state of ``processor`` (None: nothing to restore) from the steps it
     claimed, ``saved``: ``{step: [state of each saved task]}``, saved with keys mapped to

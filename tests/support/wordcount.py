@@ -6,6 +6,8 @@ import collections
 import json
 import random
 
+from gearbus import Pipeline
+
 CORPUS_LINES = 20_000
 
 
@@ -39,3 +41,19 @@ def read_counts(path) -> dict[str, int]:
 def expected_counts(path) -> dict[str, int]:
     with open(path, encoding="utf-8") as f:
         return dict(collections.Counter(f.read().split()))
+
+
+def running_count_pipeline(path, lines: list[str], config: dict, parallelism: int, counters: int | None,
+                           step: str) -> Pipeline:
+    """Each word's running count, emitted at every occurrence (``stateful_map``, step
+    ``step``), into a JSON-lines file (a two-phase sink: exactly-once across recoveries)."""
+    p = Pipeline("running", config=config, parallelism=parallelism)
+    (p.from_collection(lines, name="read", parallelism=parallelism).flat_map(str.split, name="split")
+        .group_by(_word, name="by_word", parallelism=counters)
+        .stateful_map(lambda seen, w: ((seen or 0) + 1, {"word": w, "count": (seen or 0) + 1}), name=step)
+        .write_jsonl(str(path), name="write"))
+    return p
+
+
+def _word(w: str) -> str:
+    return w

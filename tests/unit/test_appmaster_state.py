@@ -8,10 +8,12 @@ from hypothesis import strategies as st
 
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.appmaster_state import (
+    AnswerRescale,
     AnswerSavepoint,
     AppMasterState,
     AskExecutorsToRegister,
     Deploy,
+    DivideState,
     EndApp,
     Fence,
     LaunchExecutor,
@@ -321,6 +323,9 @@ events = st.one_of(
     st.tuples(st.just("finished"), st.sampled_from(TASKS), st.integers(0, 3)),
     st.tuples(st.just("failed"), st.sampled_from(TASKS), st.integers(0, 3), st.booleans()),
     st.tuples(st.just("tick"), st.floats(0, 3)),
+    st.tuples(st.just("rescale"), st.integers(0, 2), st.integers(0, 5)),
+    st.tuples(st.just("checkpointed"), st.booleans()),
+    st.tuples(st.just("divided"), st.booleans()),
 )
 
 
@@ -359,6 +364,19 @@ def test_any_ordering_keeps_the_invariants(adopt, sequence):
                 out = m.task_finished(*args)
             elif kind == "failed":
                 out = m.task_failed(args[0], args[1], AppError("E", "x"), args[2], 0, now)
+            elif kind == "rescale":
+                out = m.rescale_requested(len(sequence), {args[0]: args[1]}, now)
+            elif kind == "divided":
+                out = m.state_divided(len(sequence), now, "" if args[0] else "cannot")
+            elif kind == "checkpointed":  # every task acks the checkpoint in flight (and it is stored), or one declines
+                out = []
+                in_flight = m.coordinator.in_flight
+                if in_flight is not None and m.coordinator.phase is cp.Phase.IN_FLIGHT:
+                    for task in (m.tasks if args[0] else m.tasks[:1]):
+                        out += (m.checkpoint_acked(in_flight, m.epoch, task, 10, False, now) if args[0] else
+                                m.checkpoint_declined(in_flight, m.epoch, task, "no", now))
+                if m.coordinator.phase is cp.Phase.STORING:
+                    out += m.checkpoint_stored(m.coordinator.in_flight, now)
             else:
                 now += args[0]
                 out = m.tick(now)
@@ -372,7 +390,9 @@ def test_any_ordering_keeps_the_invariants(adopt, sequence):
         for deploy in of(Deploy, out):
             assert deploy.epoch == m.epoch
             hosted = sorted(t for _, tasks in deploy.assignments for t in tasks)
-            assert hosted == sorted(TASKS)
+            assert hosted == sorted(m.tasks)
+            assert sorted((p, i) for p, n in {0: 2, 1: 2, **dict(deploy.parallelism)}.items() for i in range(n)) \
+                == hosted
             assert all(m.executors[e].registered and not m.executors[e].lost for e, _ in deploy.assignments)
 
 
@@ -395,3 +415,107 @@ def test_the_stimulus_log_tells_each_event_with_an_id_its_arguments_and_what_it_
     m.task_failed(SRC0, 1, AppError("ValueError", "bad record " + "x" * 200, "step"), False, 0, 3)
     assert "error='ValueError: bad record" in m.stimuli.entries[-1].detail
     assert len(m.stimuli.entries[-1].detail) < 300
+
+
+# -- rescale ----------------------------------------------------------------------------------
+
+def checkpoint_all(m: AppMasterState, now: float) -> list:
+    """Every task acks the checkpoint in flight; it is stored."""
+    checkpoint_id, out = m.coordinator.in_flight, []
+    for task in m.tasks:
+        out += m.checkpoint_acked(checkpoint_id, m.epoch, task, 10, False, now)
+    return out + m.checkpoint_stored(checkpoint_id, now)
+
+
+def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_with_the_new_tasks():
+    m = machine()
+    running(m)
+    out = m.rescale_requested(5, {1: 4}, 1)
+    [trigger] = of(cp.TriggerCheckpoint, out)  # at once
+    out = checkpoint_all(m, 2)
+    [notify] = of(cp.NotifyComplete, out)
+    [divide] = of(DivideState, out)
+    assert divide == DivideState(5, m.coordinator.latest(), 1, ((1, 2, 4),)) and not of(Deploy, out)
+    assert notify.checkpoint_id == trigger.checkpoint_id == divide.checkpoint.checkpoint_id
+    assert not of(cp.TriggerCheckpoint, m.tick(2.9)) and m.coordinator.held  # nothing completes after it meanwhile
+    m.validate()
+    out = m.state_divided(5, 3)
+    [deploy] = of(Deploy, out)
+    assert deploy.epoch == 1 and deploy.restore.checkpoint_id == trigger.checkpoint_id
+    assert deploy.parallelism == ((1, 4),) and deploy.restore_epochs == ((1, 1),)
+    assert deploy.assignments == ((0, (SRC0, SINK0, (1, 2))), (1, (SRC1, SINK1, (1, 3))))  # task i on executor i mod 2
+    assert of(StoreEpoch, out) == [StoreEpoch(1, 0)] and m.restarts == 0  # not a failure
+    assert m.phase is Phase.DEPLOYING and not of(AnswerRescale, out)
+    m.validate()
+    assert of(AnswerRescale, m.deployed(1, 3)) == [AnswerRescale(5)]
+    [trigger] = of(cp.TriggerCheckpoint, m.tick(4))
+    assert not of(cp.StoreCheckpoint, [i for t in m.tasks[:-1] for i in
+                                       m.checkpoint_acked(trigger.checkpoint_id, 1, t, 10, False, 4)])
+    assert of(cp.StoreCheckpoint, m.checkpoint_acked(trigger.checkpoint_id, 1, m.tasks[-1], 10, False, 4))
+    m.checkpoint_stored(trigger.checkpoint_id, 4)
+    # a later rollback restores a checkpoint taken at the new parallelism as it is
+    [again] = of(Deploy, m.executor_stopped(1, "w2", "exited with code 1", False, 5) +
+                 m.slot_allocated(2, "w3", 5) + m.executor_registered(2, "w3", [], 9, 5))
+    assert again.restore.checkpoint_id == trigger.checkpoint_id and again.restore_epochs == ()
+    assert again.parallelism == ((1, 4),)
+    assert sorted(t for _, tasks in again.assignments for t in tasks) == sorted(m.tasks)
+    m.validate()
+
+
+def test_a_rollback_while_the_rescale_deploys_keeps_the_new_parallelism_and_restores_by_the_old():
+    m = machine()
+    running(m)
+    m.rescale_requested(5, {1: 1}, 1)
+    checkpoint_all(m, 2)
+    [deploy] = of(Deploy, m.state_divided(5, 2))
+    assert deploy.parallelism == ((1, 1),) and m.tasks == (SRC0, SRC1, SINK0)
+    out = m.deploy_failed(1, "executor 0 refused", 3)
+    assert not of(AnswerRescale, out) and m.phase is Phase.DEPLOYING  # every executor still live: at once
+    [again] = of(Deploy, out)
+    assert again.epoch == 2 and again.restore_epochs == ((1, 1),) and again.parallelism == ((1, 1),)
+    assert of(AnswerRescale, m.deployed(2, 4)) == [AnswerRescale(5)]
+    m.validate()
+
+
+def test_a_rescale_is_refused_with_the_reason_and_the_app_untouched():
+    m = machine()
+    with pytest.raises(Refused, match="rescale it once it runs"):
+        m.rescale_requested(1, {1: 4}, 0)
+    running(m)
+    for asked, reason in (({1: 0}, "parallelism 0 is not between 1 and 128"),
+                          ({1: 129}, "parallelism 129 is not between 1 and 128"),
+                          ({7: 2}, "processor 7: no such processor"), ({1: 2}, "nothing to change")):
+        with pytest.raises(Refused, match=reason) as refused:
+            m.rescale_requested(1, asked, 1)
+        assert refused.value.code == "bad_request"
+    m.rescale_requested(1, {1: 3}, 1)
+    with pytest.raises(Refused, match="another change is in flight") as refused:
+        m.rescale_requested(2, {0: 1}, 1)
+    assert refused.value.code == "conflict"
+    assert m.tasks == tuple(TASKS) and m.epoch == 0
+    m.validate()
+
+
+def test_a_rescale_whose_checkpoint_fails_or_that_a_failure_overtakes_is_answered_and_not_done():
+    m = machine()
+    running(m)
+    m.rescale_requested(1, {1: 3}, 1)
+    out = m.checkpoint_declined(m.coordinator.in_flight, 0, SRC0, "state cannot be serialised", 2)
+    [answer] = of(AnswerRescale, out)
+    assert "not done: its checkpoint 1 failed" in answer.error and m.tasks == tuple(TASKS)
+    m.rescale_requested(2, {1: 3}, 3)  # one may be asked again
+    checkpoint_all(m, 4)
+    out = m.state_divided(2, 5, "step 'write' holds state that is not grouped by key")
+    assert of(AnswerRescale, out) == [AnswerRescale(2, "rescale to processor 1: 3 not done: step 'write' holds "
+                                                       "state that is not grouped by key")]
+    assert not m.coordinator.held and of(cp.TriggerCheckpoint, m.tick(4.5))  # checkpoints go on
+    m.validate()
+    checkpoint_all(m, 4.6)
+    m.rescale_requested(3, {1: 3}, 4.7)
+    checkpoint_all(m, 4.8)  # dividing...
+    out = m.executor_stopped(0, "w1", "exited with code 1", False, 4.9)
+    [answer] = of(AnswerRescale, out)
+    assert answer.request_id == 3 and "the app rolled back" in answer.error
+    assert m.parallelism == {0: 2, 1: 2} and not m.coordinator.held
+    assert m.state_divided(3, 4.95) == []  # too late: changes nothing
+    m.validate()

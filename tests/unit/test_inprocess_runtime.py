@@ -16,6 +16,7 @@ from gearbus.runners.inprocess import PipelineFailed, SimulatedCrash
 from gearbus.runtime.appmaster_state import Phase
 from shared.messages import AppState
 from tests.support.rescale import rescaled
+from tests.support.wordcount import running_count_pipeline
 
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu"]
 LINES = [" ".join(WORDS[(i * j) % len(WORDS)] for j in range(1, 1 + i % 5)) for i in range(120)]
@@ -83,12 +84,7 @@ def jsonl_wordcount(path, config: dict | None = None, counters: int | None = Non
 
 def running_counts(path, counters: int | None = None) -> Pipeline:
     """Each word's running count, emitted at every occurrence (``stateful_map``)."""
-    p = Pipeline("running", config=CONFIG, parallelism=3)
-    (p.from_collection(LINES, name="read", parallelism=3).flat_map(str.split, name="split")
-        .group_by(word, name="by_word", parallelism=counters)
-        .stateful_map(lambda seen, w: ((seen or 0) + 1, {"word": w, "count": (seen or 0) + 1}), name="running")
-        .write_jsonl(str(path), name="write"))
-    return p
+    return running_count_pipeline(path, LINES, CONFIG, 3, counters, "running")
 
 
 def combined_counts(path, counters: int | None = None) -> Pipeline:

@@ -1,0 +1,100 @@
+"""Rescaling a running app on the test runner: the AppMaster's own state machine checkpoints,
+divides the rescaled processors' state by key group over their new tasks, and every task
+goes on from that checkpoint in a new epoch; the output stays exactly-once, whenever the
+rescale comes, in whatever order the frames go."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gearbus import Pipeline
+from gearbus.runtime.appmaster_state import AnswerRescale
+from gearbus.runtime.rescale import RescaleError
+from shared.messages import AppState
+from tests.support.wordcount import running_count_pipeline
+
+WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "ibis", "jay"]
+LINES = [" ".join(WORDS[(i * j) % len(WORDS)] for j in range(1, 1 + i % 6)) for i in range(200)]
+COUNTS = collections.Counter(w for line in LINES for w in line.split())
+CONFIG = {"batch_records": 5, "credit_frames": 2}
+
+
+def running_counts(path, counters: int = 2) -> Pipeline:
+    """Each word's running count at every occurrence (keyed state), into a two-phase sink."""
+    return running_count_pipeline(path, LINES, CONFIG, 2, counters, "count")
+
+
+def committed(path) -> list[tuple[str, int]]:
+    return sorted((row["word"], row["count"]) for row in map(json.loads, path.read_text().splitlines()))
+
+
+EXPECTED = sorted((w, n) for w, total in COUNTS.items() for n in range(1, total + 1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_keyed_count_rescaled_2_to_4_to_1_mid_stream_commits_exactly_what_a_plain_run_does(inprocess, tmp_path,
+                                                                                                 seed):
+    out = tmp_path / "counts.jsonl"
+    engine = inprocess(running_counts(out), seed=seed, checkpoint_every=2)
+    engine.run(rescale_after_frames={40: {"count": 4}, 160: {"count": 1}})
+    assert committed(out) == EXPECTED
+    assert engine.rescales == [AnswerRescale(1), AnswerRescale(2)]
+    count = next(p for p in engine.plan.graph.processors if "count" in p.config.get("steps", ()))
+    assert count.parallelism == 1 and engine.epoch == 2 and engine.state.restarts == 0
+    assert engine.state.outcome.state == AppState.SUCCEEDED
+    engine.state.validate()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(when=st.integers(1, 400), parallelism=st.integers(1, 6), seed=st.integers(0, 1000))
+def test_whenever_a_rescale_comes_the_output_is_exactly_once(inprocess, tmp_path_factory, when, parallelism, seed):
+    out = tmp_path_factory.mktemp("rescale") / "counts.jsonl"
+    engine = inprocess(running_counts(out), seed=seed, checkpoint_every=2)
+    engine.run(rescale_after_frames={when: {"count": parallelism}})
+    assert committed(out) == EXPECTED
+    [answer] = engine.rescales  # done, or refused when it came too late or asked for what runs already
+    assert not answer.error or "ended" in answer.error or "nothing to change" in answer.error, answer
+    engine.state.validate()
+
+
+def test_a_rescale_beside_executor_kills_stays_exact(inprocess, tmp_path):
+    out = tmp_path / "counts.jsonl"
+    engine = inprocess(running_counts(out, counters=3), seed=7, checkpoint_every=2)
+    engine.run(rescale_after_frames={50: {"count": 5}}, kill_executor_after_frames=[52, 120])
+    assert committed(out) == EXPECTED
+    assert engine.state.restarts == 2
+    engine.state.validate()
+
+
+def test_a_rescale_asked_wrongly_is_refused_with_the_reason(inprocess, tmp_path):
+    engine = inprocess(running_counts(tmp_path / "counts.jsonl"), seed=1, checkpoint_every=2)
+    with pytest.raises(RescaleError, match="no step named 'nope'"):
+        engine.run(rescale_after_frames={10: {"nope": 2}})
+    engine = inprocess(running_counts(tmp_path / "more.jsonl"), seed=1, checkpoint_every=2)
+    with pytest.raises(RescaleError, match="run chained in processor .* rescale together"):
+        engine.run(rescale_after_frames={10: {"read": 2, "split": 3}})
+    out = tmp_path / "zero.jsonl"
+    engine = inprocess(running_counts(out), seed=1, checkpoint_every=2)
+    engine.run(rescale_after_frames={10: {"count": 0}, 20: {"count": 2}, 30: {"count": 3}, 31: {"count": 4}})
+    assert [answer.error for answer in engine.rescales] == [
+        "processor 1: parallelism 0 is not between 1 and 128 (the key groups)",
+        "already at processor 1: 2: nothing to change",
+        "another change is in flight (rescale to processor 1: 3): one at a time", ""]
+    assert committed(out) == EXPECTED
+
+
+@pytest.mark.parametrize("step", ["write", "split"])
+def test_a_step_whose_state_cannot_be_divided_refuses_the_rescale_and_the_app_goes_on(inprocess, tmp_path, step):
+    """The JSON-lines sink holds its sealed transactions by task, the collection source its
+    position by task: neither is grouped by key."""
+    out = tmp_path / "counts.jsonl"
+    engine = inprocess(running_counts(out), seed=2, checkpoint_every=2)
+    engine.run(rescale_after_frames={60: {step: 3}})
+    [answer] = engine.rescales
+    assert "not done" in answer.error and "cannot be divided over another number of tasks" in answer.error
+    assert committed(out) == EXPECTED and engine.epoch == 0
