@@ -287,6 +287,36 @@ async def _savepoint(args) -> int:
     return await _with_client(args, go)
 
 
+def _step_parallelisms(pairs: list[str]) -> dict[str, int]:
+    """``STEP=N`` arguments as ``{step: N}`` (argparse reports what is wrong)."""
+    parallelism = {}
+    for pair in pairs:
+        step, sep, n = pair.rpartition("=")
+        if not sep or not step or not n.strip().lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(f"{pair!r}: write STEP=N, e.g. count=4")
+        parallelism[step] = int(n)
+    return parallelism
+
+
+async def _rescale(args) -> int:
+    try:
+        parallelism = _step_parallelisms(args.parallelism)
+    except argparse.ArgumentTypeError as exc:
+        print(f"gearbus rescale: {exc}", file=sys.stderr)
+        return 2
+
+    async def go(client: Client) -> int:
+        done = await client.rescale(args.app_id, parallelism)
+        if args.json:
+            print(_as_json(done))
+        else:
+            print(f"app {done.app_id} rescaled (epoch {done.epoch}): "
+                  + ", ".join(f"{name} ×{n}" for name, n in done.processors.items()))
+        return 0
+
+    return await _with_client(args, go)
+
+
 async def _state(args) -> int:
     async def go(client: Client) -> int:
         reply = await client.state(args.app_id, args.step, args.key)
@@ -517,6 +547,14 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint.add_argument("--name", default="", help="letters, digits, - and _ (default app<id>-<checkpoint>)")
     savepoint.add_argument("--stop", action="store_true", help="end the app once the savepoint is written")
     savepoint.set_defaults(handler=_savepoint)
+
+    rescale = sub.add_parser("rescale", help="run steps of a running app at another parallelism, state and all")
+    cluster_args(rescale)
+    rescale.add_argument("app_id", type=int)
+    rescale.add_argument("parallelism", nargs="+", metavar="STEP=N",
+                         help="a step and its processor's new parallelism (chained steps rescale together: "
+                              "gearbus plan shows them)")
+    rescale.set_defaults(handler=_rescale)
 
     state = sub.add_parser("state", help="what a keyed step of a running app holds for a key (read live)")
     cluster_args(state)

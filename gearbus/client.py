@@ -16,6 +16,7 @@ from shared.messages import (
     ApplicationRestarted,
     ApplicationStateChanged,
     ApplicationStatus,
+    AppRescaled,
     AppState,
     AppStimuli,
     AppSummary,
@@ -29,6 +30,7 @@ from shared.messages import (
     QueryLogs,
     QueryState,
     QueryStimuli,
+    RescaleApplication,
     RestartApplication,
     SavepointTaken,
     StateValue,
@@ -41,6 +43,7 @@ from shared.security import Security
 
 SUBMIT_TIMEOUT_S = 180.0  # the master may wait 60 s for a slot, then 60 s for the AppMaster
 STATE_TIMEOUT_S = 20.0  # the master allows the AppMaster 15 s (it asks the task's executor)
+RESCALE_TIMEOUT_S = 610.0  # the master allows the AppMaster 600 s
 SAVEPOINT_TIMEOUT_S = 130.0  # the master allows the AppMaster 120 s (a checkpoint, then copying its state)
 QUERY_ATTEMPT_S = 5.0  # a status/list/info/kill not answered this fast is asked again
 #: A NATS URL that accepts no connection this fast is an error, and so is one whose server does not
@@ -121,6 +124,12 @@ class Client:
         """What keyed step ``step`` of a running app holds for ``key`` (JSON), read from the
         task that owns the key while the app runs."""
         return await self._request(subjects.APP_STATE, QueryState(app_id, step, key), StateValue, STATE_TIMEOUT_S)
+
+    async def rescale(self, app_id: int, parallelism: dict[str, int]) -> AppRescaled:
+        """Run steps of a running app at another parallelism (``{step: n}``), while it runs;
+        the answer comes once the tasks run at it."""
+        return await self._request(subjects.APP_RESCALE, RescaleApplication(app_id, dict(parallelism)), AppRescaled,
+                                   RESCALE_TIMEOUT_S, idempotent=False)
 
     async def stimuli(self, app_id: int) -> AppStimuli:
         """A running app's AppMaster's stimulus log: its state machine's last events, each

@@ -15,6 +15,7 @@ import nats.js.api
 import nats.js.errors
 from nats.js.object_store import OBJ_DEFAULT_CHUNK_SIZE
 
+from gearbus.runtime.appmaster_state import StoreEpoch
 from gearbus.runtime.savepoints import SavepointRecord
 from gearbus.runtime.snapshots import TaskSnapshot
 from shared import subjects
@@ -146,15 +147,25 @@ class CheckpointStore:
             raise LookupError(f"savepoint {name!r} has no state of step {step!r} task {index}")
         return data
 
-    async def put_epoch(self, epoch: int, restarts: int) -> None:
-        """Record the app's current attempt and restarts so far, so a relaunched AppMaster
-        starts a newer attempt and keeps counting against the restart budget."""
-        await self._put_value(subjects.checkpoint_epoch_key(self.app_id), f"{epoch} {restarts}".encode())
+    async def put_epoch(self, record: StoreEpoch) -> None:
+        """Record the app's current attempt, restarts so far and where rescales left its
+        plan, so a relaunched AppMaster starts a newer attempt, keeps counting against the
+        restart budget and runs the tasks that run now."""
+        await self._put_value(subjects.checkpoint_epoch_key(self.app_id), msgpack.packb(
+            {"epoch": record.epoch, "restarts": record.restarts, "parallelism": record.parallelism,
+             "restore_epochs": record.restore_epochs}))
 
-    async def get_epoch(self) -> tuple[int, int]:
-        """(epoch, restarts) as last recorded; (0, 0) before any."""
-        epoch, restarts = (await self._get_value(subjects.checkpoint_epoch_key(self.app_id)) or b"0 0").split()
-        return int(epoch), int(restarts)
+    async def get_epoch(self) -> StoreEpoch:
+        """The epoch record as last stored; epoch 0 before any."""
+        value = await self._get_value(subjects.checkpoint_epoch_key(self.app_id))
+        if not value:
+            return StoreEpoch(0, 0)
+        if value[:1].isdigit():  # "epoch restarts", as before rescales
+            epoch, restarts = value.split()
+            return StoreEpoch(int(epoch), int(restarts))
+        data = msgpack.unpackb(value)
+        return StoreEpoch(int(data["epoch"]), int(data["restarts"]), tuple(map(tuple, data["parallelism"])),
+                          tuple(map(tuple, data["restore_epochs"])))
 
     async def record(self, checkpoint_id: int) -> dict | None:
         value = await self._get_value(subjects.checkpoint_key(self.app_id, checkpoint_id))
@@ -162,6 +173,17 @@ class CheckpointStore:
 
     async def delete(self, checkpoint_id: int, epoch: int, tasks: list[tuple[int, int]]) -> None:
         """Forget a checkpoint of ``epoch``: its snapshots and its record."""
+        await self.delete_snapshots(checkpoint_id, epoch, tasks)
+
+        async def delete():
+            try:
+                await (await self._records()).delete(subjects.checkpoint_key(self.app_id, checkpoint_id))
+            except nats.js.errors.KeyNotFoundError:
+                pass
+        await self._ride_out(delete, f"deleting checkpoint {checkpoint_id}")
+
+    async def delete_snapshots(self, checkpoint_id: int, epoch: int, tasks: list[tuple[int, int]]) -> None:
+        """Delete these tasks' snapshots of a checkpoint stored under ``epoch``."""
         async def delete():
             store = await self._store()
             for task in tasks:
@@ -169,8 +191,4 @@ class CheckpointStore:
                     await store.delete(subjects.checkpoint_object(self.app_id, checkpoint_id, epoch, *task))
                 except nats.js.errors.NotFoundError:
                     pass
-            try:
-                await (await self._records()).delete(subjects.checkpoint_key(self.app_id, checkpoint_id))
-            except nats.js.errors.KeyNotFoundError:
-                pass
-        await self._ride_out(delete, f"deleting checkpoint {checkpoint_id}")
+        await self._ride_out(delete, f"deleting the snapshots of checkpoint {checkpoint_id}")

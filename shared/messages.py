@@ -511,6 +511,21 @@ class StateValue(Message):
     value: str = "null"  # JSON; what JSON cannot hold appears as its Python repr (a string)
 
 
+class RescaleApplication(Message):
+    """Run steps of a running app at another parallelism (on ``app.rescale``; the master
+    passes it to the app's AppMaster): ``gearbus rescale ID STEP=N ...``. Chained steps
+    run in one processor and rescale together."""
+
+    app_id: int
+    parallelism: dict[str, int]  # step -> the parallelism of the processor holding it
+
+
+class AppRescaled(Message):
+    app_id: int
+    processors: dict[str, int]  # processor name -> its parallelism now
+    epoch: int  # the epoch the app runs in from now on
+
+
 class QueryStimuli(Message):
     """Ask a running app's AppMaster for its state machine's stimulus log (on ``app.debug``;
     the master passes it on): what `gearbus status ID --debug` shows."""
@@ -790,6 +805,10 @@ class LaunchTasks(Message):
     epoch: int = 0
     restore_checkpoint: int = 0
     restore_epoch: int = 0  # the epoch the restored checkpoint was taken in
+    #: processor id -> its parallelism, where a rescale changed the plan's
+    parallelism: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: processor id -> the epoch its tasks' snapshots of restore_checkpoint were divided under (a rescale)
+    restore_epochs: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class TaskRegistered(Message):

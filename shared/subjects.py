@@ -11,6 +11,7 @@ APP_SAVEPOINT = "app.savepoint"
 APP_RESTART = "app.restart"
 APP_STATE = "app.state"
 APP_DEBUG = "app.debug"
+APP_RESCALE = "app.rescale"
 MASTER_INFO = "master.info"
 LOGS_QUERY = "logs.query"  # every worker answers (scatter-gather)
 
@@ -160,6 +161,11 @@ def appmaster_savepoint(app_id: int) -> str:
 def appmaster_state_query(app_id: int | str) -> str:
     """The master passes a client's QueryState to the app's AppMaster."""
     return f"appmaster.{app_id}.state.query"
+
+
+def appmaster_rescale(app_id: int | str) -> str:
+    """The master passes a client's RescaleApplication to the app's AppMaster."""
+    return f"appmaster.{app_id}.rescale"
 
 
 def appmaster_debug(app_id: int | str) -> str:

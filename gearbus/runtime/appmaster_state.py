@@ -148,9 +148,12 @@ class RepeatFinalComplete:
 
 @dataclass(frozen=True)
 class StoreEpoch:
-    """Record the current epoch and restart count durably (a relaunched AppMaster goes on from them)."""
+    """Record the current epoch and restart count durably, and where a rescale left the
+    plan (a relaunched AppMaster goes on from them)."""
     epoch: int
     restarts: int
+    parallelism: tuple[tuple[int, int], ...] = ()  # as Deploy's
+    restore_epochs: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -278,11 +281,15 @@ class AppMasterState:
     """One app's life as its AppMaster sees it; see the module docstring."""
 
     def __init__(self, tasks: Iterable[TaskKey], coordinator: cp.CheckpointCoordinator, settings: Settings,
-                 epoch: int = 0, restarts: int = 0) -> None:
+                 epoch: int = 0, restarts: int = 0, planned: dict[int, int] | None = None,
+                 restore_epochs: dict[int, int] | None = None) -> None:
+        """``planned``: each processor's parallelism in the app's plan, where ``tasks`` run
+        at another after a rescale (a relaunched AppMaster's); ``restore_epochs``: the
+        processors whose snapshots of the last checkpoint a rescale divided, and their epoch."""
         self.tasks: tuple[TaskKey, ...] = tuple(tasks)
         #: each processor's parallelism now, and the plan's (a rescale changes the first)
         self.parallelism: dict[int, int] = dict(collections.Counter(p for p, _ in self.tasks))
-        self._planned = dict(self.parallelism)
+        self._planned = {**self.parallelism, **(planned or {})}
         self.coordinator = coordinator
         self.settings = settings
         self.epoch = epoch
@@ -302,7 +309,7 @@ class AppMasterState:
         self._report_failing_since: dict[str, float] = {}  # state -> when its report first went unanswered
         self._rescale: _Rescale | None = None  # the change in flight
         #: processors whose snapshots of the checkpoint a deployment restores a rescale divided, and their epoch
-        self._restore_epochs: dict[int, int] = {}
+        self._restore_epochs: dict[int, int] = dict(restore_epochs or {})
         #: every event taken, and what it decided (executor heartbeats, and ticks and acks that decided nothing, aside)
         self.stimuli = StimulusLog(quiet=frozenset({"tick", "checkpoint_acked", "task_ended"}))
 
@@ -331,7 +338,7 @@ class AppMasterState:
             self._adopt_until = now + ADOPTION_WINDOW_HEARTBEATS * self.settings.heartbeat_interval_s
             return [AskExecutorsToRegister()]
         self.phase = Phase.STARTING
-        return [StoreEpoch(self.epoch, self.restarts), RequestSlots(max(1, min(self.settings.executors,
+        return [self._epoch_record(), RequestSlots(max(1, min(self.settings.executors,
                                                                                len(self.tasks))))]
 
     @stimulus
@@ -669,7 +676,7 @@ class AppMasterState:
         actions: list[Instruction] = [Logged("app_adopted", "info", (
             ("executors", len(self.live_executors())), ("orphaned_tasks", len(orphans)),
             ("restore_checkpoint", self._restore.checkpoint_id if self._restore else 0), ("epoch", self.epoch))),
-            StoreEpoch(self.epoch, self.restarts)]
+            self._epoch_record()]
         if not orphans:
             self._enter(Phase.DEPLOYING)
             return actions + [self._deployment()]
@@ -723,7 +730,7 @@ class AppMasterState:
                 ("reason", reason), ("epoch", self.epoch), ("restarts", self.restarts),
                 ("restore_checkpoint", self._restore.checkpoint_id if self._restore else 0))))
             self._enter(Phase.ROLLING_BACK)
-            actions.append(StoreEpoch(self.epoch, self.restarts))
+            actions.append(self._epoch_record())
         avoid = {e.worker_id for e in self.executors.values() if e.lost and e.suspect and e.tasks}
         for executor in self.executors.values():
             if executor.lost:
@@ -748,10 +755,17 @@ class AppMasterState:
         self._enter(Phase.DEPLOYING)
         return [self._deployment()]
 
+    def _epoch_record(self) -> StoreEpoch:
+        return StoreEpoch(self.epoch, self.restarts, *self._plan_changes())
+
+    def _plan_changes(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+        """(parallelism where it differs from the plan's, processors restoring divided state and its epoch)."""
+        return (tuple(sorted((p, n) for p, n in self.parallelism.items() if n != self._planned[p])),
+                tuple(sorted(self._restore_epochs.items())))
+
     def _deployment(self) -> Deploy:
         return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()),
-                      tuple(sorted((p, n) for p, n in self.parallelism.items() if n != self._planned[p])),
-                      tuple(sorted(self._restore_epochs.items())))
+                      *self._plan_changes())
 
     def _divide_if_due(self, now: float) -> list[Instruction]:
         """The rescale's checkpoint completed: nothing is triggered while its state is
@@ -786,7 +800,7 @@ class AppMasterState:
         self._enter(Phase.DEPLOYING)
         return actions + [Logged("rescaling", "info", (("parallelism", _parallelisms(change.parallelism)),
                                                         ("epoch", self.epoch), ("from_checkpoint", latest.checkpoint_id))),
-                          StoreEpoch(self.epoch, self.restarts), self._deployment()]
+                          self._epoch_record(), self._deployment()]
 
     def _place(self, changed: dict[int, int]) -> None:
         """The rescaled processors' tasks, placed anew on the live executors (the others stay)."""

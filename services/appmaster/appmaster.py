@@ -16,13 +16,14 @@ import traceback
 
 import structlog
 
-from gearbus.api.graph import Application
+from gearbus.api.graph import Application, GraphError
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
-from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, compacted, split_task_state,
-                                        task_states, whole_snapshot)
+from gearbus.runtime.rescale import RescaleError, processors_of
+from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, compacted, divided_snapshot,
+                                        split_task_state, task_states, whole_snapshot)
 from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
@@ -37,6 +38,7 @@ from shared.messages import (
     AppDag,
     AppMasterHeartbeat,
     AppMasterRegistered,
+    AppRescaled,
     AppStimuli,
     ApplicationStateChanged,
     AppState,
@@ -61,6 +63,7 @@ from shared.messages import (
     RegisterAppMaster,
     RegisterExecutor,
     ReRegister,
+    RescaleApplication,
     RequestResource,
     ResourceAllocated,
     SavepointTaken,
@@ -118,7 +121,9 @@ class AppMaster(Service):
         self.launch = launch
         self.app_id = launch.app_id
         self.worker_id = worker_id
-        self.app: Application | None = None
+        self.app: Application | None = None  # as planned
+        self.plan: Application | None = None  # at the parallelism it runs (a rescale changes it)
+        self._rescaled: dict[int, int] = {}  # processor id -> parallelism, where the plan's differs from the app's
         self.state: st.AppMasterState | None = None
         self.counters: dict[int, dict[tuple[int, int], TaskCounters]] = {}  # by executor, then task
         self.stopped: set[int] = set()  # executors that exited once the app was ending
@@ -134,7 +139,12 @@ class AppMaster(Service):
         self._checkpoint_failure = ""
         self._last_completed_ms = 0
         self.guarantee = ("", "")
-        self._checkpoint_epochs: dict[int, int] = {}  # checkpoint id -> the epoch it was taken in
+        #: checkpoint id -> (the epoch it was taken in, the tasks that took it), while kept
+        self._checkpoints_taken: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+        #: checkpoint id -> epoch -> the new tasks a rescale divided its state for (under that epoch)
+        self._divided: dict[int, dict[int, list[tuple[int, int]]]] = {}
+        self._rescale_requests = itertools.count(1)
+        self._rescales: dict[int, asyncio.Future] = {}  # request id -> its answer (an error, or "")
         self._compaction: asyncio.Task | None = None  # the last checkpoint compaction started
         self._savepoint_requests = itertools.count(1)
         self._savepoints: dict[int, asyncio.Future] = {}  # request id -> its checkpoint's meta
@@ -147,6 +157,7 @@ class AppMaster(Service):
             st.Deploy: self._spawning(self._deploy, "deploy"), st.Fence: self._spawning(self._fence, "fence"),
             st.ReportState: self._report_state, st.AnswerSavepoint: self._answer_savepoint,
             st.RepeatFinalComplete: self._repeat_final_complete, st.EndApp: self._end_app,
+            st.DivideState: self._spawning(self._divide, "divide-state"), st.AnswerRescale: self._answer_rescale,
             st.Shutdown: self._spawning(self._shutdown, "shutdown"),
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._retrigger, cp.StoreCheckpoint: self._store,
             cp.NotifyComplete: self._notify_complete, cp.CompactCheckpoint: self._start_compaction,
@@ -179,6 +190,8 @@ class AppMaster(Service):
         await self.bus.serve(subjects.appmaster_state_query(self.app_id), {QueryState: self.on_state_query},
                              concurrent=True)
         await self.bus.serve(subjects.appmaster_debug(self.app_id), {QueryStimuli: self.on_stimuli_query})
+        await self.bus.serve(subjects.appmaster_rescale(self.app_id), {RescaleApplication: self.on_rescale},
+                             concurrent=True)
         await self.register()
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
         await self.bus.listen(subjects.appmaster_reregister(self.app_id), {ReRegister: self.on_master_changed})
@@ -208,9 +221,9 @@ class AppMaster(Service):
             if self.launch.attempt:
                 record = await self.store.latest()
                 latest = cp.CheckpointMeta.from_dict(record) if record else None
-                epoch, restarts = await self.store.get_epoch()
-                tasks = await self._prepare()
-                self._machine(tasks, latest, epoch + 1, restarts)
+                stored = await self.store.get_epoch()
+                tasks = await self._prepare(dict(stored.parallelism))  # as the last rescale left them
+                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, dict(stored.restore_epochs))
                 actions = self.state.start(time.monotonic(), latest, adopt=True)
             else:
                 tasks = await self._prepare()
@@ -238,22 +251,28 @@ class AppMaster(Service):
                                      traceback.format_exc())) from None
 
     def _plan_tasks(self) -> list[TaskId]:
-        return [TaskId(p.id, i) for p in self.app.graph.processors for i in range(p.parallelism)]
+        return [TaskId(p.id, i) for p in self.plan.graph.processors for i in range(p.parallelism)]
 
-    async def _prepare(self) -> list[TaskId]:
+    async def _prepare(self, parallelism: dict[int, int] | None = None) -> list[TaskId]:
         """Load the app and set up what every AppMaster attempt needs: config, clock origin,
-        clock service, metrics."""
+        and the plan at ``parallelism`` (where a rescale changed it)."""
         self.app = await self._load()
-        config = self.config = {**self.app.config, **self.launch.config}
+        self.config = {**self.app.config, **self.launch.config}
         self.start_ms = self.launch.start_ms or int(time.time() * 1000)
-        tasks = self._plan_tasks()
-        self.dag = dag_of(self.app)
-        self.metrics = ProcessorMetricsAggregator(self.dag.processors)
-        self.clock = ClockService([self._task_name(t) for t in tasks],
-                                  float(config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
-        return tasks
+        self._replan(parallelism or {})
+        return self._plan_tasks()
 
-    def _machine(self, tasks: list[TaskId], latest: cp.CheckpointMeta | None, epoch: int, restarts: int) -> None:
+    def _replan(self, parallelism: dict[int, int]) -> None:
+        """The plan at the parallelism the app runs (a rescale changes it), and what follows
+        it: the DAG reported, the metrics, the stalled-task clock."""
+        self.plan, self._rescaled = self.app.with_parallelism(parallelism), dict(parallelism)
+        self.dag = dag_of(self.plan)
+        self.metrics = ProcessorMetricsAggregator(self.dag.processors)
+        self.clock = ClockService([self._task_name(t) for t in self._plan_tasks()],
+                                  float(self.config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
+
+    def _machine(self, tasks: list[TaskId], latest: cp.CheckpointMeta | None, epoch: int, restarts: int,
+                 restore_epochs: dict[int, int] | None = None) -> None:
         """The app's state machine, from its config, in ``epoch``, continuing after ``latest``."""
         try:
             settings = st.Settings.from_config(self.config, self.heartbeat_interval)
@@ -261,13 +280,14 @@ class AppMaster(Service):
             raise AppFailure(AppError("ConfigError", str(exc), "planning tasks")) from None
         coordinator = self._new_coordinator(latest, epoch)
         self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
-        self.state = st.AppMasterState([(t.processor, t.index) for t in tasks], coordinator, settings, epoch, restarts)
+        self.state = st.AppMasterState([(t.processor, t.index) for t in tasks], coordinator, settings, epoch, restarts,
+                                       {p.id: p.parallelism for p in self.app.graph.processors}, restore_epochs)
 
     def _new_coordinator(self, latest: cp.CheckpointMeta | None, epoch: int) -> cp.CheckpointCoordinator:
         """The checkpoint coordinator, from the app's config, continuing after ``latest``."""
         config = self.config
         keys = [(t.processor, t.index) for t in self._plan_tasks()]
-        sources = [(p.id, i) for p in self.app.graph.processors if p.is_source for i in range(p.parallelism)]
+        sources = [(p.id, i) for p in self.plan.graph.processors if p.is_source for i in range(p.parallelism)]
         try:
             self.checkpoint_interval_ms = int(config.get("checkpoint_interval_ms", DEFAULT_CHECKPOINT_INTERVAL_MS))
             return cp.CheckpointCoordinator(
@@ -303,7 +323,7 @@ class AppMaster(Service):
 
     async def _store_epoch(self, store: st.StoreEpoch) -> None:
         try:
-            await self.store.put_epoch(store.epoch, store.restarts)
+            await self.store.put_epoch(store)
         except Exception as exc:
             await self.carry_out(self.state.fail(AppError(type(exc).__name__, f"storing epoch {store.epoch}: {exc}",
                                                           "recovery")))
@@ -375,17 +395,17 @@ class AppMaster(Service):
     async def _deploy(self, deploy: st.Deploy) -> None:
         """Launch every executor's tasks in the deployment's epoch (replacing older ones),
         then start them all once all are subscribed."""
+        if dict(deploy.parallelism) != self._rescaled:
+            self._replan(dict(deploy.parallelism))  # a rescale's
         restore = deploy.restore
         launch_timeout = RESTORE_TIMEOUT_S if restore else DEFAULT_REQUEST_TIMEOUT_S
-        if self._compaction is not None:  # fenced: a restore never reads a snapshot being replaced;
-            if not self._compaction.cancelling():  # once: a second cancel would cut its last put short
-                self._compaction.cancel()  # the chains it would have shortened read the same state
-            await asyncio.wait([self._compaction])
+        await self._stop_compaction()
         try:
             await asyncio.gather(*(self.bus.request(
                 subjects.executor_control(self.app_id, executor_id),
                 LaunchTasks([TaskId(*t) for t in tasks], self.app.graph.digest(), self.start_ms, deploy.epoch,
-                            restore.checkpoint_id if restore else 0, restore.epoch if restore else 0),
+                            restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
+                            dict(deploy.parallelism), dict(deploy.restore_epochs)),
                 expect=TaskRegistered, timeout=launch_timeout)
                 for executor_id, tasks in deploy.assignments))
             for executor_id, _ in deploy.assignments:
@@ -395,6 +415,14 @@ class AppMaster(Service):
             await self.carry_out(self.state.deploy_failed(deploy.epoch, exc.message, time.monotonic()))
             return
         await self.carry_out(self.state.deployed(deploy.epoch, time.monotonic()))
+
+    async def _stop_compaction(self) -> None:
+        """Fenced: a restore or a division never reads a snapshot being replaced (the
+        chains the compaction would have shortened read the same state)."""
+        if self._compaction is not None:
+            if not self._compaction.cancelling():  # once: a second cancel would cut its last put short
+                self._compaction.cancel()
+            await asyncio.wait([self._compaction])
 
     async def _fence(self, fence: st.Fence) -> None:
         """Have the worker kill the lost executor (it may only be hung or stopped); if the
@@ -441,7 +469,6 @@ class AppMaster(Service):
     # --- checkpoints -----------------------------------------------------------------
 
     async def _trigger(self, trigger: cp.TriggerCheckpoint) -> None:
-        self._checkpoint_epochs[trigger.checkpoint_id] = trigger.epoch
         self.spawn(self.bus.publish(subjects.checkpoint_trigger(self.app_id),
                                     TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch)),
                    f"trigger-{trigger.checkpoint_id}")
@@ -451,6 +478,7 @@ class AppMaster(Service):
                                TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch))
 
     async def _store(self, store: cp.StoreCheckpoint) -> None:
+        self._checkpoints_taken[store.meta.checkpoint_id] = (store.meta.epoch, list(store.meta.tasks))
         self.spawn(self._store_checkpoint(store.meta), f"store-{store.meta.checkpoint_id}")
 
     async def _notify_complete(self, complete: cp.NotifyComplete) -> None:
@@ -493,7 +521,7 @@ class AppMaster(Service):
         try:
             for task in compact.tasks:
                 chain = await self.store.snapshot_chain(compact.checkpoint_id, compact.epoch, task)
-                processor = self.app.graph.processors[task[0]]
+                processor = self.plan.graph.processors[task[0]]
                 try:  # takes the chain: one in memory at a time
                     data = await asyncio.to_thread(compacted, processor, chain, stop)
                 except asyncio.CancelledError:
@@ -521,16 +549,19 @@ class AppMaster(Service):
         await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, ok, sizes))
 
     async def _prune(self, checkpoint_ids) -> None:
-        tasks = [(t.processor, t.index) for t in self._plan_tasks()]
+        """Delete checkpoints: each task's snapshot (of the tasks that took it: a rescale
+        changes them), any state a rescale divided from it, and its record."""
         for checkpoint_id in checkpoint_ids:
             try:
-                epoch = self._checkpoint_epochs.pop(checkpoint_id, None)
-                if epoch is None:  # completed under an earlier AppMaster
+                taken = self._checkpoints_taken.pop(checkpoint_id, None)
+                if taken is None:  # completed under an earlier AppMaster
                     record = await self.store.record(checkpoint_id)
                     if record is None:
                         continue
-                    epoch = record["epoch"]
-                await self.store.delete(checkpoint_id, epoch, tasks)
+                    taken = (record["epoch"], [tuple(task) for task in record["tasks"]])
+                for epoch, tasks in self._divided.pop(checkpoint_id, {}).items():
+                    await self.store.delete_snapshots(checkpoint_id, epoch, tasks)
+                await self.store.delete(checkpoint_id, *taken)
             except Exception as exc:
                 log.warning("checkpoint_prune_failed", checkpoint_id=checkpoint_id, error=repr(exc))
 
@@ -542,7 +573,7 @@ class AppMaster(Service):
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is not running: its state cannot be "
                                                       "read now", retryable=True)
         try:
-            processor, index = state_query.locate(self.app.graph.processors, msg.step,
+            processor, index = state_query.locate(self.plan.graph.processors, msg.step,
                                                   state_query.parse_key(msg.key))
         except state_query.StateQueryError as exc:
             raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
@@ -563,6 +594,63 @@ class AppMaster(Service):
         stimuli = [Stimulus(s.stimulus_id, s.event, round(max(now - s.at, 0.0), 3), s.detail, list(s.decided))
                    for s in self.state.stimuli.entries]
         return AppStimuli(self.app_id, self.state.phase.value if self.state.phase else "", self.epoch, stimuli)
+
+    # --- rescaling ----------------------------------------------------------------
+
+    async def on_rescale(self, msg: RescaleApplication) -> AppRescaled:
+        """Run steps at another parallelism while the app runs; answered once its tasks
+        run at it (the state machine decides how: see gearbus/runtime/appmaster_state.py)."""
+        if self.state is None:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still starting", retryable=True)
+        try:
+            asked = processors_of(self.plan, msg.parallelism)
+        except RescaleError as exc:
+            raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        request_id = next(self._rescale_requests)
+        answer = self._rescales[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            instructions = self.state.rescale_requested(request_id, asked, time.monotonic())
+        except st.Refused as refused:
+            del self._rescales[request_id]
+            raise RequestError(refused.code, refused.message) from None
+        await self.carry_out(instructions)
+        error = await answer
+        if error:
+            raise RequestError(ErrorCode.CONFLICT, error)
+        return AppRescaled(self.app_id, {p.name: p.parallelism for p in self.plan.graph.processors}, self.epoch)
+
+    async def _answer_rescale(self, answer: st.AnswerRescale) -> None:
+        waiting = self._rescales.pop(answer.request_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(answer.error)
+
+    async def _divide(self, divide: st.DivideState) -> None:
+        """Divide the rescaled processors' state of the checkpoint over their new tasks:
+        each old task's whole state read once, each new task's share stored under the
+        division's epoch, where the executors restore it from. A state that cannot be
+        divided (or a store that fails) refuses the rescale; the app goes on."""
+        checkpoint, error = divide.checkpoint, ""
+        await self._stop_compaction()
+        try:
+            plan = self.plan.with_parallelism({**self._rescaled, **{p: new for p, _, new in divide.parallelism}})
+            for processor_id, old, new in divide.parallelism:
+                processor = plan.graph.processors[processor_id]
+                whole = []
+                for index in range(old):
+                    chain = await self.store.snapshot_chain(checkpoint.checkpoint_id, checkpoint.epoch,
+                                                            (processor_id, index))
+                    whole.append(await asyncio.to_thread(whole_snapshot, processor, chain))
+                for index in range(new):
+                    data = await asyncio.to_thread(lambda i=index: divided_snapshot(processor, whole, i).encode())
+                    await self.store.put_snapshot(checkpoint.checkpoint_id, divide.epoch, (processor_id, index), data)
+                    self._divided.setdefault(checkpoint.checkpoint_id, {}).setdefault(divide.epoch, []).append(
+                        (processor_id, index))
+        except (SavepointMismatch, GraphError) as exc:
+            error = str(exc)
+        except Exception as exc:
+            log.warning("state_division_failed", checkpoint_id=checkpoint.checkpoint_id, error=repr(exc))
+            error = f"dividing the state of checkpoint {checkpoint.checkpoint_id} failed: {type(exc).__name__}: {exc}"
+        await self.carry_out(self.state.state_divided(divide.request_id, time.monotonic(), error))
 
     # --- savepoints ----------------------------------------------------------------
 
@@ -609,7 +697,7 @@ class AppMaster(Service):
             await asyncio.wait([self._compaction])
         parts: dict[tuple[str, int], bytes] = {}
         steps: dict[str, int] = {}
-        for processor in self.app.graph.processors:
+        for processor in self.plan.graph.processors:
             for index in range(processor.parallelism):
                 chain = await self.store.snapshot_chain(meta.checkpoint_id, meta.epoch, (processor.id, index))
                 pickled = await asyncio.to_thread(self._pickled_steps, processor, chain)  # off the loop: the heartbeats
@@ -628,7 +716,7 @@ class AppMaster(Service):
         if record is None:
             raise AppFailure(AppError("SavepointNotFound", f"no savepoint named {name!r}", "restoring a savepoint"))
         try:
-            claimed = claim(self.app, record.steps, allow_unclaimed)
+            claimed = claim(self.plan, record.steps, allow_unclaimed)
             size, tasks = await self._seed(record, claimed)
         except SavepointMismatch as exc:
             raise AppFailure(AppError("SavepointMismatch", f"savepoint {name!r}: {exc}",
@@ -641,7 +729,7 @@ class AppMaster(Service):
     async def _seed(self, record: SavepointRecord, claimed: dict) -> tuple[int, list[tuple[int, int]]]:
         """Store each task's seeded snapshot of the savepoint's claimed steps."""
         size, tasks = 0, []
-        for processor in self.app.graph.processors:
+        for processor in self.plan.graph.processors:
             saved = {step: [pickle.loads(await self.store.savepoint_part(record, step, index))
                             for index in range(record.steps[step])]
                      for step, owner in claimed.items() if owner is processor}
@@ -792,7 +880,7 @@ class AppMaster(Service):
                                                   self.launch.attempt))
 
     def _task_name(self, task: TaskId) -> str:
-        return f"{self.app.graph.processors[task.processor].name}[{task.index}]"
+        return f"{self.plan.graph.processors[task.processor].name}[{task.index}]"
 
     async def heartbeat_loop(self) -> None:
         while True:

@@ -9,7 +9,7 @@ import signal
 
 import structlog
 
-from gearbus.api.graph import Application
+from gearbus.api.graph import Application, GraphError
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.partitioners import key_owner
 from gearbus.runtime import state_query
@@ -75,7 +75,8 @@ class Executor(Service):
         self.executor_id = launch.executor_id
         self.worker_id = worker_id
         self.worker_pid = worker_pid
-        self.app: Application | None = None
+        self.app: Application | None = None  # as planned
+        self.plan: Application | None = None  # at the parallelism of the epoch it runs (a rescale changes it)
         self.config: DataPlaneConfig | None = None
         self.tasks = ExecutorTasks()  # the tasks' lives: this shell carries out what it decides
         self.runners: dict[TaskId, TaskRunner] = {}  # the current epoch's
@@ -95,7 +96,7 @@ class Executor(Service):
     # --- lifecycle -------------------------------------------------------------
 
     async def setup(self) -> None:
-        self.app = await fetch_application(self.bus, self.launch)
+        self.app = self.plan = await fetch_application(self.bus, self.launch)
         self.config = DataPlaneConfig.from_config({**self.app.config, **self.launch.config})
         self.store = CheckpointStore(self.bus.js, self.app_id, chunk_bytes=object_chunk_bytes(self.bus.nc))
         await self.bus.serve(
@@ -146,6 +147,11 @@ class Executor(Service):
         for task_id in msg.tasks:
             if not 0 <= task_id.processor < len(processors):
                 raise RequestError(ErrorCode.BAD_REQUEST, f"no processor {task_id.processor} in this application")
+        if msg.epoch > self.tasks.epoch:  # the plan of the epoch launched (the same launch again keeps it)
+            try:
+                self.plan = self.app.with_parallelism(msg.parallelism)
+            except GraphError as exc:
+                raise RequestError(ErrorCode.BAD_REQUEST, f"parallelism {msg.parallelism}: {exc}") from None
         sources = [t for t in msg.tasks if issubclass(processors[t.processor].task_class, DataSourceTask)]
         try:
             instructions = self.tasks.launch(msg, sources)
@@ -221,12 +227,14 @@ class Executor(Service):
             for task_id in launch.tasks:
                 envelope = None
                 if launch.restore_checkpoint:
-                    chain = await self.store.snapshot_chain(launch.restore_checkpoint, launch.restore_epoch,
-                                                            (task_id.processor, task_id.index))
+                    # a rescaled processor's tasks restore the share of its state divided for them
+                    chain = await self.store.snapshot_chain(
+                        launch.restore_checkpoint, launch.restore_epochs.get(task_id.processor, launch.restore_epoch),
+                        (task_id.processor, task_id.index))
                     # added up a key group at a time as the task restores it, off the loop
-                    envelope = whole_snapshot(self.app.graph.processors[task_id.processor], chain)
+                    envelope = whole_snapshot(self.plan.graph.processors[task_id.processor], chain)
                 runner = TaskRunner(
-                    self.bus.nc, self.app, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
+                    self.bus.nc, self.plan, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
                     self.on_snapshot, self.on_task_ended, launch.start_ms, launch.epoch, envelope, self.servers,
                 )
                 self.runners = {**self.runners, task_id: runner}  # replaced, never resized: the heartbeat reads it

@@ -39,6 +39,7 @@ from shared.messages import (
     AppMasterHeartbeat,
     CheckpointStats,
     AppMasterRegistered,
+    AppRescaled,
     AppStimuli,
     ApplicationList,
     ApplicationRestarted,
@@ -60,6 +61,7 @@ from shared.messages import (
     QueryApplication,
     QueryState,
     QueryStimuli,
+    RescaleApplication,
     SavepointTaken,
     TakeSavepoint,
     QueryCluster,
@@ -92,6 +94,8 @@ MASTERS_LOOKUP_S = 2.0
 SETUP_DEADLINE_S = 60.0  # how long a master waits at start for JetStream (a new cluster elects leaders)
 STATE_QUERY_TIMEOUT_S = 15.0  # the AppMaster asks the executor, which may take 10 s
 SAVEPOINT_TIMEOUT_S = 120.0  # how long a savepoint may take (its checkpoint, then copying its state)
+#: how long a rescale may take: a checkpoint, dividing the rescaled processors' state, every task restored
+RESCALE_TIMEOUT_S = 600.0
 APPMASTER_TIMEOUT_HEARTBEATS = 5  # an AppMaster silent this many heartbeat intervals is lost (as an executor is)
 RECONFIRM_HEARTBEATS = 5  # a new leader gives running apps' AppMasters this many heartbeats to register
 
@@ -222,6 +226,7 @@ class Master(Service):
             await serve(subjects.APP_RESTART, {RestartApplication: self.on_restart}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATE, {QueryState: self.on_state_query}, concurrent=True, guard=guard),
             await serve(subjects.APP_DEBUG, {QueryStimuli: self.on_stimuli_query}, concurrent=True, guard=guard),
+            await serve(subjects.APP_RESCALE, {RescaleApplication: self.on_rescale}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATUS, {QueryApplication: self.on_status}, guard=guard),
             await serve(subjects.APP_LIST, {ListApplications: self.on_list}, guard=guard),
             await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info}, guard=guard),
@@ -434,6 +439,11 @@ class Master(Service):
         """Pass the query to the app's AppMaster, which asks the task that owns the key."""
         return await self._ask_appmaster(msg.app_id, subjects.appmaster_state_query(msg.app_id), msg, StateValue,
                                          STATE_QUERY_TIMEOUT_S, "'s state can be read")
+
+    async def on_rescale(self, msg: RescaleApplication) -> AppRescaled:
+        """Pass the request to the app's AppMaster, which rescales the app while it runs."""
+        return await self._ask_appmaster(msg.app_id, subjects.appmaster_rescale(msg.app_id), msg, AppRescaled,
+                                         RESCALE_TIMEOUT_S, " can be rescaled")
 
     async def on_stimuli_query(self, msg: QueryStimuli) -> AppStimuli:
         """Pass the query to the app's AppMaster, whose state machine keeps the log."""

@@ -5,54 +5,24 @@ a pipeline whose stateful steps do not match is refused, naming them."""
 
 from __future__ import annotations
 
-import collections
-import json
 import os
 
-import nats
 import pytest
 
 from gearbus.artifact import pack
-from gearbus.connectors.jetstream import Publisher, ensure_stream_async
+from gearbus.connectors.jetstream import ensure_stream_async
 from shared import subjects
 from shared.bus import RequestError
 from shared.messages import AppState
-from tests.support.cluster import wait_state, wait_until
-from tests.support.paths import APPS
-
-APP = os.path.join(APPS, "savepoint_counts.py")
-EVENTS = 6_000
-USERS = 7
+from tests.support.cluster import wait_until
+from tests.support.user_counts import APP, EVENTS, args, counts, expected_counts, publish, start_counting
 
 pytestmark = pytest.mark.timeout(120)
 
 
-async def publish(url: str, first: int, end: int) -> None:
-    nc = await nats.connect(url)
-    try:
-        publisher = await Publisher(nc).open()
-        for n in range(first, end):
-            await publisher.publish("ev.1", json.dumps({"n": n, "user": f"u{n % USERS}"}).encode(), f"ev-{n}")
-        await publisher.drain()
-    finally:
-        await nc.close()
-
-
-def counts(output) -> list[dict]:
-    with open(output, encoding="utf-8") as f:
-        return sorted((json.loads(line) for line in f), key=lambda row: row["user"])
-
-
-def args(output, version: int) -> list[str]:
-    return ["--stream", "EV", "--until", str(EVENTS), "--output", str(output), "--version", str(version)]
-
-
 async def test_stop_with_a_savepoint_change_the_code_and_resume_exactly(cluster, client, tmp_path):
     url, output = cluster.url, tmp_path / "counts.jsonl"
-    await ensure_stream_async(client.bus.nc, "EV", ["ev.*"], 120, "file")
-    await publish(url, 0, EVENTS // 2)
-    first = await client.submit(pack(APP), args(output, 1))
-    await wait_state(client, first, AppState.ACTIVE)
+    first = await start_counting(client, url, output, EVENTS // 2)
 
     async def read_half():
         status = await client.status(first)
@@ -71,8 +41,7 @@ async def test_stop_with_a_savepoint_change_the_code_and_resume_exactly(cluster,
     second = await client.submit(pack(APP), args(output, 2), config={"from_savepoint": "half"})
     final = await client.wait(second, timeout=60)
     assert final.state == AppState.SUCCEEDED, final.error
-    expected = [{"user": u, "count": c, "format": 2}
-                for u, c in sorted(collections.Counter(f"u{n % USERS}" for n in range(EVENTS)).items())]
+    expected = expected_counts(format=2)
     assert counts(output) == expected
 
     # the sink's state is its file's: resuming it cuts the file back to the savepoint's

@@ -444,7 +444,7 @@ def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_
     assert deploy.epoch == 1 and deploy.restore.checkpoint_id == trigger.checkpoint_id
     assert deploy.parallelism == ((1, 4),) and deploy.restore_epochs == ((1, 1),)
     assert deploy.assignments == ((0, (SRC0, SINK0, (1, 2))), (1, (SRC1, SINK1, (1, 3))))  # task i on executor i mod 2
-    assert of(StoreEpoch, out) == [StoreEpoch(1, 0)] and m.restarts == 0  # not a failure
+    assert of(StoreEpoch, out) == [StoreEpoch(1, 0, ((1, 4),), ((1, 1),))] and m.restarts == 0  # not a failure
     assert m.phase is Phase.DEPLOYING and not of(AnswerRescale, out)
     m.validate()
     assert of(AnswerRescale, m.deployed(1, 3)) == [AnswerRescale(5)]

@@ -1,0 +1,83 @@
+"""Rescaling a running app on a real cluster (`gearbus rescale`): a keyed count reading
+JetStream goes from 2 counting tasks to 4 and then to 1 while events flow, its state
+divided by key group each time, and its final counts are exact; requests that cannot be
+carried out are refused with the reason, the app untouched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shared import subjects
+from shared.bus import RequestError
+from shared.messages import AppState
+from tests.support.cli import gearbus
+from tests.support.cluster import wait_until
+from tests.support.user_counts import EVENTS, counts, expected_counts, publish, start_counting
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def counting(status) -> list[int]:
+    """The indexes of the live tasks of the counting processor (id 1, count+format)."""
+    return sorted(t.task.index for t in status.tasks if t.task.processor == 1)
+
+
+async def read_at_least(client, app_id: int, events: int, after_checkpoint: int = 0) -> int:
+    """Wait until the source tasks read ``events`` in the current epoch (their counters
+    start anew with each) and a checkpoint after ``after_checkpoint`` completed; its id."""
+    async def probe():
+        status = await client.status(app_id)
+        read = sum(c.records_in for c in status.tasks if c.task.processor == 0)
+        last = status.checkpoints.last_id if status.checkpoints else 0
+        return last if read >= events and last > after_checkpoint else None
+
+    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout=60)
+
+
+async def test_a_keyed_count_rescaled_2_to_4_to_1_while_it_reads_is_exact(cluster, client, tmp_path):
+    url, output = cluster.url, tmp_path / "counts.jsonl"
+    app = await start_counting(client, url, output, EVENTS // 3)
+    first = await read_at_least(client, app, EVENTS // 6)
+
+    code, out, err = await gearbus("rescale", "--nats", url, "--json", str(app), "count=4")
+    assert code == 0, err
+    done = json.loads(out)
+    assert [n for name, n in done["processors"].items() if "count" in name] == [4] and done["epoch"] == 1
+
+    async def four_counting():
+        status = await client.status(app)
+        return status if counting(status) == [0, 1, 2, 3] else None
+
+    await wait_until(client, subjects.appmaster_heartbeat("*"), four_counting)
+    await publish(url, EVENTS // 3, 2 * EVENTS // 3)
+    await read_at_least(client, app, EVENTS // 6, after_checkpoint=first + 1)  # reading at 4
+    done = await client.rescale(app, {"count": 1})
+    assert done.epoch == 2
+    await publish(url, 2 * EVENTS // 3, EVENTS)
+    final = await client.wait(app, timeout=90)
+    assert final.state == AppState.SUCCEEDED, final.error
+    assert final.restarts == 0  # a rescale is not a failure
+    assert counts(output) == expected_counts()
+
+
+async def test_a_rescale_that_cannot_be_done_is_refused_with_the_reason_and_the_app_goes_on(cluster, client,
+                                                                                            tmp_path):
+    url, output = cluster.url, tmp_path / "counts.jsonl"
+    app = await start_counting(client, url, output, EVENTS // 2)
+    await read_at_least(client, app, 10)
+    for asked, reason in (({"nope": 2}, "no step named 'nope'"),
+                          ({"count": 0}, "parallelism 0 is not between 1 and 128"),
+                          ({"count": 2}, "nothing to change"),
+                          ({"write": 3}, "cannot be divided over another number of tasks")):
+        with pytest.raises(RequestError, match=reason):
+            await client.rescale(app, asked)
+    code, _, err = await gearbus("rescale", "--nats", url, str(app), "count=x")
+    assert code == 2 and "write STEP=N" in err
+    await publish(url, EVENTS // 2, EVENTS)
+    final = await client.wait(app, timeout=90)
+    assert final.state == AppState.SUCCEEDED and final.restarts == 0
+    assert counts(output) == expected_counts()
+    with pytest.raises(RequestError, match="only a running app can be rescaled"):
+        await client.rescale(app, {"count": 3})
