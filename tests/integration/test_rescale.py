@@ -14,7 +14,7 @@ from shared.bus import RequestError
 from shared.messages import AppState
 from tests.support.cli import gearbus
 from tests.support.cluster import wait_until
-from tests.support.user_counts import EVENTS, counts, expected_counts, publish, start_counting
+from tests.support.user_counts import EVENTS, counts, expected_counts, publish, read_at_least, start_counting
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -22,18 +22,6 @@ pytestmark = pytest.mark.timeout(150)
 def counting(status) -> list[int]:
     """The indexes of the live tasks of the counting processor (id 1, count+format)."""
     return sorted(t.task.index for t in status.tasks if t.task.processor == 1)
-
-
-async def read_at_least(client, app_id: int, events: int, after_checkpoint: int = 0) -> int:
-    """Wait until the source tasks read ``events`` in the current epoch (their counters
-    start anew with each) and a checkpoint after ``after_checkpoint`` completed; its id."""
-    async def probe():
-        status = await client.status(app_id)
-        read = sum(c.records_in for c in status.tasks if c.task.processor == 0)
-        last = status.checkpoints.last_id if status.checkpoints else 0
-        return last if read >= events and last > after_checkpoint else None
-
-    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout=60)
 
 
 async def test_a_keyed_count_rescaled_2_to_4_to_1_while_it_reads_is_exact(cluster, client, tmp_path):

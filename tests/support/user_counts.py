@@ -12,7 +12,8 @@ import nats
 from gearbus.artifact import pack
 from gearbus.connectors.jetstream import Publisher, ensure_stream_async
 from shared.messages import AppState
-from tests.support.cluster import wait_state
+from shared import subjects
+from tests.support.cluster import wait_state, wait_until
 from tests.support.paths import APPS
 
 APP = os.path.join(APPS, "savepoint_counts.py")
@@ -55,3 +56,15 @@ async def start_counting(client, url: str, output, published: int, version: int 
     app_id = await client.submit(pack(APP), args(output, version))
     await wait_state(client, app_id, AppState.ACTIVE)
     return app_id
+
+
+async def read_at_least(client, app_id: int, events: int, after_checkpoint: int = 0) -> int:
+    """Wait until the source tasks read ``events`` in the current epoch (their counters
+    start anew with each) and a checkpoint after ``after_checkpoint`` completed; its id."""
+    async def probe():
+        status = await client.status(app_id)
+        read = sum(c.records_in for c in status.tasks if c.task.processor == 0)
+        last = status.checkpoints.last_id if status.checkpoints else 0
+        return last if read >= events and last > after_checkpoint else None
+
+    return await wait_until(client, subjects.appmaster_heartbeat("*"), probe, timeout=60)
