@@ -24,6 +24,7 @@ from shared.messages import (
     AppDag,
     AppError,
     ApplicationRestarted,
+    AppRescaled,
     AppState,
     AppSummary,
     CheckpointStats,
@@ -171,6 +172,12 @@ def create_app(view: ClusterView, history: History | None = None) -> FastAPI:
     async def kill(app_id: int):
         await view.kill(app_id)
         return JSONResponse({"app_id": app_id, "state": AppState.TERMINATED})
+
+    @app.post("/api/v1/apps/{app_id}/rescale", response_model=AppRescaled,
+              summary="Run processors (by step or processor name) at another parallelism while the app runs: "
+                      'body {"count": 4}; answered once its tasks run at it')
+    async def rescale(app_id: int, parallelism: dict[str, int]):
+        return _json(await view.rescale(app_id, parallelism))
 
     @app.post("/api/v1/apps/{app_id}/restart", response_model=ApplicationRestarted,
               summary="Submit the app again (a running one stops with a savepoint and the new one starts from it)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gearbus.client import Client
 from shared.bus import NoResponders, RequestError, RequestTimeout
-from shared.messages import ApplicationRestarted, AppSummary, ClusterInfo, ErrorCode, StateValue
+from shared.messages import ApplicationRestarted, AppRescaled, AppSummary, ClusterInfo, ErrorCode, StateValue
 from shared.security import Security
 
 QUERY_TIMEOUT_S = 3.0  # a page must not hang: a master that does not answer this fast is "unreachable"
@@ -67,6 +67,9 @@ class ClusterView:
 
     async def kill(self, app_id: int) -> None:
         await self._ask(self.client.kill(app_id))
+
+    async def rescale(self, app_id: int, parallelism: dict[str, int]) -> AppRescaled:
+        return await self._ask(self.client.rescale(app_id, parallelism))
 
     async def restart(self, app_id: int) -> ApplicationRestarted:
         return await self._ask(self.client.restart(app_id))

@@ -1,6 +1,7 @@
 """What the dashboard remembers of each app: its processors' figures, sampled from the
 app summaries every ``sample_s`` over the last ``window_s`` (the charts), and a timeline of
-what happened to it (its state changes, restarts and checkpoints) over the same window.
+what happened to it (its state changes, restarts, rescales and checkpoints) over the same
+window.
 
 Kept in this process's memory and nowhere else, so it needs no service of its own: a
 dashboard started later, or restarted, charts from then on (every dashboard samples for
@@ -28,6 +29,7 @@ class _AppHistory:
     state: str = ""
     restarts: int = 0
     last_checkpoint: int = 0  # the newest checkpoint on the timeline (only the newest is ever in progress)
+    parallelism: dict[int, int] = field(default_factory=dict)  # processor id -> its parallelism, as last seen
 
 
 class History:
@@ -83,6 +85,12 @@ class History:
                                    "detail": f"checkpoint {record.checkpoint_id}: {record.duration_ms} ms, "
                                              f"{record.size_bytes} bytes" + (f", {record.failure}"
                                                                              if record.failure else "")})
+        parallelism = {p.processor: p.parallelism for p in app.processors}
+        changed = [f"{p.name} {history.parallelism[p.processor]} → {p.parallelism}" for p in app.processors
+                   if history.parallelism.get(p.processor, p.parallelism) != p.parallelism]
+        if changed:
+            history.events.append({"t_ms": now_ms, "kind": "rescale", "detail": ", ".join(changed)})
+        history.parallelism = parallelism or history.parallelism
         if app.state == AppState.ACTIVE and app.processors:
             history.names = {p.processor: p.name for p in app.processors}
             history.samples.append((now_ms, {p.processor: {name: getattr(p, name) for name in CHARTED}

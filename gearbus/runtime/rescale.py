@@ -17,13 +17,14 @@ class RescaleError(ValueError):
 
 def processors_of(plan: Application, steps: Mapping[str, int]) -> dict[int, int]:
     """``{processor id: parallelism}`` for ``{step: parallelism}`` against the running
-    ``plan``. Raises RescaleError naming unknown steps, steps of one processor asked at
+    ``plan`` (a processor's name, as ``gearbus plan`` and the dashboard show it, names it
+    too). Raises RescaleError naming unknown steps, steps of one processor asked at
     different parallelisms, and a graph rule the new plan breaks (an edge that needs equal
     parallelism on both sides)."""
     if not steps:
         raise RescaleError("name at least one step and its parallelism, STEP=N")
-    holding = {step: processor for processor in plan.graph.processors
-               for step in processor.config.get("steps", [processor.name])}
+    holding = {name: processor for processor in plan.graph.processors  # its steps, and its own name
+               for name in [*processor.config.get("steps", []), processor.name]}
     unknown = [step for step in steps if step not in holding]
     if unknown:
         raise RescaleError(f"no step named {', '.join(map(repr, unknown))}; the steps: {', '.join(holding)}")

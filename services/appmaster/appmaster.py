@@ -861,7 +861,9 @@ class AppMaster(Service):
 
     async def _send_heartbeat(self) -> None:
         live = [e.executor_id for e in self.state.live_executors()] if self.state else []
-        counters = [c for executor_id in live for c in self.counters.get(executor_id, {}).values()]
+        # the tasks each executor hosts now (a rescale moves and drops some: their counters go)
+        counters = [c for e in (self.state.live_executors() if self.state else []) for task in e.tasks
+                    if (c := self.counters.get(e.executor_id, {}).get(task)) is not None]
         clock, stalled = None, []
         if self.clock is not None:
             now = time.monotonic()

@@ -111,6 +111,27 @@ async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button
         restart = page.locator("#timeline tbody tr", has_text="restart 1")
         await expect(restart).to_be_visible()
         await expect(page.locator("#timeline-strip circle.mark.restart")).to_have_count(1)
+
+        # a rescale started from the page: the same checks as the command line, then on the timeline
+        async def accept(dialog):
+            assert dialog.type == "confirm" and str(running) in dialog.message and "stamp" in dialog.message
+            await dialog.accept()
+
+        await page.locator("#rescale-processor").select_option("stamp")
+        await page.locator("#rescale-parallelism").fill("3")
+        page.once("dialog", accept)
+        await page.locator("#rescale").click()
+        await expect(page.locator("#action-result")).to_contain_text("stamp ×3")
+        await expect(page.locator('#dag .dag-node[data-processor="1"]')).to_contain_text("×3")
+        await expect(page.locator("#timeline tbody tr", has_text="stamp 2 → 3")).to_be_visible()
+        await expect(page.locator("#tasks tbody tr")).to_have_count(
+            sum(p["parallelism"] for p in dag["processors"]) + 1)
+        await page.locator("#rescale-processor").select_option("write")
+        await page.locator("#rescale-parallelism").fill("2")
+        page.once("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+        await page.locator("#rescale").click()  # a sink's open transactions cannot be divided
+        await expect(page.locator("#action-result")).to_contain_text("rescale failed")
+        await expect(page.locator("#action-result")).to_contain_text("cannot be divided")
         await screenshot(page, "dashboard-app-running.png")
 
         async def confirm(dialog):

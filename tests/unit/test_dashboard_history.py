@@ -8,8 +8,10 @@ from gearbus.dashboard.history import History
 from shared.messages import AppError, AppState, AppSummary, CheckpointRecord, CheckpointStats, ProcessorMetrics
 
 
-def summary(state=AppState.ACTIVE, restarts=0, rate=10.0, checkpoints=(), epoch=0, error=None) -> AppSummary:
-    processors = [ProcessorMetrics(processor=p, name=name, parallelism=2, records_in_per_s=rate * (p + 1),
+def summary(state=AppState.ACTIVE, restarts=0, rate=10.0, checkpoints=(), epoch=0, error=None,
+            counters=2) -> AppSummary:
+    processors = [ProcessorMetrics(processor=p, name=name, parallelism=2 if p == 0 else counters,
+                                   records_in_per_s=rate * (p + 1),
                                    backpressure=0.25, watermark_lag_ms=40, state_bytes=1000 * p)
                   for p, name in enumerate(("source", "count"))]
     stats = CheckpointStats(interval_ms=1000, epoch=epoch, history=list(checkpoints))
@@ -58,3 +60,11 @@ def test_an_app_no_longer_listed_is_forgotten_and_a_bad_window_is_refused():
         History(sample_s=0)
     with pytest.raises(ValueError):
         History(sample_s=10, window_s=5)
+
+
+def test_a_change_of_parallelism_is_a_rescale_on_the_timeline():
+    h = History(sample_s=1, window_s=600)
+    h.observe([summary()], now_ms=1000)
+    h.observe([summary(counters=4, epoch=1)], now_ms=2000)
+    h.observe([summary(counters=4, epoch=1)], now_ms=3000)
+    assert h.timeline(7) == [{"t_ms": 2000, "kind": "rescale", "detail": "count 2 → 4"}]

@@ -260,27 +260,62 @@ async function refresh() {
   showFacts(a);
   showError(a.error);
   if (a.dag) updateDag(a.dag, a.processors, a.state === "ACTIVE");
+  if (a.dag) showRescaleChoices(a.dag.processors, a.state === "ACTIVE");
   showTables(a);
   await refreshHistory();
 }
 
-async function act(button, verb, confirmText, done) {
+// The rescale form's processors, redrawn only when they change (a choice being made stays).
+let rescaleChoices = "";
+
+function showRescaleChoices(processors, active) {
+  const choices = JSON.stringify(processors.map((p) => [p.id, p.name, p.parallelism]));
+  document.getElementById("rescale").disabled = !active;
+  if (choices === rescaleChoices) return;
+  rescaleChoices = choices;
+  const select = document.getElementById("rescale-processor");
+  const chosen = select.value;
+  select.replaceChildren(...processors.map((p) =>
+    el("option", { value: p.name, "data-parallelism": p.parallelism }, `${p.name} (×${p.parallelism})`)));
+  if ([...select.options].some((o) => o.value === chosen)) select.value = chosen;
+  document.getElementById("rescale-parallelism").value = select.selectedOptions[0]?.dataset.parallelism || 1;
+}
+
+async function act(button, verb, confirmText, done, body) {
   if (!window.confirm(confirmText)) return;
   const result = document.getElementById("action-result");
   button.disabled = true;
   result.textContent = `${verb}…`;
   try {
-    done(await api(`/api/v1/apps/${APP_ID}/${verb}`, { method: "POST" }));
+    const options = body === undefined ? { method: "POST" }
+      : { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+    done(await api(`/api/v1/apps/${APP_ID}/${verb}`, options));
   } catch (err) {
     result.textContent = `${verb} failed: ${err.message}`;
   } finally {
-    button.disabled = verb === "kill" && TERMINAL.has(currentState);
+    button.disabled = (verb === "kill" || verb === "rescale") && TERMINAL.has(currentState);
   }
 }
 
 document.getElementById("kill").addEventListener("click", (event) =>
   act(event.currentTarget, "kill", `Kill application ${APP_ID}? Its tasks stop now.`,
       (answer) => { document.getElementById("action-result").textContent = `app ${answer.app_id} ${answer.state}`; }));
+
+document.getElementById("rescale-processor").addEventListener("change", (event) => {
+  document.getElementById("rescale-parallelism").value = event.currentTarget.selectedOptions[0].dataset.parallelism;
+});
+
+document.getElementById("rescale-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const processor = document.getElementById("rescale-processor").value;
+  const parallelism = Number(document.getElementById("rescale-parallelism").value);
+  act(document.getElementById("rescale"), "rescale",
+      `Run ${processor} of application ${APP_ID} as ${parallelism} tasks? The app goes on from a checkpoint taken now.`,
+      (answer) => {
+        document.getElementById("action-result").textContent = `rescaled (epoch ${answer.epoch}): ` +
+          Object.entries(answer.processors).map(([name, n]) => `${name} ×${n}`).join(", ");
+      }, { [processor]: parallelism });
+});
 
 document.getElementById("restart").addEventListener("click", (event) =>
   act(event.currentTarget, "restart",
