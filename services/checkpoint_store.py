@@ -153,7 +153,7 @@ class CheckpointStore:
         restart budget and runs the tasks that run now."""
         await self._put_value(subjects.checkpoint_epoch_key(self.app_id), msgpack.packb(
             {"epoch": record.epoch, "restarts": record.restarts, "parallelism": record.parallelism,
-             "restore_epochs": record.restore_epochs}))
+             "restore_epochs": record.restore_epochs, "divided_checkpoint": record.divided_checkpoint}))
 
     async def get_epoch(self) -> StoreEpoch:
         """The epoch record as last stored; epoch 0 before any."""
@@ -165,7 +165,7 @@ class CheckpointStore:
             return StoreEpoch(int(epoch), int(restarts))
         data = msgpack.unpackb(value)
         return StoreEpoch(int(data["epoch"]), int(data["restarts"]), tuple(map(tuple, data["parallelism"])),
-                          tuple(map(tuple, data["restore_epochs"])))
+                          tuple(map(tuple, data["restore_epochs"])), int(data["divided_checkpoint"]))
 
     async def record(self, checkpoint_id: int) -> dict | None:
         value = await self._get_value(subjects.checkpoint_key(self.app_id, checkpoint_id))

@@ -337,7 +337,8 @@ class InProcessEngine:
         self._restore_epochs = dict(deploy.restore_epochs)
         for executor_id, tasks in deploy.assignments:
             launch = LaunchTasks([TaskId(*task) for task in tasks], self.app.graph.digest(), 0, deploy.epoch,
-                                 restore.checkpoint_id if restore else 0, restore.epoch if restore else 0)
+                                 restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
+                                 dict(deploy.parallelism), dict(deploy.restore_epochs))
             machine = self.executors.setdefault(executor_id, lifecycle.ExecutorTasks())
             self._do(executor_id, machine.launch(launch, [TaskId(*task) for task in tasks
                                                           if self.plan.graph.processors[task[0]].is_source]))
@@ -623,9 +624,11 @@ class InProcessEngine:
 
     def _restored(self, checkpoint_id: int, snapshots: dict[TaskKey, bytes]) -> cp.CheckpointMeta:
         """An earlier engine's checkpoint, as this engine's completed one to start from."""
-        missing = sorted(set(self.tasks) - set(snapshots))
-        if missing:
-            raise RuntimeError(f"checkpoint {checkpoint_id} has no snapshot of tasks {missing}")
+        missing, extra = sorted(set(self.tasks) - set(snapshots)), sorted(set(snapshots) - set(self.tasks))
+        if missing or extra:  # (taken after a rescale: resume it with the app at that parallelism)
+            raise RuntimeError(f"checkpoint {checkpoint_id} does not fit this app's tasks: "
+                               f"{f'none of {missing}' if missing else ''}{'; ' if missing and extra else ''}"
+                               f"{f'snapshots of tasks {extra} it does not run' if extra else ''}")
         self.completed[checkpoint_id] = snapshots
         return cp.CheckpointMeta(checkpoint_id, self.first_epoch, self.clock, 0.0, sum(map(len, snapshots.values())),
                                  tuple(sorted(snapshots)), False)

@@ -154,6 +154,7 @@ class StoreEpoch:
     restarts: int
     parallelism: tuple[tuple[int, int], ...] = ()  # as Deploy's
     restore_epochs: tuple[tuple[int, int], ...] = ()
+    divided_checkpoint: int = 0  # the checkpoint ``restore_epochs`` divide (a later one is whole)
 
 
 @dataclass(frozen=True)
@@ -363,8 +364,10 @@ class AppMasterState:
         """An executor registers: one this AppMaster launched, or (while adopting) one of
         the previous AppMaster's with the tasks it hosts. Raises Refused otherwise."""
         executor = self.executors.get(executor_id)
-        if executor is None and self.phase is Phase.ADOPTING:
-            executor = self.executors[executor_id] = ExecutorRecord(executor_id, worker_id, list(tasks))
+        if executor is None and self.phase is Phase.ADOPTING:  # of the plan, once: a rescale may have been cut short
+            hosted = {t for e in self.executors.values() for t in e.tasks}
+            tasks = [t for t in dict.fromkeys(tasks) if t in set(self.tasks) and t not in hosted]
+            executor = self.executors[executor_id] = ExecutorRecord(executor_id, worker_id, tasks)
         if executor is None:
             raise Refused(ErrorCode.NOT_FOUND, f"this app launched no executor {executor_id}")
         if executor.lost:
@@ -511,6 +514,12 @@ class AppMasterState:
     @stimulus
     def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:
         return self._checkpointing(self.coordinator.stored(checkpoint_id, now)) + self._divide_if_due(now)
+
+    def dividing(self, request_id: int) -> bool:
+        """Whether the state of rescale ``request_id`` is still to be divided (not given up)."""
+        change = self._rescale
+        return change is not None and change.request_id == request_id and change.division is not None \
+            and not change.applied
 
     @stimulus
     def state_divided(self, request_id: int, now: float, error: str = "") -> list[Instruction]:
@@ -756,7 +765,8 @@ class AppMasterState:
         return [self._deployment()]
 
     def _epoch_record(self) -> StoreEpoch:
-        return StoreEpoch(self.epoch, self.restarts, *self._plan_changes())
+        divided = self._restore.checkpoint_id if self._restore_epochs and self._restore is not None else 0
+        return StoreEpoch(self.epoch, self.restarts, *self._plan_changes(), divided)
 
     def _plan_changes(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
         """(parallelism where it differs from the plan's, processors restoring divided state and its epoch)."""
@@ -775,8 +785,11 @@ class AppMasterState:
         if change is None or change.division is not None or latest is None \
                 or latest.checkpoint_id < change.first_checkpoint or self.phase is not Phase.RUNNING:
             return []
-        if self.coordinator.in_flight is not None:  # the final one went at once: the tasks are ending
-            return self._rescale_dropped("the app's tasks are ending")
+        if latest.final:
+            return self._rescale_dropped("the app's tasks have ended")
+        if self.coordinator.in_flight is not None:  # one asked for meanwhile (a savepoint) went at once
+            change.first_checkpoint = self.coordinator.in_flight  # the rescale goes on from that one
+            return []
         change.division = (latest, self.epoch + 1)
         self.coordinator.hold(True, now)
         return [DivideState(change.request_id, latest, self.epoch + 1,
@@ -865,6 +878,8 @@ class AppMasterState:
         failed = [AnswerSavepoint(r, error=f"the app ended ({state})") for r in self._savepoints]
         self._savepoints.clear()
         failed += self._rescale_dropped(f"the app ended ({state})")
+        if self.coordinator.held:  # a division was under way: the app ends, nothing it would trigger goes
+            self.coordinator.hold(False, 0.0)
         if self._rescale is not None:  # applied, not yet deployed: it will not be
             failed.append(AnswerRescale(self._rescale.request_id, f"the app ended ({state})"))
             self._rescale = None

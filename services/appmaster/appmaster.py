@@ -223,7 +223,15 @@ class AppMaster(Service):
                 latest = cp.CheckpointMeta.from_dict(record) if record else None
                 stored = await self.store.get_epoch()
                 tasks = await self._prepare(dict(stored.parallelism))  # as the last rescale left them
-                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, dict(stored.restore_epochs))
+                divided = {}  # the state a rescale divided of the latest checkpoint (none once a later one completed)
+                if stored.divided_checkpoint:
+                    divided = dict(stored.restore_epochs)
+                    for processor, epoch in divided.items():  # deleted with that checkpoint
+                        self._divided.setdefault(stored.divided_checkpoint, {}).setdefault(epoch, []).extend(
+                            (processor, i) for i in range(self.plan.graph.processors[processor].parallelism))
+                    if latest is None or latest.checkpoint_id != stored.divided_checkpoint:
+                        divided = {}
+                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, divided)
                 actions = self.state.start(time.monotonic(), latest, adopt=True)
             else:
                 tasks = await self._prepare()
@@ -469,6 +477,8 @@ class AppMaster(Service):
     # --- checkpoints -----------------------------------------------------------------
 
     async def _trigger(self, trigger: cp.TriggerCheckpoint) -> None:
+        # what its snapshots are stored by, should it be abandoned (and discarded) or pruned
+        self._checkpoints_taken[trigger.checkpoint_id] = (trigger.epoch, sorted(self.coordinator.tasks))
         self.spawn(self.bus.publish(subjects.checkpoint_trigger(self.app_id),
                                     TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch)),
                    f"trigger-{trigger.checkpoint_id}")
@@ -642,6 +652,8 @@ class AppMaster(Service):
                     whole.append(await asyncio.to_thread(whole_snapshot, processor, chain))
                 for index in range(new):
                     data = await asyncio.to_thread(lambda i=index: divided_snapshot(processor, whole, i).encode())
+                    if not self.state.dividing(divide.request_id):  # given up meanwhile (a rollback, the end)
+                        return
                     await self.store.put_snapshot(checkpoint.checkpoint_id, divide.epoch, (processor_id, index), data)
                     self._divided.setdefault(checkpoint.checkpoint_id, {}).setdefault(divide.epoch, []).append(
                         (processor_id, index))
@@ -698,13 +710,13 @@ class AppMaster(Service):
         parts: dict[tuple[str, int], bytes] = {}
         steps: dict[str, int] = {}
         for processor in self.plan.graph.processors:
-            for index in range(processor.parallelism):
+            for index in sorted(i for p, i in meta.tasks if p == processor.id):  # the tasks that took it
                 chain = await self.store.snapshot_chain(meta.checkpoint_id, meta.epoch, (processor.id, index))
                 pickled = await asyncio.to_thread(self._pickled_steps, processor, chain)  # off the loop: the heartbeats
                 del chain
                 for step, data in pickled.items():
                     parts[(step, index)] = data
-                    steps[step] = processor.parallelism
+                    steps[step] = index + 1
         record = SavepointRecord(name, self.app_id, self.app.name, meta.checkpoint_id, int(time.time() * 1000), steps)
         await self.store.put_savepoint(record, parts)
         return steps

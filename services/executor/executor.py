@@ -147,11 +147,18 @@ class Executor(Service):
         for task_id in msg.tasks:
             if not 0 <= task_id.processor < len(processors):
                 raise RequestError(ErrorCode.BAD_REQUEST, f"no processor {task_id.processor} in this application")
+        plan = self.plan
         if msg.epoch > self.tasks.epoch:  # the plan of the epoch launched (the same launch again keeps it)
             try:
-                self.plan = self.app.with_parallelism(msg.parallelism)
+                plan = self.app.with_parallelism(msg.parallelism)
             except GraphError as exc:
                 raise RequestError(ErrorCode.BAD_REQUEST, f"parallelism {msg.parallelism}: {exc}") from None
+        beyond = [f"{t.processor}.{t.index}" for t in msg.tasks
+                  if t.index >= plan.graph.processors[t.processor].parallelism]
+        if beyond:
+            raise RequestError(ErrorCode.BAD_REQUEST, f"tasks {', '.join(beyond)} are beyond their processor's "
+                                                      "parallelism in this plan")
+        self.plan = plan
         sources = [t for t in msg.tasks if issubclass(processors[t.processor].task_class, DataSourceTask)]
         try:
             instructions = self.tasks.launch(msg, sources)

@@ -444,7 +444,7 @@ def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_
     assert deploy.epoch == 1 and deploy.restore.checkpoint_id == trigger.checkpoint_id
     assert deploy.parallelism == ((1, 4),) and deploy.restore_epochs == ((1, 1),)
     assert deploy.assignments == ((0, (SRC0, SINK0, (1, 2))), (1, (SRC1, SINK1, (1, 3))))  # task i on executor i mod 2
-    assert of(StoreEpoch, out) == [StoreEpoch(1, 0, ((1, 4),), ((1, 1),))] and m.restarts == 0  # not a failure
+    assert of(StoreEpoch, out) == [StoreEpoch(1, 0, ((1, 4),), ((1, 1),), 1)] and m.restarts == 0  # not a failure
     assert m.phase is Phase.DEPLOYING and not of(AnswerRescale, out)
     m.validate()
     assert of(AnswerRescale, m.deployed(1, 3)) == [AnswerRescale(5)]
@@ -518,4 +518,61 @@ def test_a_rescale_whose_checkpoint_fails_or_that_a_failure_overtakes_is_answere
     assert answer.request_id == 3 and "the app rolled back" in answer.error
     assert m.parallelism == {0: 2, 1: 2} and not m.coordinator.held
     assert m.state_divided(3, 4.95) == []  # too late: changes nothing
+    m.validate()
+
+
+def test_the_app_ending_while_a_rescale_divides_its_state_answers_it_and_releases_the_checkpoints():
+    m = machine()
+    running(m)
+    m.rescale_requested(1, {1: 3}, 1)
+    checkpoint_all(m, 2)
+    assert m.coordinator.held
+    out = m.fail(AppError("ValueError", "bad", "step"))
+    assert of(AnswerRescale, out) == [AnswerRescale(1, "rescale to processor 1: 3 not done: the app ended (FAILED)")]
+    assert not m.coordinator.held
+    m.validate()
+
+
+def test_a_rescale_whose_checkpoint_is_the_final_one_is_not_done():
+    m = machine()
+    running(m)
+    m.rescale_requested(1, {1: 3}, 1)
+    for task in TASKS:  # every task ends while its checkpoint is in flight: that one is final
+        m.task_ended(task, 0, 1)
+    in_flight = m.coordinator.in_flight
+    out = []
+    for task in TASKS:
+        out += m.checkpoint_acked(in_flight, 0, task, 10, True, 2)
+    out += m.checkpoint_stored(in_flight, 2)
+    assert of(AnswerRescale, out) == [AnswerRescale(1, "rescale to processor 1: 3 not done: the app's tasks have "
+                                                       "ended")]
+    assert not of(DivideState, out) and m.parallelism == {0: 2, 1: 2}
+    m.validate()
+
+
+def test_a_savepoint_asked_during_the_rescales_checkpoint_delays_the_rescale_to_the_next_one():
+    m = machine()
+    running(m)
+    m.rescale_requested(1, {1: 3}, 1)
+    m.savepoint_requested(7, False, 1.5)  # its checkpoint goes right after the rescale's
+    out = checkpoint_all(m, 2)
+    assert not of(DivideState, out) and not of(AnswerRescale, out)
+    assert of(cp.TriggerCheckpoint, out)  # the savepoint's
+    [divide] = of(DivideState, checkpoint_all(m, 3))
+    assert divide.checkpoint.checkpoint_id == 2
+    m.validate()
+
+
+def test_a_relaunched_appmaster_adopts_only_the_tasks_of_its_plan_once():
+    """Cut short by an AppMaster's death, a rescale leaves executors with the tasks of the
+    plan before it: those it no longer runs, or that another executor reports, are orphans
+    no executor keeps; the deployment places the plan's tasks."""
+    coordinator = cp.CheckpointCoordinator([SRC0, SRC1, SINK0], [SRC0, SRC1], interval_s=1, timeout_s=5, keep=2,
+                                           max_consecutive_failures=3, epoch=2)
+    m = AppMasterState([SRC0, SRC1, SINK0], coordinator, Settings(), 2, 0, planned={0: 2, 1: 2})
+    m.start(0, adopt=True)
+    m.executor_registered(0, "w1", [SRC0, SINK0], 1, 0.1)
+    [deploy] = of(Deploy, m.executor_registered(1, "w2", [SRC1, SINK1, SINK0], 2, 0.2))
+    assert deploy.assignments == ((0, (SRC0, SINK0)), (1, (SRC1,)))
+    assert deploy.parallelism == ((1, 1),)
     m.validate()

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gearbus import Pipeline
+from gearbus.runners.inprocess import SimulatedCrash
 from gearbus.runtime.appmaster_state import AnswerRescale
 from gearbus.runtime.rescale import RescaleError
 from shared.messages import AppState
@@ -98,3 +99,14 @@ def test_a_step_whose_state_cannot_be_divided_refuses_the_rescale_and_the_app_go
     [answer] = engine.rescales
     assert "not done" in answer.error and "cannot be divided over another number of tasks" in answer.error
     assert committed(out) == EXPECTED and engine.epoch == 0
+
+
+def test_a_checkpoint_taken_after_a_rescale_does_not_resume_the_app_at_its_planned_parallelism(inprocess,
+                                                                                              tmp_path):
+    out = tmp_path / "counts.jsonl"
+    engine = inprocess(running_counts(out), seed=3, checkpoint_every=2)
+    with pytest.raises(SimulatedCrash):
+        engine.run(rescale_after_frames={30: {"count": 4}}, crash_after_frames=300)
+    assert engine.rescales == [AnswerRescale(1)]
+    with pytest.raises(RuntimeError, match=r"snapshots of tasks \[\(1, 2\), \(1, 3\)\] it does not run"):
+        inprocess(running_counts(out), seed=3, checkpoint_every=2, epoch=2).run(restore=engine.latest_checkpoint())
