@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -108,3 +109,23 @@ def in_temp_dir(prefix: str, keep: bool, work: Callable[[str], int]) -> int:
             print(f"(kept {tmp})", file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def embedded_cluster(tmp: str, workers: int = 2, slots: int = 4):
+    """A nats-server with its JetStream store under ``tmp`` and a LocalCluster of
+    ``workers`` on it (logs under ``tmp/logs``), both stopped afterwards: (server, cluster)."""
+    from gearbus.cluster import LocalCluster
+    from gearbus.natsserver import NatsServer
+
+    store = os.path.join(tmp, "jetstream")
+    os.makedirs(store)
+    server = NatsServer(store_dir=store, log_path=os.path.join(tmp, "nats-server.log"))
+    server.start()
+    cluster = LocalCluster(workers=workers, slots=slots, log_dir=os.path.join(tmp, "logs"), nats=server)
+    try:
+        cluster.start()
+        yield server, cluster
+    finally:
+        cluster.stop()
+        server.stop()

@@ -74,7 +74,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from common import BenchError, in_temp_dir, parser_from_doc  # noqa: E402  (bench/, beside this file)
+from common import BenchError, embedded_cluster, in_temp_dir, parser_from_doc  # noqa: E402  (bench/, beside this file)
 from gearbus.artifact import pack  # noqa: E402
 from gearbus.client import Client  # noqa: E402
 from gearbus.cluster import LocalCluster  # noqa: E402
@@ -275,13 +275,7 @@ async def whole_snapshot_bytes(client: Client, app_id: int) -> int:
 
 
 async def bench(opts, tmp: str) -> int:
-    store = os.path.join(tmp, "jetstream")
-    os.makedirs(store)
-    server = NatsServer(store_dir=store, log_path=os.path.join(tmp, "nats-server.log"))
-    server.start()
-    cluster = LocalCluster(workers=2, slots=4, log_dir=os.path.join(tmp, "logs"), nats=server)
-    try:
-        cluster.start()
+    with embedded_cluster(tmp) as (server, cluster):
         async with Client(server.url, timeout=60) as client:
             if opts.store_seconds:
                 samples = await store_run(client, opts)
@@ -296,9 +290,6 @@ async def bench(opts, tmp: str) -> int:
                         runs[mode].append(await run_mode(client, cluster, server, mode, opts))
                         print(f"  {runs[mode][-1]['rate']:,.0f} events/s", file=sys.stderr, flush=True)
                 results = {mode: merged(mode_runs) for mode, mode_runs in runs.items()}
-    finally:
-        cluster.stop()
-        server.stop()
     if opts.store_seconds:
         print_store(samples, opts)
     elif opts.kill_trials:

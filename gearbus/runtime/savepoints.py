@@ -12,6 +12,7 @@ owning its key groups, and each step says how to divide the rest (``rescale``).
 
 from __future__ import annotations
 
+import pickle
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -144,6 +145,15 @@ def rescaled_state(processor: Processor, step: str, states: list, index: int) ->
     except NotRescalable as exc:
         raise SavepointMismatch(f"the parallelism of step {step!r} changed (saved with {len(states)}, now "
                                 f"{processor.parallelism}): {exc}") from None
+
+
+def savepoint_parts(processor: Processor, chain: list[TaskSnapshot]) -> dict[str, bytes]:
+    """What a savepoint keeps of one task: each stateful step's whole state that the task's
+    chain of snapshots adds up to, pickled; a step that holds nothing (a sink without
+    transactions) as None, so that a pipeline restored from it finds every step it claims."""
+    states = split_task_state(processor, whole_snapshot(processor, chain).state)
+    return {step: pickle.dumps(states.get(step), pickle.HIGHEST_PROTOCOL)
+            for step in dict.fromkeys([*states, *stateful_steps(processor)])}
 
 
 def divided_snapshot(processor: Processor, whole: list[TaskSnapshot], index: int) -> TaskSnapshot:

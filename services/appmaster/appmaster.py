@@ -23,7 +23,7 @@ from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.rescale import RescaleError, processors_of
 from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, compacted, divided_snapshot,
-                                        split_task_state, task_states, whole_snapshot)
+                                        savepoint_parts, task_states, whole_snapshot)
 from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
@@ -696,12 +696,6 @@ class AppMaster(Service):
         await self.carry_out(self.state.savepoint_written(request_id))
         return SavepointTaken(self.app_id, name, meta.checkpoint_id, meta.size_bytes, sorted(steps))
 
-    @staticmethod
-    def _pickled_steps(processor, chain: list) -> dict[str, bytes]:
-        """Each step's whole state that a task's chain of snapshots adds up to, pickled."""
-        return {step: pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
-                for step, state in split_task_state(processor, whole_snapshot(processor, chain).state).items()}
-
     async def _write_savepoint(self, name: str, meta: cp.CheckpointMeta) -> dict[str, int]:
         """Copy a completed checkpoint's state, step by step, under the savepoint's name
         (once a compaction of it, which replaces its objects, is done)."""
@@ -712,7 +706,7 @@ class AppMaster(Service):
         for processor in self.plan.graph.processors:
             for index in sorted(i for p, i in meta.tasks if p == processor.id):  # the tasks that took it
                 chain = await self.store.snapshot_chain(meta.checkpoint_id, meta.epoch, (processor.id, index))
-                pickled = await asyncio.to_thread(self._pickled_steps, processor, chain)  # off the loop: the heartbeats
+                pickled = await asyncio.to_thread(savepoint_parts, processor, chain)  # off the loop: the heartbeats
                 del chain
                 for step, data in pickled.items():
                     parts[(step, index)] = data

@@ -6,12 +6,13 @@ import threading
 import numpy
 import pytest
 
-from gearbus import CollectSink, Pipeline
+from gearbus import CollectSink, DataSink, Pipeline
+from gearbus.api.graph import Processor
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.planner import plan
 from gearbus.runtime.keygroups import (Groups, KeyedDelta, Stopped, StoredGroups, WindowDelta, chain_onto,
                                        entries_from, fields_of)
-from gearbus.runtime.savepoints import SavepointRecord, stateful_steps, task_states
+from gearbus.runtime.savepoints import SavepointRecord, savepoint_parts, stateful_steps, task_states
 from gearbus.runtime.snapshots import TaskSnapshot
 
 
@@ -133,3 +134,15 @@ def test_a_savepoint_saved_with_keys_routed_by_hash_modulo_moves_them_to_their_k
     held = [sorted(k for entries in state["running"]["groups"].values() for k, *_ in entries) for state in moved]
     assert held == [[3], [64, 65, 127]]  # groups 0..63 to task 0, 64..127 to task 1
     assert task_states(processor, {"running": by_modulo}) == [{"running": state} for state in by_modulo]
+
+
+class Discard(DataSink):
+    def write(self, records):
+        pass
+
+
+def test_a_savepoint_keeps_a_sink_that_holds_nothing_so_a_pipeline_restored_from_it_claims_it():
+    """A sink without transactions snapshots None; the savepoint still names its step."""
+    sink = Processor.sink(Discard(), name="discard")
+    parts = savepoint_parts(sink, [TaskSnapshot.seeded(3, None)])
+    assert {step: pickle.loads(data) for step, data in parts.items()} == {"discard": None}
