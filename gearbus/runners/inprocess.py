@@ -260,7 +260,8 @@ class InProcessEngine:
     async def _run(self, restore: Checkpoint | None, crash_after_frames: int | None,
                    schedule: list[tuple[int, Callable[[], None]]]) -> None:
         meta = self._restored(*restore) if restore is not None else None
-        self.state = st.AppMasterState(self.tasks, self._coordinator(meta), self.settings, self.first_epoch)
+        self.state = st.AppMasterState(self.tasks, self._coordinator(meta), self.settings, self.first_epoch,
+                                       names={p.id: p.name for p in self.app.graph.processors})
         self.results = asyncio.Event()
         try:
             try:

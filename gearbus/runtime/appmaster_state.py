@@ -203,9 +203,9 @@ class Logged:
     data: tuple[tuple[str, object], ...]
 
 
-Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | DivideState | StoreEpoch | Fence
-               | ReportState | AnswerSavepoint | AnswerRescale | RepeatFinalComplete | EndApp | Shutdown | Logged
-               | cp.Action)
+Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | DivideState | StoreEpoch
+               | Fence | ReportState | AnswerSavepoint | AnswerRescale | RepeatFinalComplete | EndApp | Shutdown
+               | Logged | cp.Action)
 """What the shell carries out (never cp.FailApplication: the machine ends the app on it)."""
 
 
@@ -218,8 +218,6 @@ class _Rescale:
     applied: bool = False  # the tasks run (or are being deployed) at the new parallelism
 
 
-def _parallelisms(parallelism: dict[int, int]) -> str:
-    return ", ".join(f"processor {p}: {n}" for p, n in sorted(parallelism.items()))
 
 
 class Refused(Exception):
@@ -283,11 +281,13 @@ class AppMasterState:
 
     def __init__(self, tasks: Iterable[TaskKey], coordinator: cp.CheckpointCoordinator, settings: Settings,
                  epoch: int = 0, restarts: int = 0, planned: dict[int, int] | None = None,
-                 restore_epochs: dict[int, int] | None = None) -> None:
-        """``planned``: each processor's parallelism in the app's plan, where ``tasks`` run
+                 restore_epochs: dict[int, int] | None = None, names: dict[int, str] | None = None) -> None:
+        """``names``: each processor's name, for what a refusal or a log says (by id without);
+        ``planned``: each processor's parallelism in the app's plan, where ``tasks`` run
         at another after a rescale (a relaunched AppMaster's); ``restore_epochs``: the
         processors whose snapshots of the last checkpoint a rescale divided, and their epoch."""
         self.tasks: tuple[TaskKey, ...] = tuple(tasks)
+        self.names = dict(names or {})
         #: each processor's parallelism now, and the plan's (a rescale changes the first)
         self.parallelism: dict[int, int] = dict(collections.Counter(p for p, _ in self.tasks))
         self._planned = {**self.parallelism, **(planned or {})}
@@ -449,7 +449,7 @@ class AppMasterState:
             self._active_reported = True
             actions.append(ReportState(AppState.ACTIVE))
         if self._rescale is not None and self._rescale.applied:
-            actions += [Logged("rescaled", "info", (("parallelism", _parallelisms(self._rescale.parallelism)),)),
+            actions += [Logged("rescaled", "info", (("parallelism", self._parallelisms(self._rescale.parallelism)),)),
                         AnswerRescale(self._rescale.request_id)]
             self._rescale = None
         return actions + self._checkpointing(self.coordinator.start(now))
@@ -554,19 +554,19 @@ class AppMasterState:
                                               "rescale it once it runs")
         if self._rescale is not None:
             raise Refused(ErrorCode.CONFLICT, f"another change is in flight (rescale to "
-                                              f"{_parallelisms(self._rescale.parallelism)}): one at a time")
+                                              f"{self._parallelisms(self._rescale.parallelism)}): one at a time")
         problems = [f"processor {p}: no such processor" for p in parallelism if p not in self.parallelism]
-        problems += [f"processor {p}: parallelism {n} is not between 1 and {MAX_PARALLELISM} (the key groups)"
+        problems += [f"{self._named(p)}: parallelism {n} is not between 1 and {MAX_PARALLELISM} (the key groups)"
                      for p, n in parallelism.items() if p in self.parallelism and not 1 <= n <= MAX_PARALLELISM]
         ended = sorted({p for p, _ in self.coordinator.ended} & set(parallelism))
-        problems += [f"processor {p}: its tasks have ended" for p in ended]
+        problems += [f"{self._named(p)}: its tasks have ended" for p in ended]
         if problems:
             raise Refused(ErrorCode.BAD_REQUEST, "; ".join(problems))
         changes = {p: n for p, n in parallelism.items() if self.parallelism[p] != n}
         if not changes:
-            raise Refused(ErrorCode.BAD_REQUEST, f"already at {_parallelisms(parallelism)}: nothing to change")
+            raise Refused(ErrorCode.BAD_REQUEST, f"already at {self._parallelisms(parallelism)}: nothing to change")
         self._rescale = _Rescale(request_id, changes, self.coordinator.next_id)
-        return [Logged("rescale_requested", "info", (("parallelism", _parallelisms(changes)),))] + \
+        return [Logged("rescale_requested", "info", (("parallelism", self._parallelisms(changes)),))] + \
             self._checkpointing(self.coordinator.request(now))
 
     @stimulus
@@ -811,9 +811,9 @@ class AppMasterState:
         self._restore, self.unfinished = latest, set(self.tasks)
         self._place(change.parallelism)
         self._enter(Phase.DEPLOYING)
-        return actions + [Logged("rescaling", "info", (("parallelism", _parallelisms(change.parallelism)),
-                                                        ("epoch", self.epoch), ("from_checkpoint", latest.checkpoint_id))),
-                          self._epoch_record(), self._deployment()]
+        logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch),
+                  ("from_checkpoint", latest.checkpoint_id))
+        return actions + [Logged("rescaling", "info", logged), self._epoch_record(), self._deployment()]
 
     def _place(self, changed: dict[int, int]) -> None:
         """The rescaled processors' tasks, placed anew on the live executors (the others stay)."""
@@ -826,6 +826,12 @@ class AppMasterState:
                     min(live, key=lambda e: (len(e.tasks), e.executor_id))
                 target.tasks.append((processor, index))
 
+    def _named(self, processor: int) -> str:
+        return self.names.get(processor) or f"processor {processor}"
+
+    def _parallelisms(self, parallelism: dict[int, int]) -> str:
+        return ", ".join(f"{self._named(p)}: {n}" for p, n in sorted(parallelism.items()))
+
     def _rescale_dropped(self, why: str) -> list[Instruction]:
         """The rescale asked for cannot go on (its checkpoint failed, the app rolled back or
         ends before it was applied): answered with why; the app runs on as it was. Once
@@ -834,7 +840,8 @@ class AppMasterState:
         if change is None or change.applied:
             return []
         self._rescale = None  # (a division under way held the checkpoints: its caller releases them)
-        return [AnswerRescale(change.request_id, f"rescale to {_parallelisms(change.parallelism)} not done: {why}")]
+        return [AnswerRescale(change.request_id,
+                              f"rescale to {self._parallelisms(change.parallelism)} not done: {why}")]
 
     def _checkpointing(self, actions: list[cp.Action]) -> list[Instruction]:
         """Pass the coordinator's actions on; answer savepoints whose checkpoint ended, and

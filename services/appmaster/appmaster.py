@@ -289,7 +289,8 @@ class AppMaster(Service):
         coordinator = self._new_coordinator(latest, epoch)
         self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
         self.state = st.AppMasterState([(t.processor, t.index) for t in tasks], coordinator, settings, epoch, restarts,
-                                       {p.id: p.parallelism for p in self.app.graph.processors}, restore_epochs)
+                                       {p.id: p.parallelism for p in self.app.graph.processors}, restore_epochs,
+                                       {p.id: p.name for p in self.app.graph.processors})
 
     def _new_coordinator(self, latest: cp.CheckpointMeta | None, epoch: int) -> cp.CheckpointCoordinator:
         """The checkpoint coordinator, from the app's config, continuing after ``latest``."""

@@ -12,8 +12,9 @@ import pytest
 from playwright.async_api import Page, async_playwright, expect
 
 from gearbus.artifact import pack
+from shared import subjects
 from shared.messages import AppState
-from tests.support.cluster import wait_state
+from tests.support.cluster import wait_state, wait_until
 from tests.support.dashboard import Dashboard
 from tests.support.paths import APPS, REPO, TICKER
 
@@ -117,6 +118,10 @@ async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button
             assert dialog.type == "confirm" and str(running) in dialog.message and "stamp" in dialog.message
             await dialog.accept()
 
+        async def running_again():  # the restart's recovery is over: a rescale meanwhile is refused
+            return (await client.stimuli(running)).phase == "running" or None
+
+        await wait_until(client, subjects.appmaster_heartbeat("*"), running_again)
         await page.locator("#rescale-processor").select_option("stamp")
         await page.locator("#rescale-parallelism").fill("3")
         page.once("dialog", accept)

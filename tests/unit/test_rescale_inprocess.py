@@ -82,10 +82,10 @@ def test_a_rescale_asked_wrongly_is_refused_with_the_reason(inprocess, tmp_path)
     out = tmp_path / "zero.jsonl"
     engine = inprocess(running_counts(out), seed=1, checkpoint_every=2)
     engine.run(rescale_after_frames={10: {"count": 0}, 20: {"count": 2}, 30: {"count": 3}, 31: {"count": 4}})
-    assert [answer.error for answer in engine.rescales] == [
-        "processor 1: parallelism 0 is not between 1 and 128 (the key groups)",
-        "already at processor 1: 2: nothing to change",
-        "another change is in flight (rescale to processor 1: 3): one at a time", ""]
+    assert [answer.error for answer in engine.rescales] == [  # the processor by its name
+        "count: parallelism 0 is not between 1 and 128 (the key groups)",
+        "already at count: 2: nothing to change",
+        "another change is in flight (rescale to count: 3): one at a time", ""]
     assert committed(out) == EXPECTED
 
 
