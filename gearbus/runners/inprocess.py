@@ -61,7 +61,7 @@ from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
 from gearbus.runtime.rescale import processors_of
-from gearbus.runtime.savepoints import SavepointMismatch, compacted, divided_snapshot, whole_snapshot
+from gearbus.runtime.savepoints import SavepointMismatch, compacted, divided_snapshots, whole_snapshot
 from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from gearbus.runtime.task_key import TaskKey
@@ -208,8 +208,7 @@ class InProcessEngine:
             plan = self.plan.with_parallelism({p: new for p, _, new in divide.parallelism})
             for processor_id, old, new in divide.parallelism:
                 whole = [self._whole(checkpoint_id, (processor_id, index)) for index in range(old)]
-                for index in range(new):
-                    snapshot = divided_snapshot(plan.graph.processors[processor_id], whole, index)
+                for index, snapshot in enumerate(divided_snapshots(plan.graph.processors[processor_id], whole)):
                     divided[(processor_id, index)] = snapshot.encode()
         except (SavepointMismatch, GraphError) as exc:
             self._carry_out(self.state.state_divided(divide.request_id, self.clock, str(exc)))

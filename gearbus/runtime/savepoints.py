@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -156,19 +157,22 @@ def savepoint_parts(processor: Processor, chain: list[TaskSnapshot]) -> dict[str
             for step in dict.fromkeys([*states, *stateful_steps(processor)])}
 
 
-def divided_snapshot(processor: Processor, whole: list[TaskSnapshot], index: int) -> TaskSnapshot:
-    """Task ``index``'s snapshot at ``processor``'s parallelism (a rescale's new one), from
-    ``whole``: the whole snapshots of every task of the processor at the old parallelism,
-    in task order, of one checkpoint. Each step's state is divided as a savepoint's is (by
-    key group); the watermark is the lowest. Nothing builds on it: the task's next
-    snapshot is whole. Raises SavepointMismatch when a step's state cannot be divided."""
+def divided_snapshots(processor: Processor, whole: list[TaskSnapshot]) -> Iterator[TaskSnapshot]:
+    """Each task's snapshot at ``processor``'s parallelism (a rescale's new one), in task
+    order, from ``whole``: the whole snapshots of every task of the processor at the old
+    parallelism, in task order, of one checkpoint. Each step's state is divided as a
+    savepoint's is (by key group); the watermark is the lowest. Nothing builds on them:
+    each task's next snapshot is whole. Raises SavepointMismatch when a step's state
+    cannot be divided."""
     saved: dict[str, list] = {}
     for envelope in whole:
         for step, state in split_task_state(processor, envelope.state).items():
             saved.setdefault(step, []).append(state)
-    steps = {step: rescaled_state(processor, step, states, index) for step, states in saved.items()}
-    return TaskSnapshot(whole[0].checkpoint_id, join_task_state(processor, steps) if steps else None,
-                        all(envelope.ended for envelope in whole), min(envelope.watermark for envelope in whole))
+    ended, watermark = all(envelope.ended for envelope in whole), min(envelope.watermark for envelope in whole)
+    for index in range(processor.parallelism):
+        steps = {step: rescaled_state(processor, step, states, index) for step, states in saved.items()}
+        yield TaskSnapshot(whole[0].checkpoint_id, join_task_state(processor, steps) if steps else None, ended,
+                           watermark)
 
 
 def task_states(processor: Processor, saved: dict[str, list], layout: int = KEY_LAYOUT) -> list[Any]:

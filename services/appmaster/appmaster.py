@@ -22,7 +22,7 @@ from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.runtime.rescale import RescaleError, processors_of
-from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, compacted, divided_snapshot,
+from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, compacted, divided_snapshots,
                                         savepoint_parts, task_states, whole_snapshot)
 from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
@@ -489,7 +489,6 @@ class AppMaster(Service):
                                TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch))
 
     async def _store(self, store: cp.StoreCheckpoint) -> None:
-        self._checkpoints_taken[store.meta.checkpoint_id] = (store.meta.epoch, list(store.meta.tasks))
         self.spawn(self._store_checkpoint(store.meta), f"store-{store.meta.checkpoint_id}")
 
     async def _notify_complete(self, complete: cp.NotifyComplete) -> None:
@@ -643,7 +642,7 @@ class AppMaster(Service):
         checkpoint, error = divide.checkpoint, ""
         await self._stop_compaction()
         try:
-            plan = self.plan.with_parallelism({**self._rescaled, **{p: new for p, _, new in divide.parallelism}})
+            plan = self.plan.with_parallelism({p: new for p, _, new in divide.parallelism})
             for processor_id, old, new in divide.parallelism:
                 processor = plan.graph.processors[processor_id]
                 whole = []
@@ -651,8 +650,9 @@ class AppMaster(Service):
                     chain = await self.store.snapshot_chain(checkpoint.checkpoint_id, checkpoint.epoch,
                                                             (processor_id, index))
                     whole.append(await asyncio.to_thread(whole_snapshot, processor, chain))
+                shares = divided_snapshots(processor, whole)  # the old states split once, a share at a time
                 for index in range(new):
-                    data = await asyncio.to_thread(lambda i=index: divided_snapshot(processor, whole, i).encode())
+                    data = await asyncio.to_thread(lambda: next(shares).encode())  # off the loop: the heartbeats
                     if not self.state.dividing(divide.request_id):  # given up meanwhile (a rollback, the end)
                         return
                     await self.store.put_snapshot(checkpoint.checkpoint_id, divide.epoch, (processor_id, index), data)
@@ -705,13 +705,14 @@ class AppMaster(Service):
         parts: dict[tuple[str, int], bytes] = {}
         steps: dict[str, int] = {}
         for processor in self.plan.graph.processors:
-            for index in sorted(i for p, i in meta.tasks if p == processor.id):  # the tasks that took it
+            indexes = sorted(i for p, i in meta.tasks if p == processor.id)  # the tasks that took it
+            for index in indexes:
                 chain = await self.store.snapshot_chain(meta.checkpoint_id, meta.epoch, (processor.id, index))
                 pickled = await asyncio.to_thread(savepoint_parts, processor, chain)  # off the loop: the heartbeats
                 del chain
                 for step, data in pickled.items():
                     parts[(step, index)] = data
-                    steps[step] = index + 1
+                    steps[step] = len(indexes)
         record = SavepointRecord(name, self.app_id, self.app.name, meta.checkpoint_id, int(time.time() * 1000), steps)
         await self.store.put_savepoint(record, parts)
         return steps
@@ -867,9 +868,9 @@ class AppMaster(Service):
         )
 
     async def _send_heartbeat(self) -> None:
-        live = [e.executor_id for e in self.state.live_executors()] if self.state else []
+        live = self.state.live_executors() if self.state else []
         # the tasks each executor hosts now (a rescale moves and drops some: their counters go)
-        counters = [c for e in (self.state.live_executors() if self.state else []) for task in e.tasks
+        counters = [c for e in live for task in e.tasks
                     if (c := self.counters.get(e.executor_id, {}).get(task)) is not None]
         clock, stalled = None, []
         if self.clock is not None:
