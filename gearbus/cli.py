@@ -31,7 +31,7 @@ from gearbus.security import init as init_security
 from gearbus.security import summary as security_summary
 from shared.bus import DEFAULT_NATS_URL, NATS_URL_ENV, RequestError
 from shared.logging import configure
-from shared.messages import AppState, AppStimuli, AppSummary, CheckpointRecord, CheckpointStats, ClusterInfo
+from shared.messages import AppState, AppStimuli, AppSummary, AppVersion, CheckpointRecord, CheckpointStats, ClusterInfo
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
@@ -81,6 +81,9 @@ def format_status(app: AppSummary) -> str:
     if app.restarts:
         blacklisted = f"; blacklisted workers: {', '.join(app.blacklisted_workers)}" if app.blacklisted_workers else ""
         lines.append(f"  restarts: {app.restarts} (rolled back to the last checkpoint){blacklisted}")
+    if len(app.versions) > 1:  # its code was replaced while it ran
+        lines.append("  versions:")
+        lines += [f"    {line}" for line in format_versions(app.versions)]
     if app.error is not None:
         where = f" in {app.error.where}" if app.error.where else ""
         lines.append(f"  error{where}: {app.error.error_type}: {app.error.message}")
@@ -92,6 +95,18 @@ def format_status(app: AppSummary) -> str:
         lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{late}{dead}"
                      f"{state}{done}")
     return "\n".join(lines)
+
+
+def format_versions(versions: list[AppVersion]) -> list[str]:
+    """A line per version of the app's code, oldest first: what it replaced, and how it went."""
+    lines = []
+    for v in versions:
+        what = "as submitted" if v.processor < 0 else f"processor {v.processor} (step {v.step})"
+        dropped = f", state dropped: {', '.join(v.dropped_state)}" if v.dropped_state else ""
+        error = f": {v.error}" if v.error else ""
+        lines.append(f"v{v.version} {v.state} at {_format_time(v.created_ms)}: {what}, {v.entry} "
+                     f"{' '.join(v.args)}".rstrip() + f"{dropped}{error}")
+    return lines
 
 
 def format_checkpoints(stats: CheckpointStats, now_ms: int | None = None) -> str:
@@ -273,18 +288,22 @@ async def _submit(args) -> int:
     return await _with_client(args, go)
 
 
-async def _savepoint(args) -> int:
+async def _answered(args, ask, describe) -> int:
+    """Send a request (``ask(client)``) and print its answer: as JSON with --json, else as
+    ``describe(answer)`` says it."""
     async def go(client: Client) -> int:
-        taken = await client.savepoint(args.app_id, args.name, args.stop)
-        if args.json:
-            print(_as_json(taken))
-        else:
-            stopped = f"; app {args.app_id} stopped" if args.stop else ""
-            print(f"savepoint {taken.name} (checkpoint {taken.checkpoint_id}, {taken.size_bytes} bytes, "
-                  f"steps: {', '.join(taken.steps) or '-'}){stopped}")
+        answer = await ask(client)
+        print(_as_json(answer) if args.json else describe(answer))
         return 0
 
     return await _with_client(args, go)
+
+
+async def _savepoint(args) -> int:
+    stopped = f"; app {args.app_id} stopped" if args.stop else ""
+    return await _answered(args, lambda client: client.savepoint(args.app_id, args.name, args.stop),
+                           lambda taken: f"savepoint {taken.name} (checkpoint {taken.checkpoint_id}, "
+                                         f"{taken.size_bytes} bytes, steps: {', '.join(taken.steps) or '-'}){stopped}")
 
 
 def _step_parallelisms(pairs: list[str]) -> dict[str, int]:
@@ -305,16 +324,20 @@ async def _rescale(args) -> int:
         print(f"gearbus rescale: {exc}", file=sys.stderr)
         return 2
 
-    async def go(client: Client) -> int:
-        done = await client.rescale(args.app_id, parallelism)
-        if args.json:
-            print(_as_json(done))
-        else:
-            print(f"app {done.app_id} rescaled (epoch {done.epoch}): "
-                  + ", ".join(f"{name} ×{n}" for name, n in done.processors.items()))
-        return 0
+    return await _answered(args, lambda client: client.rescale(args.app_id, parallelism),
+                           lambda done: f"app {done.app_id} rescaled (epoch {done.epoch}): "
+                                        + ", ".join(f"{name} ×{n}" for name, n in done.processors.items()))
 
-    return await _with_client(args, go)
+
+async def _replace(args) -> int:
+    artifact, _ = prepare(args.app, args.app_args, "cluster", args.nats)
+
+    def replaced(done) -> str:
+        dropped = f"; state dropped: {', '.join(done.dropped_state)}" if done.dropped_state else ""
+        return f"app {done.app_id}: processor {done.processor} runs version {done.version} (epoch {done.epoch}){dropped}"
+
+    return await _answered(args, lambda client: client.replace(args.app_id, args.step, artifact, args.app_args,
+                                                               args.drop_state), replaced)
 
 
 async def _state(args) -> int:
@@ -555,6 +578,18 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a step and its processor's new parallelism (chained steps rescale together: "
                               "gearbus plan shows them)")
     rescale.set_defaults(handler=_rescale)
+
+    replace = sub.add_parser("replace", help="run a processor of a running app with new code, state and all "
+                                             "(rolled back if it fails before its first checkpoint)")
+    cluster_args(replace)
+    replace.add_argument("--drop-state", action="store_true",
+                         help="start empty the steps whose state the new code would not take over "
+                              "(renamed, gone, or of another kind)")
+    replace.add_argument("app_id", type=int)
+    replace.add_argument("step", help="a step of the processor to replace (in both versions: gearbus plan shows them)")
+    replace.add_argument("app", help="the new version of the app (a .py file or package directory)")
+    replace.add_argument("app_args", nargs=argparse.REMAINDER, help="its application(args) arguments")
+    replace.set_defaults(handler=_replace)
 
     state = sub.add_parser("state", help="what a keyed step of a running app holds for a key (read live)")
     cluster_args(state)

@@ -30,6 +30,8 @@ from shared.messages import (
     QueryLogs,
     QueryState,
     QueryStimuli,
+    ProcessorReplaced,
+    ReplaceProcessor,
     RescaleApplication,
     RestartApplication,
     SavepointTaken,
@@ -130,6 +132,17 @@ class Client:
         the answer comes once the tasks run at it."""
         return await self._request(subjects.APP_RESCALE, RescaleApplication(app_id, dict(parallelism)), AppRescaled,
                                    RESCALE_TIMEOUT_S, idempotent=False)
+
+    async def replace(self, app_id: int, step: str, artifact: Artifact, args: Sequence[str] = (),
+                      drop_state: bool = False) -> ProcessorReplaced:
+        """Run the processor holding ``step`` with the code of the processor holding it in
+        ``artifact`` (uploaded first) while the app runs; the answer comes once the new code
+        took a checkpoint (new code failing before that is rolled back: RequestError)."""
+        await self.upload(artifact)
+        message = ReplaceProcessor(app_id, step, artifact.name, artifact.entry, artifact.kind, list(args), drop_state,
+                                   digests.sha256_hex(artifact.data))
+        return await self._request(subjects.APP_REPLACE, message, ProcessorReplaced, RESCALE_TIMEOUT_S,
+                                   idempotent=False)
 
     async def stimuli(self, app_id: int) -> AppStimuli:
         """A running app's AppMaster's stimulus log: its state machine's last events, each

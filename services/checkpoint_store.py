@@ -20,6 +20,7 @@ from gearbus.runtime.savepoints import SavepointRecord
 from gearbus.runtime.snapshots import TaskSnapshot
 from shared import subjects
 from shared.bus import object_bytes, ride_out
+from shared.messages import AppVersion
 
 
 async def ensure_buckets(js, replicas: int) -> None:
@@ -153,7 +154,8 @@ class CheckpointStore:
         restart budget and runs the tasks that run now."""
         await self._put_value(subjects.checkpoint_epoch_key(self.app_id), msgpack.packb(
             {"epoch": record.epoch, "restarts": record.restarts, "parallelism": record.parallelism,
-             "restore_epochs": record.restore_epochs, "divided_checkpoint": record.divided_checkpoint}))
+             "restore_epochs": record.restore_epochs, "divided_checkpoint": record.divided_checkpoint,
+             "versions": record.versions, "drop_state": record.drop_state}))
 
     async def get_epoch(self) -> StoreEpoch:
         """The epoch record as last stored; epoch 0 before any."""
@@ -165,7 +167,19 @@ class CheckpointStore:
             return StoreEpoch(int(epoch), int(restarts))
         data = msgpack.unpackb(value)
         return StoreEpoch(int(data["epoch"]), int(data["restarts"]), tuple(map(tuple, data["parallelism"])),
-                          tuple(map(tuple, data["restore_epochs"])), int(data["divided_checkpoint"]))
+                          tuple(map(tuple, data["restore_epochs"])), int(data["divided_checkpoint"]),
+                          tuple(map(tuple, data.get("versions", ()))),
+                          tuple((p, tuple(steps)) for p, steps in data.get("drop_state", ())))
+
+    async def put_versions(self, versions: list[AppVersion]) -> None:
+        """The app's code history (gearbus replace), so a relaunched AppMaster loads the
+        versions its processors run."""
+        await self._put_value(subjects.versions_key(self.app_id), msgpack.packb([v.to_wire() for v in versions]))
+
+    async def get_versions(self) -> list[AppVersion]:
+        """The code history as last stored; empty before any replacement."""
+        value = await self._get_value(subjects.versions_key(self.app_id))
+        return [AppVersion._from_fields(v, "stored versions") for v in msgpack.unpackb(value)] if value else []
 
     async def record(self, checkpoint_id: int) -> dict | None:
         value = await self._get_value(subjects.checkpoint_key(self.app_id, checkpoint_id))

@@ -17,7 +17,7 @@ from gearbus.api.graph import Application
 from gearbus.artifact import ArtifactError, load_artifact
 from shared import digests, subjects
 from shared.bus import object_bytes, ride_out
-from shared.messages import LaunchExecutor, decode
+from shared.messages import AppVersion, LaunchExecutor, decode
 from shared.security import ENV_CREDS, Security
 
 LAUNCH_ENV = "GEARBUS_LAUNCH"
@@ -58,9 +58,10 @@ def parse_launched_args(role: str, argv: list[str] | None = None) -> argparse.Na
     return parser.parse_args(argv)
 
 
-async def fetch_application(bus, launch: LaunchExecutor) -> Application:
-    """Download the artifact from the object store (waiting out a JetStream outage) and
-    build the user's Application."""
+async def fetch_application(bus, launch: LaunchExecutor | AppVersion) -> Application:
+    """Download the artifact of a launch (or of a version of the app's code) from the
+    object store, waiting out a JetStream outage, check it is the one recorded, and build
+    the user's Application."""
     async def download() -> bytes:
         return await object_bytes(bus.js, subjects.ARTIFACT_BUCKET, launch.artifact)
 

@@ -402,6 +402,7 @@ class AppSummary(Struct):
     checkpoints: CheckpointStats | None = None
     dag: AppDag | None = None  # once its AppMaster reported it
     processors: list[ProcessorMetrics] = dataclasses.field(default_factory=list)
+    versions: list[AppVersion] = dataclasses.field(default_factory=list)  # its code's history (gearbus replace)
 
 
 class Allocation(Struct):
@@ -524,6 +525,55 @@ class AppRescaled(Message):
     app_id: int
     processors: dict[str, int]  # processor name -> its parallelism now
     epoch: int  # the epoch the app runs in from now on
+
+
+class AppVersion(Struct):
+    """One version of a running app's code: the first is the app as submitted; each later
+    one replaced the code of one processor (``gearbus replace``) with the processor holding
+    ``step`` in another artifact. ``state``: "running", "pending" (asked for, not taken
+    over yet), "replaced" (a later version runs that processor), "rolled back" or "not
+    taken over" (``error`` says why: the previous version runs on)."""
+
+    version: int  # from 1
+    artifact: str  # object-store name, as SubmitApplication's
+    entry: str
+    artifact_kind: str
+    args: list[str] = dataclasses.field(default_factory=list)
+    processor: int = -1  # the processor it replaced (-1: the whole app, version 1)
+    step: str = ""
+    state: str = "running"
+    error: str = ""
+    created_ms: int = 0
+    dropped_state: list[str] = dataclasses.field(default_factory=list)  # steps whose state it did not take over
+    artifact_digest: str = ""  # sha256 of the artifact's bytes, checked by whoever loads it
+
+
+class ReplaceProcessor(Message):
+    """Replace the code of the processor holding ``step`` in a running app with that
+    step's processor in another artifact (uploaded first, as for SubmitApplication), on
+    ``app.replace``; the master passes it to the app's AppMaster: ``gearbus replace ID STEP
+    NEW_APP.py``. The new code takes over at the next checkpoint, with the state of the
+    steps it keeps (same name and kind); state it would drop needs ``drop_state``."""
+
+    app_id: int
+    step: str
+    artifact: str
+    entry: str
+    artifact_kind: str
+    args: list[str] = dataclasses.field(default_factory=list)
+    drop_state: bool = False
+    artifact_digest: str = ""  # sha256 of the artifact's bytes, checked as SubmitApplication's
+
+
+class ProcessorReplaced(Message):
+    """The new code runs and took its first checkpoint (a replacement that failed before
+    that is rolled back, and the request fails with why)."""
+
+    app_id: int
+    version: int
+    processor: str  # the replaced processor's name in the new version
+    epoch: int
+    dropped_state: list[str] = dataclasses.field(default_factory=list)
 
 
 class QueryStimuli(Message):
@@ -757,6 +807,7 @@ class AppMasterHeartbeat(Message):
     dag: AppDag | None = None
     processors: list[ProcessorMetrics] = dataclasses.field(default_factory=list)
     attempt: int = 0  # the sender's LaunchExecutor.attempt
+    versions: list[AppVersion] = dataclasses.field(default_factory=list)  # the app's code history
 
 
 class RequestResource(Message):
@@ -809,6 +860,10 @@ class LaunchTasks(Message):
     parallelism: dict[int, int] = dataclasses.field(default_factory=dict)
     #: processor id -> the epoch its tasks' snapshots of restore_checkpoint were divided under (a rescale)
     restore_epochs: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: processor id -> the version whose code it runs, where not the app as submitted (gearbus replace)
+    versions: dict[int, AppVersion] = dataclasses.field(default_factory=dict)
+    #: processor id -> steps whose state in restore_checkpoint its new code does not take over
+    drop_state: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
 
 class TaskRegistered(Message):
@@ -868,6 +923,7 @@ class TaskCheckpointed(Message):
     alignment_ms: int = 0  # from its first input's barrier to its last's
     root: int = 0  # the checkpoint whose whole snapshot its chain starts from (0: this one)
     depth: int = 0  # snapshots between this one and its root
+    records_in: int = 0  # what the task processed in its epoch before the barrier
 
 
 class CheckpointDeclined(Message):

@@ -19,7 +19,7 @@ _ARTIFACTS = f"OBJ_{subjects.ARTIFACT_BUCKET}"
 _CHECKPOINT_KV = f"KV_{subjects.CHECKPOINT_BUCKET}"
 _CLIENT_REQUESTS = [subjects.APP_SUBMIT, subjects.APP_KILL, subjects.APP_STATUS, subjects.APP_LIST,
                     subjects.APP_SAVEPOINT, subjects.APP_RESTART, subjects.APP_STATE, subjects.APP_DEBUG,
-                    subjects.APP_RESCALE, subjects.MASTER_INFO, subjects.LOGS_QUERY]
+                    subjects.APP_RESCALE, subjects.APP_REPLACE, subjects.MASTER_INFO, subjects.LOGS_QUERY]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def role(name: str) -> Permissions:
             publish=["app.*.state", subjects.worker_launch("*"), subjects.worker_reregister("*"),
                      subjects.worker_shutdown("*", "*"), subjects.appmaster_reregister("*"),
                      subjects.appmaster_savepoint("*"), subjects.appmaster_state_query("*"), subjects.appmaster_debug("*"),
-                     subjects.appmaster_rescale("*"),
+                     subjects.appmaster_rescale("*"), subjects.appmaster_replace("*"),
                      subjects.appmaster_worker_lost("*"),
                      subjects.MASTER_ELECTED, "$JS.API.>", f"$KV.{subjects.STATE_BUCKET}.>",
                      f"$KV.{subjects.MASTERS_BUCKET}.>", "$JS.ACK.>", "$JS.FC.>"],

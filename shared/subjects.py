@@ -12,6 +12,7 @@ APP_RESTART = "app.restart"
 APP_STATE = "app.state"
 APP_DEBUG = "app.debug"
 APP_RESCALE = "app.rescale"
+APP_REPLACE = "app.replace"
 MASTER_INFO = "master.info"
 LOGS_QUERY = "logs.query"  # every worker answers (scatter-gather)
 
@@ -168,6 +169,11 @@ def appmaster_rescale(app_id: int | str) -> str:
     return f"appmaster.{app_id}.rescale"
 
 
+def appmaster_replace(app_id: int | str) -> str:
+    """The master passes a client's ReplaceProcessor to the app's AppMaster."""
+    return f"appmaster.{app_id}.replace"
+
+
 def appmaster_debug(app_id: int | str) -> str:
     """The master passes a client's QueryStimuli to the app's AppMaster."""
     return f"appmaster.{app_id}.debug"
@@ -191,6 +197,11 @@ def savepoint_key(name: str) -> str:
 def checkpoint_epoch_key(app_id: int) -> str:
     """The app's current attempt (epoch), kept for a relaunched AppMaster."""
     return f"{checkpoint_app_prefix(app_id)}.epoch"
+
+
+def versions_key(app_id: int) -> str:
+    """The app's code versions (gearbus replace), kept for a relaunched AppMaster."""
+    return f"{checkpoint_app_prefix(app_id)}.versions"
 
 
 def executor_reregister(app_id: int) -> str:

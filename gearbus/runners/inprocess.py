@@ -60,6 +60,7 @@ from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
+from gearbus.runtime.replace import carried_over, check_replacement, compose
 from gearbus.runtime.rescale import processors_of
 from gearbus.runtime.savepoints import SavepointMismatch, compacted, divided_snapshots, whole_snapshot
 from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
@@ -131,7 +132,10 @@ class InProcessEngine:
         #: (checkpoint id, epoch) -> task key -> encoded snapshot, state a rescale divided over new tasks
         self.divided: dict[tuple[int, int], dict[TaskKey, bytes]] = {}
         self.rescales: list[st.AnswerRescale] = []  # how each rescale asked for ended
-        self._rescale_requests = itertools.count(1)
+        self._change_requests = itertools.count(1)
+        self.versions: dict[int, Application] = {1: app}  # the app's code, by version (gearbus replace)
+        self.replaces: list[st.AnswerReplace] = []  # how each replacement asked for ended
+        self._drop_state: dict[int, tuple[str, ...]] = {}  # as the deployment's
         #: how each executor's instruction is carried out: one handler per kind, as the executor's
         self._instructions = {
             lifecycle.RetireTasks: self._retire, lifecycle.OpenTasks: self._open, lifecycle.StartTasks: self._start,
@@ -146,7 +150,7 @@ class InProcessEngine:
             st.RequestSlot: self._request_slot, st.LaunchExecutor: self._launch_executor, st.Deploy: self._deploy,
             st.Fence: self._fence, st.ReportState: self._report_state, st.EndApp: self._end, st.Shutdown: self._shutdown,
             st.RepeatFinalComplete: self._repeat_final_complete, st.DivideState: self._divide,
-            st.AnswerRescale: self.rescales.append,
+            st.AnswerRescale: self.rescales.append, st.AnswerReplace: self.replaces.append,
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._trigger,
             cp.StoreCheckpoint: self._store_checkpoint, cp.NotifyComplete: self._notify_complete,
             cp.CompactCheckpoint: self._compact, cp.PruneCheckpoints: self._prune,
@@ -197,6 +201,9 @@ class InProcessEngine:
         the share of it a rescale divided for it."""
         if key[0] in self._restore_epochs:
             return TaskSnapshot.decode(self.divided[(checkpoint_id, self._restore_epochs[key[0]])][key])
+        if key[0] in self._drop_state:
+            return carried_over(self.plan.graph.processors[key[0]], self._whole(checkpoint_id, key),
+                                self._drop_state[key[0]])
         return self._whole(checkpoint_id, key)
 
     def _divide(self, divide: st.DivideState) -> None:
@@ -227,7 +234,8 @@ class InProcessEngine:
 
     def run(self, restore: Checkpoint | None = None, crash_after_frames: int | None = None,
             kill_executor_after_frames: Iterable[int] = (),
-            rescale_after_frames: Mapping[int, Mapping[str, int]] | None = None) -> None:
+            rescale_after_frames: Mapping[int, Mapping[str, int]] | None = None,
+            replace_after_frames: Mapping[int, tuple] | None = None) -> None:
         """Run until the app succeeded (its final checkpoint completed and every task
         finished); a failure raises PipelineFailed.
 
@@ -239,10 +247,16 @@ class InProcessEngine:
         ``rescale_after_frames``: after delivering that many frames, ask for a rescale of
         these steps (``{step: parallelism}``), as ``gearbus rescale`` does (:meth:`rescale`);
         how each ended is in :attr:`rescales`.
+        ``replace_after_frames``: after delivering that many frames, replace the code of the
+        processor holding a step with the processor holding it in a new version of the app
+        (``(step, app)``, or ``(step, app, drop_state)``), as ``gearbus replace`` does
+        (:meth:`replace`); how each ended is in :attr:`replaces`.
         """
         schedule = [(frames, self._kill_executor) for frames in kill_executor_after_frames]
         schedule += [(frames, functools.partial(self.rescale, dict(steps)))
                      for frames, steps in (rescale_after_frames or {}).items()]
+        schedule += [(frames, functools.partial(self.replace, *change))
+                     for frames, change in (replace_after_frames or {}).items()]
         _on_a_loop(self._run(restore, crash_after_frames, sorted(schedule, key=lambda event: event[0])))
 
     def rescale(self, steps: Mapping[str, int]) -> None:
@@ -250,11 +264,27 @@ class InProcessEngine:
         does: steps that name no processor raise RescaleError; what the AppMaster refuses
         (not running now, another change in flight, out of range) is answered in
         :attr:`rescales`, the app untouched."""
-        request_id, asked = next(self._rescale_requests), processors_of(self.plan, steps)
+        request_id, asked = next(self._change_requests), processors_of(self.plan, steps)
         try:
             self._carry_out(self.state.rescale_requested(request_id, asked, self.clock))
         except st.Refused as refused:
             self.rescales.append(st.AnswerRescale(request_id, refused.message))
+
+    def replace(self, step: str, new: Application, drop_state: bool = False) -> None:
+        """Replace the code of the processor holding ``step`` with the processor holding it
+        in ``new`` (a planned version of the app), as ``gearbus replace`` does: a new version
+        whose graph differs elsewhere, or that would drop state without ``drop_state``,
+        raises ReplaceError; what the AppMaster refuses, or rolls back, is answered in
+        :attr:`replaces`, the app going on."""
+        replacement = check_replacement(self.plan, new, step, drop_state)
+        version = len(self.versions) + 1
+        self.versions[version] = new
+        request_id = next(self._change_requests)
+        try:
+            self._carry_out(self.state.replace_requested(request_id, replacement.processor, version,
+                                                         replacement.dropped_state, self.clock))
+        except st.Refused as refused:
+            self.replaces.append(st.AnswerReplace(request_id, refused.message))
 
     async def _run(self, restore: Checkpoint | None, crash_after_frames: int | None,
                    schedule: list[tuple[int, Callable[[], None]]]) -> None:
@@ -333,8 +363,9 @@ class InProcessEngine:
         (or fresh); tasks that had ended tell their receivers again."""
         self.hosts = {task: executor_id for executor_id, tasks in deploy.assignments for task in tasks}
         restore = self._restoring = deploy.restore
-        self.plan = self.app.with_parallelism(dict(deploy.parallelism))
-        self._restore_epochs = dict(deploy.restore_epochs)
+        self.plan = compose(self.app, {p: self.versions[v] for p, v in deploy.versions}).with_parallelism(
+            dict(deploy.parallelism))
+        self._restore_epochs, self._drop_state = dict(deploy.restore_epochs), dict(deploy.drop_state)
         for executor_id, tasks in deploy.assignments:
             launch = LaunchTasks([TaskId(*task) for task in tasks], self.app.graph.digest(), 0, deploy.epoch,
                                  restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
@@ -438,12 +469,12 @@ class InProcessEngine:
             self._taken.setdefault(snapshot.checkpoint_id, {})[node.key] = data
         self._do(executor_id, machine.snapshot_stored(store.task, store.epoch, snapshot.checkpoint_id, len(data),
                                                       snapshot.ended, store.alignment_s, snapshot.state.root,
-                                                      snapshot.state.depth))
+                                                      snapshot.state.depth, snapshot.records_in))
 
     def _ack(self, executor_id: int, ack: lifecycle.AckCheckpoint) -> None:
         self._carry_out(self.state.checkpoint_acked(ack.checkpoint_id, ack.epoch, (ack.task.processor, ack.task.index),
                                                     ack.size_bytes, ack.ended, self.clock, ack.alignment_s, ack.root,
-                                                    ack.depth))
+                                                    ack.depth, ack.records_in))
 
     def _decline(self, executor_id: int, decline: lifecycle.DeclineCheckpoint) -> None:
         log.warning("checkpoint %s declined: %s", decline.checkpoint_id, decline.reason)
@@ -680,10 +711,11 @@ class InProcessEngine:
         self._taken.pop(abandon.checkpoint_id, None)
 
     def _guard(self, node: _Node, fn, *args):
-        """Run a task's step; an exception fails the task, as its loop on an executor: the
-        user's error ends the app (its EndApp raises PipelineFailed); one a rollback can
-        repair (lifecycle.RECOVERABLE) rolls the app back, and what was under way stops
-        (_Interrupted, caught where the engine drives the next step)."""
+        """Run a task's step; an exception fails the task, as its loop on an executor, and
+        the AppMaster's machine decides: the app ends (the user's error: its EndApp raises
+        PipelineFailed) or rolls back (one a rollback can repair, lifecycle.RECOVERABLE, or
+        new code on trial), and what was under way stops (_Interrupted, caught where the
+        engine drives the next step)."""
         try:
             return fn(*args)
         except (PipelineFailed, _Interrupted):
@@ -693,9 +725,7 @@ class InProcessEngine:
             recoverable = isinstance(exc, lifecycle.RECOVERABLE)
             executor_id, machine = self._machine(node)
             self._do(executor_id, machine.task_done(TaskId(*node.key), node.core.epoch, error, recoverable))
-            if recoverable:
-                raise _Interrupted(error.message) from exc
-            raise PipelineFailed(error) from exc
+            raise _Interrupted(error.message) from exc
 
 
 class _Interrupted(Exception):

@@ -117,6 +117,10 @@ class Deploy:
     assignments: tuple[tuple[int, tuple[TaskKey, ...]], ...]  # (executor id, its tasks)
     parallelism: tuple[tuple[int, int], ...] = ()  # (processor id, parallelism)
     restore_epochs: tuple[tuple[int, int], ...] = ()  # (processor id, epoch)
+    #: (processor id, the version whose code it runs), where not the app as submitted (version 1)
+    versions: tuple[tuple[int, int], ...] = ()
+    #: (processor id, its steps whose state in ``restore`` its new code does not take over)
+    drop_state: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,16 @@ class AnswerRescale:
 
 
 @dataclass(frozen=True)
+class AnswerReplace:
+    """Answer replace request ``request_id``: the new code runs and completed a checkpoint,
+    or not (``error``: refused before it took over, or rolled back to the previous version;
+    the app runs on)."""
+    request_id: int
+    error: str = ""
+    rolled_back: bool = False  # the new code had taken over, and failed on trial
+
+
+@dataclass(frozen=True)
 class RepeatFinalComplete:
     """Announce the final checkpoint's completion again: a task has not finished, and the
     announcement (core NATS) may have been lost; commits are idempotent."""
@@ -155,6 +169,8 @@ class StoreEpoch:
     parallelism: tuple[tuple[int, int], ...] = ()  # as Deploy's
     restore_epochs: tuple[tuple[int, int], ...] = ()
     divided_checkpoint: int = 0  # the checkpoint ``restore_epochs`` divide (a later one is whole)
+    versions: tuple[tuple[int, int], ...] = ()  # as Deploy's
+    drop_state: tuple[tuple[int, tuple[str, ...]], ...] = ()  # as Deploy's, for the checkpoint restored
 
 
 @dataclass(frozen=True)
@@ -204,8 +220,8 @@ class Logged:
 
 
 Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | DivideState | StoreEpoch
-               | Fence | ReportState | AnswerSavepoint | AnswerRescale | RepeatFinalComplete | EndApp | Shutdown
-               | Logged | cp.Action)
+               | Fence | ReportState | AnswerSavepoint | AnswerRescale | AnswerReplace | RepeatFinalComplete | EndApp
+               | Shutdown | Logged | cp.Action)
 """What the shell carries out (never cp.FailApplication: the machine ends the app on it)."""
 
 
@@ -217,6 +233,17 @@ class _Rescale:
     division: tuple[cp.CheckpointMeta, int] | None = None  # (that checkpoint, the epoch its state is divided in)
     applied: bool = False  # the tasks run (or are being deployed) at the new parallelism
 
+
+@dataclass
+class _Replace:
+    request_id: int
+    processor: int
+    version: int  # the code it takes over with
+    previous: int  # the version it replaces (rolled back to should the new code fail before its first checkpoint)
+    dropped: tuple[str, ...]  # steps whose state the new code does not take over
+    first_checkpoint: int  # the new code takes over from the first checkpoint completed from this id on
+    switched_at: int = 0  # that checkpoint, once it took over (then it is on trial)
+    proven_at: int = 0  # the first checkpoint covering records the new code processed: it passes the trial
 
 
 
@@ -281,11 +308,15 @@ class AppMasterState:
 
     def __init__(self, tasks: Iterable[TaskKey], coordinator: cp.CheckpointCoordinator, settings: Settings,
                  epoch: int = 0, restarts: int = 0, planned: dict[int, int] | None = None,
-                 restore_epochs: dict[int, int] | None = None, names: dict[int, str] | None = None) -> None:
+                 restore_epochs: dict[int, int] | None = None, names: dict[int, str] | None = None,
+                 versions: dict[int, int] | None = None, drop_state: dict[int, tuple[str, ...]] | None = None
+                 ) -> None:
         """``names``: each processor's name, for what a refusal or a log says (by id without);
         ``planned``: each processor's parallelism in the app's plan, where ``tasks`` run
         at another after a rescale (a relaunched AppMaster's); ``restore_epochs``: the
-        processors whose snapshots of the last checkpoint a rescale divided, and their epoch."""
+        processors whose snapshots of the last checkpoint a rescale divided, and their epoch;
+        ``versions``: the processors running a later version's code, and its number;
+        ``drop_state``: their steps whose state of the last checkpoint they do not take over."""
         self.tasks: tuple[TaskKey, ...] = tuple(tasks)
         self.names = dict(names or {})
         #: each processor's parallelism now, and the plan's (a rescale changes the first)
@@ -311,6 +342,10 @@ class AppMasterState:
         self._rescale: _Rescale | None = None  # the change in flight
         #: processors whose snapshots of the checkpoint a deployment restores a rescale divided, and their epoch
         self._restore_epochs: dict[int, int] = dict(restore_epochs or {})
+        #: processor id -> the version whose code it runs, where not the app as submitted (version 1)
+        self.versions: dict[int, int] = dict(versions or {})
+        self._drop_state: dict[int, tuple[str, ...]] = dict(drop_state or {})  # as Deploy's
+        self._replace: _Replace | None = None  # the replacement in flight, or on trial
         #: every event taken, and what it decided (executor heartbeats, and ticks and acks that decided nothing, aside)
         self.stimuli = StimulusLog(quiet=frozenset({"tick", "checkpoint_acked", "task_ended"}))
 
@@ -479,13 +514,15 @@ class AppMasterState:
                     now: float) -> list[Instruction]:
         if not self._deployed_epoch(epoch):
             return []
-        if not recoverable:
+        on_trial = self._replace is not None and self._replace.switched_at > 0
+        if not recoverable and not on_trial:
             return self._end(AppState.FAILED, error)
         if self.phase is Phase.ROLLING_BACK:  # the rollback under way covers it (one lost server fails many tasks)
             return []
         executor = self.executors.get(executor_id)
-        return self._rollback(f"task {task[0]}.{task[1]} failed: {error.message}",
-                              executor.worker_id if executor else "", f"task {task[0]}.{task[1]}", now)
+        worker = executor.worker_id if executor and not on_trial else ""  # new code failing: not the worker's fault
+        return self._rollback(f"task {task[0]}.{task[1]} failed: {error.message}", worker,
+                              f"task {task[0]}.{task[1]}", now)
 
     @stimulus
     def task_ended(self, task: TaskKey, epoch: int, now: float) -> list[Instruction]:
@@ -497,7 +534,14 @@ class AppMasterState:
 
     @stimulus
     def checkpoint_acked(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int, ended: bool,
-                         now: float, alignment_s: float = 0.0, root: int = 0, depth: int = 0) -> list[Instruction]:
+                         now: float, alignment_s: float = 0.0, root: int = 0, depth: int = 0,
+                         records_in: int = 0) -> list[Instruction]:
+        """``records_in``: what the task processed in its epoch before the barrier (new code
+        on trial passes once a checkpoint covering some of its records completes)."""
+        trial = self._replace
+        if trial is not None and trial.switched_at and not trial.proven_at and epoch == self.epoch \
+                and task[0] == trial.processor and records_in > 0:
+            trial.proven_at = checkpoint_id
         return self._checkpointing(self.coordinator.ack(checkpoint_id, epoch, task, size_bytes, ended, now,
                                                         alignment_s, root, depth))
 
@@ -513,7 +557,8 @@ class AppMasterState:
 
     @stimulus
     def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.stored(checkpoint_id, now)) + self._divide_if_due(now)
+        return self._checkpointing(self.coordinator.stored(checkpoint_id, now)) + self._divide_if_due(now) + \
+            self._switch_if_due(now)
 
     def dividing(self, request_id: int) -> bool:
         """Whether the state of rescale ``request_id`` is still to be divided (not given up)."""
@@ -552,9 +597,7 @@ class AppMasterState:
         if self.phase is not Phase.RUNNING:
             raise Refused(ErrorCode.CONFLICT, f"the app is {self.phase.value if self.phase else 'starting'}: "
                                               "rescale it once it runs")
-        if self._rescale is not None:
-            raise Refused(ErrorCode.CONFLICT, f"another change is in flight (rescale to "
-                                              f"{self._parallelisms(self._rescale.parallelism)}): one at a time")
+        self._one_change_at_a_time()
         problems = [f"processor {p}: no such processor" for p in parallelism if p not in self.parallelism]
         problems += [f"{self._named(p)}: parallelism {n} is not between 1 and {MAX_PARALLELISM} (the key groups)"
                      for p, n in parallelism.items() if p in self.parallelism and not 1 <= n <= MAX_PARALLELISM]
@@ -568,6 +611,40 @@ class AppMasterState:
         self._rescale = _Rescale(request_id, changes, self.coordinator.next_id)
         return [Logged("rescale_requested", "info", (("parallelism", self._parallelisms(changes)),))] + \
             self._checkpointing(self.coordinator.request(now))
+
+    @stimulus
+    def replace_requested(self, request_id: int, processor: int, version: int, dropped: tuple[str, ...],
+                          now: float) -> list[Instruction]:
+        """Run ``processor`` with the code of ``version`` (checked by the shell against the
+        plan: gearbus/runtime/replace.py): a checkpoint now, then every task goes on from it
+        in a new epoch, the processor's with the new code and the state of its steps but
+        ``dropped``. Until a later checkpoint completes the new code is on trial: a failure
+        rolls the processor back to the previous version (``AnswerReplace`` says which).
+        Raises Refused, the app untouched, when it cannot be done now."""
+        if self.phase is not Phase.RUNNING:
+            raise Refused(ErrorCode.CONFLICT, f"the app is {self.phase.value if self.phase else 'starting'}: "
+                                              "replace its code once it runs")
+        self._one_change_at_a_time()
+        if processor not in self.parallelism:
+            raise Refused(ErrorCode.BAD_REQUEST, f"processor {processor}: no such processor")
+        if sum(p == processor for p, _ in self.coordinator.ended) == self.parallelism[processor]:
+            raise Refused(ErrorCode.BAD_REQUEST, f"{self._named(processor)}: its tasks have ended (nothing would "
+                                                 "run the new code)")
+        self._replace = _Replace(request_id, processor, version, self.versions.get(processor, 1), tuple(dropped),
+                                 self.coordinator.next_id)
+        return [Logged("replace_requested", "info", (("processor", self._named(processor)), ("version", version)))] + \
+            self._checkpointing(self.coordinator.request(now))
+
+    def _one_change_at_a_time(self) -> None:
+        if self._rescale is not None:
+            raise Refused(ErrorCode.CONFLICT, f"another change is in flight (rescale to "
+                                              f"{self._parallelisms(self._rescale.parallelism)}): one at a time")
+        if self._replace is not None:
+            change = self._replace
+            raise Refused(ErrorCode.CONFLICT, f"another change is in flight (version {change.version} of "
+                                              f"{self._named(change.processor)}"
+                                              f"{', on trial until a checkpoint covers records it processed' if change.switched_at else ''}): "
+                                              "one at a time")
 
     @stimulus
     def savepoint_written(self, request_id: int, ok: bool = True) -> list[Instruction]:
@@ -664,6 +741,10 @@ class AppMasterState:
         assert self._rescale is None or self._rescale.applied or self.phase is Phase.RUNNING, self._rescale
         dividing = self._rescale is not None and self._rescale.division is not None and not self._rescale.applied
         assert self.coordinator.held == dividing, (self.coordinator.held, self._rescale)
+        assert self._rescale is None or self._replace is None, (self._rescale, self._replace)
+        assert self._replace is None or self._replace.switched_at or self.phase is Phase.RUNNING, self._replace
+        assert set(self._drop_state) <= set(self.versions), (self._drop_state, self.versions)
+        assert all(v > 1 for v in self.versions.values()), self.versions
         assert (self.outcome is not None) == (self.phase is Phase.ENDING)
 
     # -- transitions ----------------------------------------------------------------------
@@ -690,7 +771,7 @@ class AppMasterState:
             self._enter(Phase.DEPLOYING)
             return actions + [self._deployment()]
         self._enter(Phase.ROLLING_BACK)
-        return actions + self._replace(orphans, set())
+        return actions + self._new_executor(orphans, set())
 
     def _lost(self, executor: ExecutorRecord, reason: str, now: float, suspect: bool = False) -> list[Instruction]:
         """An executor is gone (or declared gone): fence it, then roll the app back."""
@@ -731,6 +812,7 @@ class AppMasterState:
             return actions
         if self.phase is not Phase.ROLLING_BACK:
             actions += self._rescale_dropped(f"the app rolled back ({reason})")
+            actions += self._replace_dropped(f"the app rolled back ({reason})")
             self.epoch += 1
             actions += self._checkpointing(self.coordinator.restart(self.epoch, now))
             self._restore = self.coordinator.latest()
@@ -745,9 +827,9 @@ class AppMasterState:
             if executor.lost:
                 executor.tasks = []
         orphaned = self._unhosted()
-        return actions + (self._replace(orphaned, avoid) if orphaned else self._deploy_if_placed())
+        return actions + (self._new_executor(orphaned, avoid) if orphaned else self._deploy_if_placed())
 
-    def _replace(self, tasks: list[TaskKey], avoid: set[str]) -> list[Instruction]:
+    def _new_executor(self, tasks: list[TaskKey], avoid: set[str]) -> list[Instruction]:
         """A new executor (id never used before) for ``tasks``, away from ``avoid``."""
         executor_id = max(self.executors, default=-1) + 1
         self.executors[executor_id] = ExecutorRecord(executor_id, "", list(tasks))
@@ -766,16 +848,20 @@ class AppMasterState:
 
     def _epoch_record(self) -> StoreEpoch:
         divided = self._restore.checkpoint_id if self._restore_epochs and self._restore is not None else 0
-        return StoreEpoch(self.epoch, self.restarts, *self._plan_changes(), divided)
+        return StoreEpoch(self.epoch, self.restarts, *self._plan_changes(), divided, *self._code())
 
     def _plan_changes(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
         """(parallelism where it differs from the plan's, processors restoring divided state and its epoch)."""
         return (tuple(sorted((p, n) for p, n in self.parallelism.items() if n != self._planned[p])),
                 tuple(sorted(self._restore_epochs.items())))
 
+    def _code(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, tuple[str, ...]], ...]]:
+        """(the processors running a later version's code, and the state their new code drops of the restore)."""
+        return tuple(sorted(self.versions.items())), tuple(sorted(self._drop_state.items()))
+
     def _deployment(self) -> Deploy:
         return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()),
-                      *self._plan_changes())
+                      *self._plan_changes(), *self._code())
 
     def _divide_if_due(self, now: float) -> list[Instruction]:
         """The rescale's checkpoint completed: nothing is triggered while its state is
@@ -814,6 +900,50 @@ class AppMasterState:
         logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch),
                   ("from_checkpoint", latest.checkpoint_id))
         return actions + [Logged("rescaling", "info", logged), self._epoch_record(), self._deployment()]
+
+    def _switch_if_due(self, now: float) -> list[Instruction]:
+        """The replacement's checkpoint completed: every task goes on from it in a new epoch,
+        the replaced processor's with the new code (nothing is placed anew)."""
+        change, latest = self._replace, self.coordinator.latest()
+        if change is None or change.switched_at or latest is None or latest.checkpoint_id < change.first_checkpoint \
+                or self.phase is not Phase.RUNNING:
+            return []
+        if latest.final:
+            return self._replace_dropped("the app's tasks have ended")
+        if self.coordinator.in_flight is not None:  # one asked for meanwhile (a savepoint) went at once
+            change.first_checkpoint = self.coordinator.in_flight  # the new code takes over from that one
+            return []
+        change.switched_at = latest.checkpoint_id
+        self.versions[change.processor] = change.version
+        if change.dropped:
+            self._drop_state = {change.processor: change.dropped}
+        self.epoch += 1
+        actions = self._checkpointing(self.coordinator.restart(self.epoch, now))
+        self._restore, self.unfinished = latest, set(self.tasks)
+        self._enter(Phase.DEPLOYING)
+        logged = (("processor", self._named(change.processor)), ("version", change.version), ("epoch", self.epoch),
+                  ("from_checkpoint", latest.checkpoint_id), ("dropped_state", ", ".join(change.dropped)))
+        return actions + [Logged("replacing", "info", logged), self._epoch_record(), self._deployment()]
+
+    def _replace_dropped(self, why: str) -> list[Instruction]:
+        """The replacement cannot go on: not taken over yet, it is answered with why; on
+        trial, the processor goes back to the code it ran (the rollback that follows
+        restores the checkpoint the new code took over from). The app runs on."""
+        change = self._replace
+        if change is None:
+            return []
+        self._replace = None
+        if not change.switched_at:
+            return [AnswerReplace(change.request_id, f"version {change.version} not taken over: {why}")]
+        if change.previous > 1:
+            self.versions[change.processor] = change.previous
+        else:
+            self.versions.pop(change.processor, None)
+        self._drop_state = {}
+        return [Logged("replace_rolled_back", "warning", (("processor", self._named(change.processor)),
+                                                           ("version", change.version), ("reason", why))),
+                AnswerReplace(change.request_id, f"version {change.version} rolled back to version "
+                                                 f"{change.previous}: {why}", rolled_back=True)]
 
     def _place(self, changed: dict[int, int]) -> None:
         """The rescaled processors' tasks, placed anew on the live executors (the others stay)."""
@@ -855,11 +985,21 @@ class AppMasterState:
             out.append(action)
             if isinstance(action, cp.NotifyComplete):
                 out += self._savepoints_ended(action.checkpoint_id, self.coordinator.latest(), "")
-                self._restore_epochs = {}  # taken by the tasks running now
+                self._restore_epochs, self._drop_state = {}, {}  # taken by the tasks running now
+                trial = self._replace
+                if trial is not None and trial.switched_at and (action.final or trial.proven_at and
+                                                                action.checkpoint_id >= trial.proven_at):
+                    self._replace = None  # the new code passed its trial
+                    out += [Logged("replaced", "info", (("processor", self._named(trial.processor)),
+                                                        ("version", trial.version))),
+                            AnswerReplace(trial.request_id)]
             elif isinstance(action, cp.AbandonCheckpoint):
                 out += self._savepoints_ended(action.checkpoint_id, None, action.reason)
                 if self._rescale is not None and action.checkpoint_id >= self._rescale.first_checkpoint:
                     out += self._rescale_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
+                if self._replace is not None and not self._replace.switched_at \
+                        and action.checkpoint_id >= self._replace.first_checkpoint:
+                    out += self._replace_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
         return out
 
     def _savepoints_ended(self, checkpoint_id: int, meta: cp.CheckpointMeta | None,
@@ -890,4 +1030,7 @@ class AppMasterState:
         if self._rescale is not None:  # applied, not yet deployed: it will not be
             failed.append(AnswerRescale(self._rescale.request_id, f"the app ended ({state})"))
             self._rescale = None
+        if self._replace is not None:
+            failed.append(AnswerReplace(self._replace.request_id, f"the app ended ({state})"))
+            self._replace = None
         return failed + [self.outcome, ReportState(state, error)]

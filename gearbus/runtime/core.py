@@ -102,6 +102,7 @@ class Snapshot(NamedTuple):
     ended: bool
     records: list[Record]
     watermark: int
+    records_in: int = 0  # what the task processed in its epoch before the barrier
 
 
 class End(NamedTuple):
@@ -375,7 +376,7 @@ class TaskCore:
             link, base = self.lineage.taken_whole(checkpoint_id), None
         state = TaskSnapshot(checkpoint_id, taken, self.ended, self.watermark, self.epoch,
                              (base.checkpoint_id, base.epoch) if base is not None else None, link.depth, link.root)
-        return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark)
+        return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark, self.records_in)
 
 
 def debloated_window(records: int, frames: int, seconds: float, target_s: float, inputs: int, most: int) -> int:

@@ -139,6 +139,7 @@ class AckCheckpoint:
     alignment_s: float = 0.0
     root: int = 0  # the checkpoint whose whole snapshot the stored one's chain starts from
     depth: int = 0  # snapshots between the stored one and its root
+    records_in: int = 0  # what the task processed in its epoch before the barrier
 
 
 @dataclass(frozen=True)
@@ -288,12 +289,13 @@ class ExecutorTasks:
         return [StoreSnapshot(task, epoch, snapshot, alignment_s)]
 
     def snapshot_stored(self, task: TaskId, epoch: int, checkpoint_id: int, size_bytes: int,
-                        ended: bool, alignment_s: float = 0.0, root: int = 0, depth: int = 0) -> list[Instruction]:
+                        ended: bool, alignment_s: float = 0.0, root: int = 0, depth: int = 0,
+                        records_in: int = 0) -> list[Instruction]:
         state = self._live(task, epoch)
         if state is None:
             return []
         state.acked = max(state.acked, checkpoint_id)
-        ack = AckCheckpoint(task, epoch, checkpoint_id, size_bytes, ended, alignment_s, root, depth)
+        ack = AckCheckpoint(task, epoch, checkpoint_id, size_bytes, ended, alignment_s, root, depth, records_in)
         self._acks.setdefault(checkpoint_id, []).append(ack)
         for old in sorted(self._acks)[:-ACKS_KEPT]:
             del self._acks[old]

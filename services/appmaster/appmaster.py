@@ -6,6 +6,7 @@ checkpoint and savepoint I/O, heartbeats and reports."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import pickle
@@ -21,6 +22,8 @@ from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
 from gearbus.runtime.guarantee import delivery_guarantee
+from gearbus.artifact import ArtifactError
+from gearbus.runtime.replace import ReplaceError, check_replacement
 from gearbus.runtime.rescale import RescaleError, processors_of
 from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, compacted, divided_snapshots,
                                         savepoint_parts, task_states, whole_snapshot)
@@ -28,6 +31,7 @@ from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
+from services.appmaster.versions import AppVersions
 from services.checkpoint_store import CheckpointStore
 from services.launch import WORKER_ENV, fetch_application, launch_from_env, launch_security, parse_launched_args
 from shared import subjects
@@ -40,6 +44,7 @@ from shared.messages import (
     AppMasterRegistered,
     AppRescaled,
     AppStimuli,
+    AppVersion,
     ApplicationStateChanged,
     AppState,
     CheckpointComplete,
@@ -63,6 +68,8 @@ from shared.messages import (
     RegisterAppMaster,
     RegisterExecutor,
     ReRegister,
+    ProcessorReplaced,
+    ReplaceProcessor,
     RescaleApplication,
     RequestResource,
     ResourceAllocated,
@@ -121,7 +128,9 @@ class AppMaster(Service):
         self.launch = launch
         self.app_id = launch.app_id
         self.worker_id = worker_id
-        self.app: Application | None = None  # as planned
+        self.app: Application | None = None  # as planned, with the code versions its processors run
+        self.versions: AppVersions | None = None  # the app's code history (gearbus replace)
+        self._running_versions: dict[int, int] = {}  # processor id -> the version it runs, where not 1
         self.plan: Application | None = None  # at the parallelism it runs (a rescale changes it)
         self._rescaled: dict[int, int] = {}  # processor id -> parallelism, where the plan's differs from the app's
         self.state: st.AppMasterState | None = None
@@ -143,8 +152,9 @@ class AppMaster(Service):
         self._checkpoints_taken: dict[int, tuple[int, list[tuple[int, int]]]] = {}
         #: checkpoint id -> epoch -> the new tasks a rescale divided its state for (under that epoch)
         self._divided: dict[int, dict[int, list[tuple[int, int]]]] = {}
-        self._rescale_requests = itertools.count(1)
+        self._change_requests = itertools.count(1)
         self._rescales: dict[int, asyncio.Future] = {}  # request id -> its answer (an error, or "")
+        self._replaces: dict[int, asyncio.Future] = {}  # request id -> its answer (an error, or "")
         self._compaction: asyncio.Task | None = None  # the last checkpoint compaction started
         self._savepoint_requests = itertools.count(1)
         self._savepoints: dict[int, asyncio.Future] = {}  # request id -> its checkpoint's meta
@@ -158,6 +168,7 @@ class AppMaster(Service):
             st.ReportState: self._report_state, st.AnswerSavepoint: self._answer_savepoint,
             st.RepeatFinalComplete: self._repeat_final_complete, st.EndApp: self._end_app,
             st.DivideState: self._spawning(self._divide, "divide-state"), st.AnswerRescale: self._answer_rescale,
+            st.AnswerReplace: self._answer_replace,
             st.Shutdown: self._spawning(self._shutdown, "shutdown"),
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._retrigger, cp.StoreCheckpoint: self._store,
             cp.NotifyComplete: self._notify_complete, cp.CompactCheckpoint: self._start_compaction,
@@ -192,6 +203,8 @@ class AppMaster(Service):
         await self.bus.serve(subjects.appmaster_debug(self.app_id), {QueryStimuli: self.on_stimuli_query})
         await self.bus.serve(subjects.appmaster_rescale(self.app_id), {RescaleApplication: self.on_rescale},
                              concurrent=True)
+        await self.bus.serve(subjects.appmaster_replace(self.app_id), {ReplaceProcessor: self.on_replace},
+                             concurrent=True)
         await self.register()
         await self.bus.listen(subjects.MASTER_ELECTED, {MasterElected: self.on_master_changed})
         await self.bus.listen(subjects.appmaster_reregister(self.app_id), {ReRegister: self.on_master_changed})
@@ -222,7 +235,8 @@ class AppMaster(Service):
                 record = await self.store.latest()
                 latest = cp.CheckpointMeta.from_dict(record) if record else None
                 stored = await self.store.get_epoch()
-                tasks = await self._prepare(dict(stored.parallelism))  # as the last rescale left them
+                # as the last rescale and replacement left them
+                tasks = await self._prepare(dict(stored.parallelism), dict(stored.versions))
                 divided = {}  # the state a rescale divided of the latest checkpoint (none once a later one completed)
                 if stored.divided_checkpoint:
                     divided = dict(stored.restore_epochs)
@@ -231,7 +245,7 @@ class AppMaster(Service):
                             (processor, i) for i in range(self.plan.graph.processors[processor].parallelism))
                     if latest is None or latest.checkpoint_id != stored.divided_checkpoint:
                         divided = {}
-                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, divided)
+                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, divided, dict(stored.drop_state))
                 actions = self.state.start(time.monotonic(), latest, adopt=True)
             else:
                 tasks = await self._prepare()
@@ -251,9 +265,9 @@ class AppMaster(Service):
         self.spawn(self.tick_loop(), "ticks")
         await self.carry_out(actions)
 
-    async def _load(self) -> Application:
+    async def _load(self, version: AppVersion | None = None) -> Application:
         try:
-            return await fetch_application(self.bus, self.launch)
+            return await fetch_application(self.bus, version or self.launch)
         except Exception as exc:
             raise AppFailure(AppError(type(exc).__name__, str(exc), "loading the application",
                                      traceback.format_exc())) from None
@@ -261,12 +275,21 @@ class AppMaster(Service):
     def _plan_tasks(self) -> list[TaskId]:
         return [TaskId(p.id, i) for p in self.plan.graph.processors for i in range(p.parallelism)]
 
-    async def _prepare(self, parallelism: dict[int, int] | None = None) -> list[TaskId]:
+    async def _prepare(self, parallelism: dict[int, int] | None = None,
+                       versions: dict[int, int] | None = None) -> list[TaskId]:
         """Load the app and set up what every AppMaster attempt needs: config, clock origin,
-        and the plan at ``parallelism`` (where a rescale changed it)."""
-        self.app = await self._load()
-        self.config = {**self.app.config, **self.launch.config}
+        and the plan at ``parallelism`` (where a rescale changed it) with the code of
+        ``versions`` (processor id -> version, where a replacement changed it)."""
+        submitted = await self._load()
+        self.config = {**submitted.config, **self.launch.config}
         self.start_ms = self.launch.start_ms or int(time.time() * 1000)
+        self.versions = AppVersions(self.launch, submitted, self.start_ms)
+        if versions:
+            self.versions.restore(await self.store.get_versions())
+            for number in set(versions.values()):
+                self.versions.loaded(number, await self._load(self.versions.history[number - 1]))
+        self._running_versions = dict(versions or {})
+        self.app = self.versions.plan(self._running_versions)
         self._replan(parallelism or {})
         return self._plan_tasks()
 
@@ -280,7 +303,8 @@ class AppMaster(Service):
                                   float(self.config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
 
     def _machine(self, tasks: list[TaskId], latest: cp.CheckpointMeta | None, epoch: int, restarts: int,
-                 restore_epochs: dict[int, int] | None = None) -> None:
+                 restore_epochs: dict[int, int] | None = None,
+                 drop_state: dict[int, tuple[str, ...]] | None = None) -> None:
         """The app's state machine, from its config, in ``epoch``, continuing after ``latest``."""
         try:
             settings = st.Settings.from_config(self.config, self.heartbeat_interval)
@@ -290,7 +314,8 @@ class AppMaster(Service):
         self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
         self.state = st.AppMasterState([(t.processor, t.index) for t in tasks], coordinator, settings, epoch, restarts,
                                        {p.id: p.parallelism for p in self.app.graph.processors}, restore_epochs,
-                                       {p.id: p.name for p in self.app.graph.processors})
+                                       {p.id: p.name for p in self.app.graph.processors},
+                                       self._running_versions, drop_state)
 
     def _new_coordinator(self, latest: cp.CheckpointMeta | None, epoch: int) -> cp.CheckpointCoordinator:
         """The checkpoint coordinator, from the app's config, continuing after ``latest``."""
@@ -404,7 +429,11 @@ class AppMaster(Service):
     async def _deploy(self, deploy: st.Deploy) -> None:
         """Launch every executor's tasks in the deployment's epoch (replacing older ones),
         then start them all once all are subscribed."""
-        if dict(deploy.parallelism) != self._rescaled:
+        if dict(deploy.versions) != self._running_versions:  # a replacement's, or its rollback
+            self._running_versions = dict(deploy.versions)
+            self.app = self.versions.plan(self._running_versions)
+            self._replan(dict(deploy.parallelism))
+        elif dict(deploy.parallelism) != self._rescaled:
             self._replan(dict(deploy.parallelism))  # a rescale's
         restore = deploy.restore
         launch_timeout = RESTORE_TIMEOUT_S if restore else DEFAULT_REQUEST_TIMEOUT_S
@@ -414,7 +443,9 @@ class AppMaster(Service):
                 subjects.executor_control(self.app_id, executor_id),
                 LaunchTasks([TaskId(*t) for t in tasks], self.app.graph.digest(), self.start_ms, deploy.epoch,
                             restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
-                            dict(deploy.parallelism), dict(deploy.restore_epochs)),
+                            dict(deploy.parallelism), dict(deploy.restore_epochs),
+                            self.versions.running(self._running_versions),
+                            {p: list(steps) for p, steps in deploy.drop_state}),
                 expect=TaskRegistered, timeout=launch_timeout)
                 for executor_id, tasks in deploy.assignments))
             for executor_id, _ in deploy.assignments:
@@ -616,7 +647,7 @@ class AppMaster(Service):
             asked = processors_of(self.plan, msg.parallelism)
         except RescaleError as exc:
             raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
-        request_id = next(self._rescale_requests)
+        request_id = next(self._change_requests)
         answer = self._rescales[request_id] = asyncio.get_running_loop().create_future()
         try:
             instructions = self.state.rescale_requested(request_id, asked, time.monotonic())
@@ -628,6 +659,59 @@ class AppMaster(Service):
         if error:
             raise RequestError(ErrorCode.CONFLICT, error)
         return AppRescaled(self.app_id, {p.name: p.parallelism for p in self.plan.graph.processors}, self.epoch)
+
+    # --- replacing a processor's code ---------------------------------------------------
+
+    async def on_replace(self, msg: ReplaceProcessor) -> ProcessorReplaced:
+        """Run a processor with another version's code while the app runs: the version is
+        loaded and checked against the running plan here (what is wrong is refused, the
+        app untouched), and answered once the new code took a checkpoint (the state machine
+        decides when, and rolls it back if it fails before: gearbus/runtime/appmaster_state.py)."""
+        if self.state is None:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still starting", retryable=True)
+        version = AppVersion(self.versions.next_version, msg.artifact, msg.entry, msg.artifact_kind, list(msg.args),
+                             step=msg.step, created_ms=int(time.time() * 1000), artifact_digest=msg.artifact_digest)
+        try:
+            new = await fetch_application(self.bus, version)
+            replacement = check_replacement(self.plan, new, msg.step, msg.drop_state)
+        except (ArtifactError, GraphError, ReplaceError) as exc:
+            raise RequestError(ErrorCode.BAD_REQUEST, f"version {version.version}: {exc}") from None
+        except Exception as exc:  # the new version's application() raised
+            raise RequestError(ErrorCode.BAD_REQUEST, f"version {version.version} does not load: "
+                                                      f"{type(exc).__name__}: {exc}") from None
+        version = dataclasses.replace(version, processor=replacement.processor,
+                                      dropped_state=list(replacement.dropped_state))
+        request_id = next(self._change_requests)
+        answer = self._replaces[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            instructions = self.state.replace_requested(request_id, replacement.processor, version.version,
+                                                        replacement.dropped_state, time.monotonic())
+        except st.Refused as refused:
+            del self._replaces[request_id]
+            raise RequestError(refused.code, refused.message) from None
+        self.versions.asked(request_id, version, new)
+        await self._store_versions()
+        await self.carry_out(instructions)
+        error = await answer
+        if error:
+            raise RequestError(ErrorCode.CONFLICT, error)
+        return ProcessorReplaced(self.app_id, version.version, replacement.name, self.epoch,
+                                 list(replacement.dropped_state))
+
+    async def _answer_replace(self, answer: st.AnswerReplace) -> None:
+        if self.versions.answered(answer.request_id, answer.error, answer.rolled_back) is not None:
+            self.spawn(self._store_versions(), "store-versions")
+        waiting = self._replaces.pop(answer.request_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(answer.error)
+
+    async def _store_versions(self) -> None:
+        """The code history, for a relaunched AppMaster (it loads the versions that run);
+        a failed write is logged: the versions running are in the epoch record too."""
+        try:
+            await self.store.put_versions(self.versions.history)
+        except Exception as exc:
+            log.error("storing_versions_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _answer_rescale(self, answer: st.AnswerRescale) -> None:
         waiting = self._rescales.pop(answer.request_id, None)
@@ -817,7 +901,7 @@ class AppMaster(Service):
             await self.carry_out(self.state.checkpoint_acked(msg.checkpoint_id, msg.epoch,
                                                              (msg.task.processor, msg.task.index), msg.size_bytes,
                                                              msg.ended, time.monotonic(), msg.alignment_ms / 1000,
-                                                             msg.root, msg.depth))
+                                                             msg.root, msg.depth, msg.records_in))
 
     async def on_declined(self, msg: CheckpointDeclined) -> None:
         if self.state is not None:
@@ -887,7 +971,8 @@ class AppMaster(Service):
         await self.bus.publish(subjects.appmaster_heartbeat(self.app_id),
                                AppMasterHeartbeat(self.app_id, len(live), counters, clock, stalled, restarts, blacklist,
                                                   *self.guarantee, self._checkpoint_stats(), self.dag, processors,
-                                                  self.launch.attempt))
+                                                  self.launch.attempt,
+                                                  self.versions.history if self.versions else []))
 
     def _task_name(self, task: TaskId) -> str:
         return f"{self.plan.graph.processors[task.processor].name}[{task.index}]"

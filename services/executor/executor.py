@@ -15,6 +15,7 @@ from gearbus.api.partitioners import key_owner
 from gearbus.runtime import state_query
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
+from gearbus.runtime.replace import carried_over, compose
 from gearbus.runtime.savepoints import whole_snapshot
 from services.checkpoint_store import CheckpointStore
 from gearbus.runtime import executor_tasks as lifecycle
@@ -29,6 +30,7 @@ from shared.bus import RequestError, object_chunk_bytes
 from shared.logging import configure
 from shared.messages import (
     AppError,
+    AppVersion,
     CheckpointComplete,
     CheckpointDeclined,
     ErrorCode,
@@ -75,7 +77,9 @@ class Executor(Service):
         self.executor_id = launch.executor_id
         self.worker_id = worker_id
         self.worker_pid = worker_pid
-        self.app: Application | None = None  # as planned
+        self.app: Application | None = None  # as planned, with the code versions its processors run
+        self.submitted: Application | None = None  # version 1 of the app's code, as submitted
+        self.version_apps: dict[int, Application] = {}  # later versions' (gearbus replace), each loaded once
         self.plan: Application | None = None  # at the parallelism of the epoch it runs (a rescale changes it)
         self.config: DataPlaneConfig | None = None
         self.tasks = ExecutorTasks()  # the tasks' lives: this shell carries out what it decides
@@ -96,7 +100,7 @@ class Executor(Service):
     # --- lifecycle -------------------------------------------------------------
 
     async def setup(self) -> None:
-        self.app = self.plan = await fetch_application(self.bus, self.launch)
+        self.app = self.plan = self.submitted = await fetch_application(self.bus, self.launch)
         self.config = DataPlaneConfig.from_config({**self.app.config, **self.launch.config})
         self.store = CheckpointStore(self.bus.js, self.app_id, chunk_bytes=object_chunk_bytes(self.bus.nc))
         await self.bus.serve(
@@ -136,6 +140,8 @@ class Executor(Service):
     async def on_launch_tasks(self, msg: LaunchTasks) -> TaskRegistered:
         """Run ``msg.tasks`` in attempt ``msg.epoch``, restored from its checkpoint (the
         machine decides what retires and what opens)."""
+        if msg.epoch > self.tasks.epoch:  # the code of the epoch launched (the same launch again keeps it)
+            await self._load_versions(msg.versions)
         digest = self.app.graph.digest()
         if msg.dag_digest != digest:
             raise RequestError(
@@ -166,6 +172,19 @@ class Executor(Service):
             raise RequestError(ErrorCode.CONFLICT, f"executor {self.executor_id} {exc}") from None
         await self._carry_out(instructions)
         return TaskRegistered(self.executor_id, self.tasks.hosted())
+
+    async def _load_versions(self, versions: dict[int, AppVersion]) -> None:
+        """The app with these processors running later versions' code (each version
+        loaded once); one that does not load refuses the launch (new code on trial is then
+        rolled back)."""
+        for version in versions.values():
+            if version.version not in self.version_apps:
+                try:
+                    self.version_apps[version.version] = await fetch_application(self.bus, version)
+                except Exception as exc:
+                    raise RequestError(ErrorCode.BAD_REQUEST, f"executor {self.executor_id} cannot load version "
+                                                              f"{version.version}: {type(exc).__name__}: {exc}") from None
+        self.app = compose(self.submitted, {p: self.version_apps[v.version] for p, v in versions.items()})
 
     async def on_start_all_tasks(self, msg: StartAllTasks) -> None:
         await self._carry_out(self.tasks.start_all())
@@ -240,6 +259,9 @@ class Executor(Service):
                         (task_id.processor, task_id.index))
                     # added up a key group at a time as the task restores it, off the loop
                     envelope = whole_snapshot(self.plan.graph.processors[task_id.processor], chain)
+                    if task_id.processor in launch.drop_state:  # new code without some steps of the old
+                        envelope = carried_over(self.plan.graph.processors[task_id.processor], envelope,
+                                                launch.drop_state[task_id.processor])
                 runner = TaskRunner(
                     self.bus.nc, self.plan, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
                     self.on_snapshot, self.on_task_ended, launch.start_ms, launch.epoch, envelope, self.servers,
@@ -289,13 +311,14 @@ class Executor(Service):
             return
         await self._carry_out(self.tasks.snapshot_stored(store.task, store.epoch, checkpoint_id, len(data),
                                                          store.snapshot.ended, store.alignment_s,
-                                                         store.snapshot.state.root, store.snapshot.state.depth))
+                                                         store.snapshot.state.root, store.snapshot.state.depth,
+                                                         store.snapshot.records_in))
 
     async def _ack(self, ack: lifecycle.AckCheckpoint) -> None:
         await self.bus.publish(subjects.appmaster_checkpoint_ack(self.app_id),
                                TaskCheckpointed(self.executor_id, ack.task, ack.checkpoint_id, ack.epoch,
                                                 ack.size_bytes, ack.ended, int(ack.alignment_s * 1000), ack.root,
-                                                ack.depth))
+                                                ack.depth, ack.records_in))
 
     async def _decline(self, decline: lifecycle.DeclineCheckpoint) -> None:
         log.warning("checkpoint_declined", task=self.runners[decline.task].name, checkpoint_id=decline.checkpoint_id,

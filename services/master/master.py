@@ -40,6 +40,7 @@ from shared.messages import (
     CheckpointStats,
     AppMasterRegistered,
     AppRescaled,
+    AppVersion,
     AppStimuli,
     ApplicationList,
     ApplicationRestarted,
@@ -61,6 +62,8 @@ from shared.messages import (
     QueryApplication,
     QueryState,
     QueryStimuli,
+    ProcessorReplaced,
+    ReplaceProcessor,
     RescaleApplication,
     SavepointTaken,
     TakeSavepoint,
@@ -119,6 +122,7 @@ class AppLive:
     checkpoints: CheckpointStats | None = None
     dag: AppDag | None = None
     processors: list[ProcessorMetrics] = field(default_factory=list)
+    versions: list[AppVersion] = field(default_factory=list)
 
 
 class Master(Service):
@@ -227,6 +231,7 @@ class Master(Service):
             await serve(subjects.APP_STATE, {QueryState: self.on_state_query}, concurrent=True, guard=guard),
             await serve(subjects.APP_DEBUG, {QueryStimuli: self.on_stimuli_query}, concurrent=True, guard=guard),
             await serve(subjects.APP_RESCALE, {RescaleApplication: self.on_rescale}, concurrent=True, guard=guard),
+            await serve(subjects.APP_REPLACE, {ReplaceProcessor: self.on_replace}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATUS, {QueryApplication: self.on_status}, guard=guard),
             await serve(subjects.APP_LIST, {ListApplications: self.on_list}, guard=guard),
             await serve(subjects.MASTER_INFO, {QueryCluster: self.on_info}, guard=guard),
@@ -445,6 +450,12 @@ class Master(Service):
         return await self._ask_appmaster(msg.app_id, subjects.appmaster_rescale(msg.app_id), msg, AppRescaled,
                                          RESCALE_TIMEOUT_S, " can be rescaled")
 
+    async def on_replace(self, msg: ReplaceProcessor) -> ProcessorReplaced:
+        """Pass the request to the app's AppMaster, which replaces the processor's code
+        while the app runs."""
+        return await self._ask_appmaster(msg.app_id, subjects.appmaster_replace(msg.app_id), msg, ProcessorReplaced,
+                                         RESCALE_TIMEOUT_S, "'s code can be replaced")
+
     async def on_stimuli_query(self, msg: QueryStimuli) -> AppStimuli:
         """Pass the query to the app's AppMaster, whose state machine keeps the log."""
         return await self._ask_appmaster(msg.app_id, subjects.appmaster_debug(msg.app_id), msg, AppStimuli,
@@ -562,6 +573,7 @@ class Master(Service):
         live.restarts, live.blacklisted_workers = msg.restarts, list(msg.blacklisted_workers)
         live.guarantee, live.guarantee_detail, live.checkpoints = msg.guarantee, msg.guarantee_detail, msg.checkpoints
         live.dag, live.processors = msg.dag or live.dag, list(msg.processors)
+        live.versions = list(msg.versions) or live.versions
 
     async def on_appmaster_state(self, msg: ApplicationStateChanged) -> None:
         record = self._app(msg.app_id)
@@ -628,7 +640,7 @@ class Master(Service):
                               stalled_tasks=live.stalled_tasks, restarts=live.restarts,
                               blacklisted_workers=live.blacklisted_workers, guarantee=live.guarantee,
                               guarantee_detail=live.guarantee_detail, checkpoints=live.checkpoints,
-                              dag=live.dag, processors=live.processors)
+                              dag=live.dag, processors=live.processors, versions=live.versions)
 
     @staticmethod
     def _check_version(what: str, version: int) -> None:
