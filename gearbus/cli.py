@@ -337,7 +337,7 @@ async def _replace(args) -> int:
         return f"app {done.app_id}: processor {done.processor} runs version {done.version} (epoch {done.epoch}){dropped}"
 
     return await _answered(args, lambda client: client.replace(args.app_id, args.step, artifact, args.app_args,
-                                                               args.drop_state), replaced)
+                                                               args.drop_state, args.at), replaced)
 
 
 async def _state(args) -> int:
@@ -585,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     replace.add_argument("--drop-state", action="store_true",
                          help="start empty the steps whose state the new code would not take over "
                               "(renamed, gone, or of another kind)")
+    replace.add_argument("--at", type=int, default=0, metavar="EVENT_TIME_MS",
+                         help="records of event time before this (epoch ms) go to the old code, the rest to the new "
+                              "(default: the new code takes over at the next checkpoint)")
     replace.add_argument("app_id", type=int)
     replace.add_argument("step", help="a step of the processor to replace (in both versions: gearbus plan shows them)")
     replace.add_argument("app", help="the new version of the app (a .py file or package directory)")

@@ -134,13 +134,14 @@ class Client:
                                    RESCALE_TIMEOUT_S, idempotent=False)
 
     async def replace(self, app_id: int, step: str, artifact: Artifact, args: Sequence[str] = (),
-                      drop_state: bool = False) -> ProcessorReplaced:
+                      drop_state: bool = False, at_ms: int = 0) -> ProcessorReplaced:
         """Run the processor holding ``step`` with the code of the processor holding it in
-        ``artifact`` (uploaded first) while the app runs; the answer comes once the new code
-        took a checkpoint (new code failing before that is rolled back: RequestError)."""
+        ``artifact`` (uploaded first) while the app runs, for records of event time
+        ``at_ms`` on (0: from the next checkpoint); the answer comes once the new code took
+        a checkpoint (new code failing before that is rolled back: RequestError)."""
         await self.upload(artifact)
         message = ReplaceProcessor(app_id, step, artifact.name, artifact.entry, artifact.kind, list(args), drop_state,
-                                   digests.sha256_hex(artifact.data))
+                                   digests.sha256_hex(artifact.data), at_ms)
         return await self._request(subjects.APP_REPLACE, message, ProcessorReplaced, RESCALE_TIMEOUT_S,
                                    idempotent=False)
 

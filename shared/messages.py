@@ -563,6 +563,9 @@ class ReplaceProcessor(Message):
     args: list[str] = dataclasses.field(default_factory=list)
     drop_state: bool = False
     artifact_digest: str = ""  # sha256 of the artifact's bytes, checked as SubmitApplication's
+    #: records of event time before this (epoch ms) are processed by the old code, the rest by
+    #: the new (0: the new code takes over at the next checkpoint)
+    at_ms: int = 0
 
 
 class ProcessorReplaced(Message):
@@ -864,6 +867,8 @@ class LaunchTasks(Message):
     versions: dict[int, AppVersion] = dataclasses.field(default_factory=dict)
     #: processor id -> steps whose state in restore_checkpoint its new code does not take over
     drop_state: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    #: processor id -> an event time from which its tasks hold input records back for new code (replace --at)
+    hold_from: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class TaskRegistered(Message):

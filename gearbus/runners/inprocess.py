@@ -136,6 +136,7 @@ class InProcessEngine:
         self.versions: dict[int, Application] = {1: app}  # the app's code, by version (gearbus replace)
         self.replaces: list[st.AnswerReplace] = []  # how each replacement asked for ended
         self._drop_state: dict[int, tuple[str, ...]] = {}  # as the deployment's
+        self._hold: dict[int, int] = {}  # as the deployment's hold_from
         #: how each executor's instruction is carried out: one handler per kind, as the executor's
         self._instructions = {
             lifecycle.RetireTasks: self._retire, lifecycle.OpenTasks: self._open, lifecycle.StartTasks: self._start,
@@ -249,7 +250,7 @@ class InProcessEngine:
         how each ended is in :attr:`rescales`.
         ``replace_after_frames``: after delivering that many frames, replace the code of the
         processor holding a step with the processor holding it in a new version of the app
-        (``(step, app)``, or ``(step, app, drop_state)``), as ``gearbus replace`` does
+        (``(step, app)``, or ``(step, app, drop_state, at_ms)``), as ``gearbus replace`` does
         (:meth:`replace`); how each ended is in :attr:`replaces`.
         """
         schedule = [(frames, self._kill_executor) for frames in kill_executor_after_frames]
@@ -270,9 +271,10 @@ class InProcessEngine:
         except st.Refused as refused:
             self.rescales.append(st.AnswerRescale(request_id, refused.message))
 
-    def replace(self, step: str, new: Application, drop_state: bool = False) -> None:
+    def replace(self, step: str, new: Application, drop_state: bool = False, at_ms: int = 0) -> None:
         """Replace the code of the processor holding ``step`` with the processor holding it
-        in ``new`` (a planned version of the app), as ``gearbus replace`` does: a new version
+        in ``new`` (a planned version of the app), records of event time ``at_ms`` and later
+        going to the new code (0: from the next checkpoint), as ``gearbus replace`` does: a new version
         whose graph differs elsewhere, or that would drop state without ``drop_state``,
         raises ReplaceError; what the AppMaster refuses, or rolls back, is answered in
         :attr:`replaces`, the app going on."""
@@ -282,7 +284,7 @@ class InProcessEngine:
         request_id = next(self._change_requests)
         try:
             self._carry_out(self.state.replace_requested(request_id, replacement.processor, version,
-                                                         replacement.dropped_state, self.clock))
+                                                         replacement.dropped_state, self.clock, at_ms))
         except st.Refused as refused:
             self.replaces.append(st.AnswerReplace(request_id, refused.message))
 
@@ -366,6 +368,7 @@ class InProcessEngine:
         self.plan = compose(self.app, {p: self.versions[v] for p, v in deploy.versions}).with_parallelism(
             dict(deploy.parallelism))
         self._restore_epochs, self._drop_state = dict(deploy.restore_epochs), dict(deploy.drop_state)
+        self._hold = dict(deploy.hold_from)
         for executor_id, tasks in deploy.assignments:
             launch = LaunchTasks([TaskId(*task) for task in tasks], self.app.graph.digest(), 0, deploy.epoch,
                                  restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
@@ -391,7 +394,8 @@ class InProcessEngine:
                                             request_poll=functools.partial(self._request_poll, (p.id, index)),
                                             state_backend=self.config.state_backend))
             core = TaskCore(task, senders, self.config.credit_frames, epoch,
-                            max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0)
+                            max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0,
+                            hold_from=self._hold.get(p.id))
             source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
             nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges, self.config),
                                          source, collections.deque())
@@ -592,6 +596,8 @@ class InProcessEngine:
         for executor in self.state.live_executors():
             self.state.executor_heartbeat(executor.executor_id, self.clock)
         self._carry_out(self.state.tick(self.clock))
+        self._carry_out(self.state.input_watermarks({key: node.core.watermark for key, node in self.nodes.items()},
+                                                    self.clock))
         now = self.now_ms()
         for node in list(self.nodes.values()):
             due = node.core.next_wakeup_ms()

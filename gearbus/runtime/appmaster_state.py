@@ -121,6 +121,8 @@ class Deploy:
     versions: tuple[tuple[int, int], ...] = ()
     #: (processor id, its steps whose state in ``restore`` its new code does not take over)
     drop_state: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    #: (processor id, the event time from which its tasks hold input back for a replacement's code)
+    hold_from: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,9 @@ class _Replace:
     previous: int  # the version it replaces (rolled back to should the new code fail before its first checkpoint)
     dropped: tuple[str, ...]  # steps whose state the new code does not take over
     first_checkpoint: int  # the new code takes over from the first checkpoint completed from this id on
-    switched_at: int = 0  # that checkpoint, once it took over (then it is on trial)
+    at_ms: int = 0  # records before this event time go to the old code (0: the new code takes over at once)
+    holding: bool = False  # with at_ms: the processor's tasks hold records from at_ms on until its watermark passes
+    switched_at: int = 0  # the checkpoint it took over from, once it did (then it is on trial)
     proven_at: int = 0  # the first checkpoint covering records the new code processed: it passes the trial
 
 
@@ -346,6 +350,9 @@ class AppMasterState:
         self.versions: dict[int, int] = dict(versions or {})
         self._drop_state: dict[int, tuple[str, ...]] = dict(drop_state or {})  # as Deploy's
         self._replace: _Replace | None = None  # the replacement in flight, or on trial
+        self._hold: dict[int, int] = {}  # processor id -> the event time its tasks hold records from (as Deploy's)
+        #: each task's input watermark as last reported (what a replacement at an event time waits for)
+        self.watermarks: dict[TaskKey, int] = {}
         #: every event taken, and what it decided (executor heartbeats, and ticks and acks that decided nothing, aside)
         self.stimuli = StimulusLog(quiet=frozenset({"tick", "checkpoint_acked", "task_ended"}))
 
@@ -583,9 +590,13 @@ class AppMasterState:
 
     @stimulus
     def savepoint_requested(self, request_id: int, stop: bool, now: float) -> list[Instruction]:
-        """Checkpoint now; its completion answers the request. Raises Refused unless running."""
+        """Checkpoint now; its completion answers the request. Raises Refused unless running,
+        or while tasks hold records for a replacement (a savepoint keeps state, not them)."""
         if self.phase is not Phase.RUNNING:
             raise Refused(ErrorCode.UNAVAILABLE, "the app is not running: no savepoint now")
+        if self._hold:
+            raise Refused(ErrorCode.CONFLICT, "tasks hold records for a replacement's new code (replace --at): "
+                                              "take the savepoint once it took over")
         self._savepoints[request_id] = (self.coordinator.next_id, stop)
         return self._checkpointing(self.coordinator.request(now))
 
@@ -614,13 +625,16 @@ class AppMasterState:
 
     @stimulus
     def replace_requested(self, request_id: int, processor: int, version: int, dropped: tuple[str, ...],
-                          now: float) -> list[Instruction]:
+                          now: float, at_ms: int = 0) -> list[Instruction]:
         """Run ``processor`` with the code of ``version`` (checked by the shell against the
         plan: gearbus/runtime/replace.py): a checkpoint now, then every task goes on from it
         in a new epoch, the processor's with the new code and the state of its steps but
-        ``dropped``. Until a later checkpoint completes the new code is on trial: a failure
-        rolls the processor back to the previous version (``AnswerReplace`` says which).
-        Raises Refused, the app untouched, when it cannot be done now."""
+        ``dropped``. Until a checkpoint covering records it processed completes the new
+        code is on trial: a failure rolls the processor back to the previous version
+        (``AnswerReplace`` says which). With ``at_ms``, the new epoch first runs the old
+        code holding back records of event time ``at_ms`` and later; once the processor's
+        watermark passes it, a checkpoint, and the new code takes over from it, held
+        records first. Raises Refused, the app untouched, when it cannot be done now."""
         if self.phase is not Phase.RUNNING:
             raise Refused(ErrorCode.CONFLICT, f"the app is {self.phase.value if self.phase else 'starting'}: "
                                               "replace its code once it runs")
@@ -630,8 +644,17 @@ class AppMasterState:
         if sum(p == processor for p, _ in self.coordinator.ended) == self.parallelism[processor]:
             raise Refused(ErrorCode.BAD_REQUEST, f"{self._named(processor)}: its tasks have ended (nothing would "
                                                  "run the new code)")
+        if at_ms:
+            if any(p == processor for p, _ in self.coordinator.sources):
+                raise Refused(ErrorCode.BAD_REQUEST, f"{self._named(processor)} is a source: its code is replaced "
+                                                     "at a checkpoint (an event time applies to records it reads in)")
+            passed = max((wm for (p, _), wm in self.watermarks.items() if p == processor), default=None)
+            if passed is not None and passed >= at_ms:
+                raise Refused(ErrorCode.BAD_REQUEST, f"event time {at_ms} is behind the watermark of "
+                                                     f"{self._named(processor)} ({passed}): records after it were "
+                                                     "processed already; ask a later time")
         self._replace = _Replace(request_id, processor, version, self.versions.get(processor, 1), tuple(dropped),
-                                 self.coordinator.next_id)
+                                 self.coordinator.next_id, at_ms)
         return [Logged("replace_requested", "info", (("processor", self._named(processor)), ("version", version)))] + \
             self._checkpointing(self.coordinator.request(now))
 
@@ -745,6 +768,8 @@ class AppMasterState:
         assert self._replace is None or self._replace.switched_at or self.phase is Phase.RUNNING, self._replace
         assert set(self._drop_state) <= set(self.versions), (self._drop_state, self.versions)
         assert all(v > 1 for v in self.versions.values()), self.versions
+        holding = self._replace is not None and self._replace.holding and not self._replace.switched_at
+        assert bool(self._hold) == holding, (self._hold, self._replace)
         assert (self.outcome is not None) == (self.phase is Phase.ENDING)
 
     # -- transitions ----------------------------------------------------------------------
@@ -815,7 +840,7 @@ class AppMasterState:
             actions += self._replace_dropped(f"the app rolled back ({reason})")
             self.epoch += 1
             actions += self._checkpointing(self.coordinator.restart(self.epoch, now))
-            self._restore = self.coordinator.latest()
+            self._restore, self.watermarks = self.coordinator.latest(), {}
             self.unfinished = set(self.tasks)
             actions.append(Logged("rolling_back", "warning", (
                 ("reason", reason), ("epoch", self.epoch), ("restarts", self.restarts),
@@ -861,7 +886,7 @@ class AppMasterState:
 
     def _deployment(self) -> Deploy:
         return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()),
-                      *self._plan_changes(), *self._code())
+                      *self._plan_changes(), *self._code(), tuple(sorted(self._hold.items())))
 
     def _divide_if_due(self, now: float) -> list[Instruction]:
         """The rescale's checkpoint completed: nothing is triggered while its state is
@@ -894,36 +919,59 @@ class AppMasterState:
         self.epoch = epoch
         actions = self._checkpointing(self.coordinator.restart(self.epoch, now))
         self.coordinator.retask(self.tasks, [t for t in self.tasks if t[0] in sources])
-        self._restore, self.unfinished = latest, set(self.tasks)
+        self._restore, self.unfinished, self.watermarks = latest, set(self.tasks), {}
         self._place(change.parallelism)
         self._enter(Phase.DEPLOYING)
         logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch),
                   ("from_checkpoint", latest.checkpoint_id))
         return actions + [Logged("rescaling", "info", logged), self._epoch_record(), self._deployment()]
 
+    def input_watermarks(self, watermarks: dict[TaskKey, int], now: float) -> list[Instruction]:
+        """Tasks' input watermarks as reported (of the current epoch): a replacement holding
+        records from an event time takes over once its processor's watermark passed it."""
+        self.watermarks.update(watermarks)
+        change = self._replace
+        if change is None or not change.holding or change.first_checkpoint or self.phase is not Phase.RUNNING:
+            return []
+        tasks = [t for t in self.tasks if t[0] == change.processor]
+        if not all(self.watermarks.get(t, change.at_ms - 1) >= change.at_ms for t in tasks):
+            return []
+        change.first_checkpoint = self.coordinator.next_id
+        return [Logged("replace_watermark_passed", "info", (("processor", self._named(change.processor)),
+                                                           ("at_ms", change.at_ms)))] + \
+            self._checkpointing(self.coordinator.request(now))
+
     def _switch_if_due(self, now: float) -> list[Instruction]:
         """The replacement's checkpoint completed: every task goes on from it in a new epoch,
-        the replaced processor's with the new code (nothing is placed anew)."""
+        the replaced processor's with the new code (nothing is placed anew); with an event
+        time, first with the old code holding records from it (:meth:`input_watermarks`)."""
         change, latest = self._replace, self.coordinator.latest()
-        if change is None or change.switched_at or latest is None or latest.checkpoint_id < change.first_checkpoint \
-                or self.phase is not Phase.RUNNING:
+        if change is None or change.switched_at or latest is None or not change.first_checkpoint \
+                or latest.checkpoint_id < change.first_checkpoint or self.phase is not Phase.RUNNING:
             return []
         if latest.final:
             return self._replace_dropped("the app's tasks have ended")
         if self.coordinator.in_flight is not None:  # one asked for meanwhile (a savepoint) went at once
             change.first_checkpoint = self.coordinator.in_flight  # the new code takes over from that one
             return []
-        change.switched_at = latest.checkpoint_id
-        self.versions[change.processor] = change.version
-        if change.dropped:
-            self._drop_state = {change.processor: change.dropped}
+        if change.at_ms and not change.holding:
+            change.holding, change.first_checkpoint = True, 0
+            self._hold = {change.processor: change.at_ms}
+            event = "replace_holding"
+        else:
+            change.switched_at, self._hold = latest.checkpoint_id, {}
+            self.versions[change.processor] = change.version
+            if change.dropped:
+                self._drop_state = {change.processor: change.dropped}
+            event = "replacing"
         self.epoch += 1
         actions = self._checkpointing(self.coordinator.restart(self.epoch, now))
-        self._restore, self.unfinished = latest, set(self.tasks)
+        self._restore, self.unfinished, self.watermarks = latest, set(self.tasks), {}
         self._enter(Phase.DEPLOYING)
         logged = (("processor", self._named(change.processor)), ("version", change.version), ("epoch", self.epoch),
-                  ("from_checkpoint", latest.checkpoint_id), ("dropped_state", ", ".join(change.dropped)))
-        return actions + [Logged("replacing", "info", logged), self._epoch_record(), self._deployment()]
+                  ("from_checkpoint", latest.checkpoint_id), ("dropped_state", ", ".join(change.dropped)),
+                  ("at_ms", change.at_ms))
+        return actions + [Logged(event, "info", logged), self._epoch_record(), self._deployment()]
 
     def _replace_dropped(self, why: str) -> list[Instruction]:
         """The replacement cannot go on: not taken over yet, it is answered with why; on
@@ -932,7 +980,7 @@ class AppMasterState:
         change = self._replace
         if change is None:
             return []
-        self._replace = None
+        self._replace, self._hold = None, {}  # records held go to the old code: the tasks restoring them process them
         if not change.switched_at:
             return [AnswerReplace(change.request_id, f"version {change.version} not taken over: {why}")]
         if change.previous > 1:

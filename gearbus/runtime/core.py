@@ -130,9 +130,12 @@ class TaskCore:
     """One task's inputs, watermark, alignment and snapshots. Methods return actions."""
 
     def __init__(self, task: Task, senders: Iterable[TaskKey], credit_frames: int, epoch: int = 0,
-                 max_depth: int = MAX_DEPTH, debloat_target_ms: float = 0):
+                 max_depth: int = MAX_DEPTH, debloat_target_ms: float = 0, hold_from: int | None = None):
         """``max_depth``: how many snapshots may build on a whole one (0: every one whole);
-        ``debloat_target_ms``: see :meth:`measured` (0: the window stays ``credit_frames``)."""
+        ``debloat_target_ms``: see :meth:`measured` (0: the window stays ``credit_frames``);
+        ``hold_from``: an event time from which input records wait for a replacement's new
+        code (``gearbus replace --at``): held, in every snapshot, and the task sees the
+        watermark only up to the one before; processed by this code should the input end."""
         self.task = task
         self.epoch = epoch
         self.credit_frames = credit_frames
@@ -142,6 +145,9 @@ class TaskCore:
         self.inputs: dict[TaskKey, _Input] = {s: _Input(credit_frames) for s in senders}
         self.open_inputs = len(self.inputs)
         self.watermark = WATERMARK_MIN  # the input's; the output's may lag (see output_watermark)
+        self.hold_from = hold_from
+        self.held: list[Record] = []
+        self._seen = WATERMARK_MIN  # the watermark the task saw (below hold_from while holding)
         self.input_ended = False  # every input ended: the end follows once nothing is pending
         self.ended = False
         self.aligning = NO_BARRIER  # the checkpoint whose barriers are arriving
@@ -236,7 +242,7 @@ class TaskCore:
     @property
     def output_watermark(self) -> int:
         """The watermark that holds after the task's output so far."""
-        return self.task.output_watermark(self.watermark)
+        return self.task.output_watermark(self._seen)
 
     def repeat_grants(self) -> list:
         """The current count to every open input, for a driver whose inbox is idle: a grant
@@ -270,8 +276,12 @@ class TaskCore:
             self.task.restore(snapshot.state)
         self.lineage.restored(snapshot.link)
         self.ended = self.input_ended = snapshot.ended
-        self.watermark = snapshot.watermark
+        self.watermark = self._seen = snapshot.watermark
         self.last_checkpoint = snapshot.checkpoint_id
+        if snapshot.held is not None:  # held for this code, or for code that did not come: processed first
+            hold_from, held = snapshot.held
+            self._seen = min(snapshot.watermark, hold_from - 1)
+            self._release(list(held))
 
     # --- rules -----------------------------------------------------------------------
 
@@ -292,6 +302,9 @@ class TaskCore:
             actions.append(self._grant(sender, state))
         self.frames_in += 1
         records = frame.records
+        if records and self.hold_from is not None:
+            self.held += [r for r in records if r[1] >= self.hold_from]
+            records = [r for r in records if r[1] < self.hold_from]
         if records:
             self.records_in += len(records)
             self.task.current_time = records[-1][1]
@@ -313,12 +326,31 @@ class TaskCore:
         if watermark <= self.watermark:
             return
         self.watermark = watermark
-        self.task.on_watermark(watermark)
+        seen = watermark if self.hold_from is None else min(watermark, self.hold_from - 1)
+        if seen > self._seen:
+            self._seen = seen
+            self.task.on_watermark(seen)
         if watermark < WATERMARK_MAX:  # the final watermark goes out with end-of-stream
             actions.append(self.flush())
 
+    def _release(self, held: list[Record]) -> None:
+        """Process records held for new code that will not come (the input ended), or for
+        this new code (restored), then the watermark the task did not see meanwhile."""
+        self.hold_from = None
+        if held:
+            self.records_in += len(held)
+            self.task.current_time = held[-1][1]
+            self.task.on_batch(held)
+        if self.watermark > self._seen:
+            self._seen = self.watermark
+            self.task.on_watermark(self.watermark)
+
     def _end(self, actions: list) -> None:
         """Every input ended; the end waits for results still to come (:meth:`poll`)."""
+        if self.hold_from is not None:
+            held, self.held = self.held, []
+            self.watermark = WATERMARK_MAX
+            self._release(held)
         self.watermark = WATERMARK_MAX
         self.input_ended = True
         if self.task.pending():
@@ -374,8 +406,10 @@ class TaskCore:
         taken = since(base.checkpoint_id if base is not None else None) if since is not None else self.task.snapshot()
         if base is not None and (since is None or not self.task.builds_on_base(taken)):
             link, base = self.lineage.taken_whole(checkpoint_id), None
+        held = (self.hold_from, tuple(self.held)) if self.hold_from is not None else None
         state = TaskSnapshot(checkpoint_id, taken, self.ended, self.watermark, self.epoch,
-                             (base.checkpoint_id, base.epoch) if base is not None else None, link.depth, link.root)
+                             (base.checkpoint_id, base.epoch) if base is not None else None, link.depth, link.root,
+                             held)
         return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark, self.records_in)
 
 

@@ -23,11 +23,12 @@ from typing import Any
 
 from gearbus.api.watermarks import WATERMARK_MIN
 
+#: 5: the envelope carries the records a task held for another version's code (``held``);
 #: 4: a keyed step's changes may be columns with a key group per entry
 #: (gearbus.runtime.keygroups.Columns), and a group's entries are pickled as columns;
 #: 3: entries by key group pickled a group at a time (gearbus.runtime.keygroups.Groups);
 #: 2: the same tuple, groups as dicts (all still read, as is 1).
-FORMAT = 4
+FORMAT = 5
 #: The longest chain of snapshots building on each other; a restore reads at most this
 #: many plus one per task (and, by the compaction's rule, about one and a half times the
 #: whole state's bytes: see gearbus.runtime.checkpoints).
@@ -48,7 +49,11 @@ class TaskSnapshot:
     ``epoch``: the attempt that took it (None: unknown, a seeded or older envelope, which
     nothing builds on); ``base``: (checkpoint id, epoch) of the snapshot this one's changes
     apply to, None for a whole one; ``depth``: snapshots between it and its ``root``, the
-    checkpoint id of the whole snapshot its chain starts from (0: itself)."""
+    checkpoint id of the whole snapshot its chain starts from (0: itself).
+
+    ``held``: (T, records) when the task held back its input records of event time T and
+    later for a replacement's new code (``gearbus replace --at T``): the task restoring it
+    processes them first (and its steps saw the watermark only up to T - 1)."""
 
     checkpoint_id: int
     state: Any
@@ -58,6 +63,7 @@ class TaskSnapshot:
     base: tuple[int, int] | None = None
     depth: int = 0
     root: int = 0
+    held: tuple[int, tuple] | None = None
 
     @classmethod
     def seeded(cls, checkpoint_id: int, state: Any) -> TaskSnapshot:
@@ -74,7 +80,7 @@ class TaskSnapshot:
     def encode(self) -> bytes:
         """Bytes to store; raises whatever pickle raises when the state cannot be serialised."""
         return pickle.dumps((FORMAT, self.checkpoint_id, self.state, self.ended, self.watermark, self.epoch,
-                             self.base, self.depth, self.root), pickle.HIGHEST_PROTOCOL)
+                             self.base, self.depth, self.root, self.held), pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def decode(cls, data: bytes) -> TaskSnapshot:
@@ -86,11 +92,13 @@ class TaskSnapshot:
         if type(loaded) is tuple and len(loaded) == 5 and loaded[0] == 1:
             _, checkpoint_id, state, ended, watermark = loaded
             return cls(checkpoint_id, state, ended, watermark)
-        if type(loaded) is not tuple or len(loaded) != 9 or loaded[0] not in (2, 3, FORMAT):
+        if type(loaded) is tuple and len(loaded) == 9 and loaded[0] in (2, 3, 4):
+            loaded = (*loaded, None)
+        if type(loaded) is not tuple or len(loaded) != 10 or loaded[0] not in (2, 3, 4, FORMAT):
             raise ValueError(f"not a task snapshot of format {FORMAT}")
-        _, checkpoint_id, state, ended, watermark, epoch, base, depth, root = loaded
+        _, checkpoint_id, state, ended, watermark, epoch, base, depth, root, held = loaded
         return cls(checkpoint_id, state, ended, watermark, epoch, tuple(base) if base is not None else None,
-                   depth, root)
+                   depth, root, held)
 
     def whole(self, state: Any) -> TaskSnapshot:
         """This envelope holding ``state``, the whole state its chain adds up to (its lineage

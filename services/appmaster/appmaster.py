@@ -685,7 +685,7 @@ class AppMaster(Service):
         answer = self._replaces[request_id] = asyncio.get_running_loop().create_future()
         try:
             instructions = self.state.replace_requested(request_id, replacement.processor, version.version,
-                                                        replacement.dropped_state, time.monotonic())
+                                                        replacement.dropped_state, time.monotonic(), msg.at_ms)
         except st.Refused as refused:
             del self._replaces[request_id]
             raise RequestError(refused.code, refused.message) from None
@@ -856,9 +856,10 @@ class AppMaster(Service):
             raise RequestError(refused.code, refused.message) from None
         if known:
             counters = self.counters.setdefault(msg.executor_id, {})
-            for c in msg.tasks:
-                if c.epoch == self.epoch:
-                    counters[(c.task.processor, c.task.index)] = c
+            current = {(c.task.processor, c.task.index): c for c in msg.tasks if c.epoch == self.epoch}
+            counters.update(current)
+            await self.carry_out(self.state.input_watermarks({task: c.watermark for task, c in current.items()},
+                                                             time.monotonic()))
 
     async def on_stopped(self, msg: ExecutorStopped) -> None:
         if self.state is None or msg.kind != ExecutorKind.EXECUTOR:

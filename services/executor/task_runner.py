@@ -71,8 +71,10 @@ class TaskRunner:
         epoch: int = 0,
         restore: TaskSnapshot | None = None,
         servers: list[str] | None = None,
+        hold_from: int | None = None,
     ):
-        """``restore``: the snapshot to resume from (None: a fresh start)."""
+        """``restore``: the snapshot to resume from (None: a fresh start); ``hold_from``:
+        see :class:`gearbus.runtime.core.TaskCore`."""
         graph = app.graph
         self.nc = nc
         self.app_id = app_id
@@ -94,7 +96,7 @@ class TaskRunner:
                    for i in range(edge.upstream.parallelism)]
         self.core = TaskCore(self.task, senders, config.credit_frames, epoch,
                              max_depth=MAX_DEPTH if config.incremental_checkpoints else 0,
-                             debloat_target_ms=config.debloat_target_ms)
+                             debloat_target_ms=config.debloat_target_ms, hold_from=hold_from)
         edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(self.processor)]
         self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, epoch, edges, config)
         self.inbox: asyncio.Queue = asyncio.Queue()
