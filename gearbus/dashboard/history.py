@@ -1,7 +1,7 @@
 """What the dashboard remembers of each app: its processors' figures, sampled from the
 app summaries every ``sample_s`` over the last ``window_s`` (the charts), and a timeline of
-what happened to it (its state changes, restarts, rescales and checkpoints) over the same
-window.
+what happened to it (its state changes, restarts, rescales, replacements of its code and
+checkpoints) over the same window.
 
 Kept in this process's memory and nowhere else, so it needs no service of its own: a
 dashboard started later, or restarted, charts from then on (every dashboard samples for
@@ -30,6 +30,7 @@ class _AppHistory:
     restarts: int = 0
     last_checkpoint: int = 0  # the newest checkpoint on the timeline (only the newest is ever in progress)
     parallelism: dict[int, int] = field(default_factory=dict)  # processor id -> its parallelism, as last seen
+    versions: dict[int, str] = field(default_factory=dict)  # code version -> its state, as last seen
 
 
 class History:
@@ -91,6 +92,13 @@ class History:
         if changed:
             history.events.append({"t_ms": now_ms, "kind": "rescale", "detail": ", ".join(changed)})
         history.parallelism = parallelism or history.parallelism
+        for version in app.versions[1:]:  # the first is the app as submitted
+            if history.versions.get(version.version) != version.state:
+                history.versions[version.version] = version.state
+                error = f": {version.error}" if version.error else ""
+                history.events.append({"t_ms": now_ms, "kind": "replace", "detail": (
+                    f"version {version.version} of processor {version.processor} (step {version.step}) "
+                    f"{version.state}{error}")})
         if app.state == AppState.ACTIVE and app.processors:
             history.names = {p.processor: p.name for p in app.processors}
             history.samples.append((now_ms, {p.processor: {name: getattr(p, name) for name in CHARTED}

@@ -284,9 +284,9 @@ class AppMaster(Service):
         self.config = {**submitted.config, **self.launch.config}
         self.start_ms = self.launch.start_ms or int(time.time() * 1000)
         self.versions = AppVersions(self.launch, submitted, self.start_ms)
-        if versions:
-            self.versions.restore(await self.store.get_versions())
-            for number in set(versions.values()):
+        if self.launch.attempt:
+            self.versions.restore(await self.store.get_versions(), set((versions or {}).values()))
+            for number in set((versions or {}).values()):
                 self.versions.loaded(number, await self._load(self.versions.history[number - 1]))
         self._running_versions = dict(versions or {})
         self.app = self.versions.plan(self._running_versions)
@@ -445,7 +445,7 @@ class AppMaster(Service):
                             restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
                             dict(deploy.parallelism), dict(deploy.restore_epochs),
                             self.versions.running(self._running_versions),
-                            {p: list(steps) for p, steps in deploy.drop_state}),
+                            {p: list(steps) for p, steps in deploy.drop_state}, dict(deploy.hold_from)),
                 expect=TaskRegistered, timeout=launch_timeout)
                 for executor_id, tasks in deploy.assignments))
             for executor_id, _ in deploy.assignments:
@@ -700,7 +700,7 @@ class AppMaster(Service):
 
     async def _answer_replace(self, answer: st.AnswerReplace) -> None:
         if self.versions.answered(answer.request_id, answer.error, answer.rolled_back) is not None:
-            self.spawn(self._store_versions(), "store-versions")
+            await self._store_versions()  # before the answer: what the client hears, a relaunch knows
         waiting = self._replaces.pop(answer.request_id, None)
         if waiting is not None and not waiting.done():
             waiting.set_result(answer.error)

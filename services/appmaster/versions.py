@@ -28,10 +28,12 @@ class AppVersions:
     def next_version(self) -> int:
         return len(self.history) + 1
 
-    def restore(self, stored: list[AppVersion]) -> None:
-        """A relaunched AppMaster's history, as its predecessor stored it."""
-        if stored:
-            self.history = list(stored)
+    def restore(self, stored: list[AppVersion], running: set[int]) -> None:
+        """A relaunched AppMaster's history, as its predecessor stored it; a replacement it
+        left pending runs if its epoch record says so (``running``), else it never will."""
+        self.history = [v if v.state != PENDING else dataclasses.replace(v, state=RUNNING) if v.version in running
+                        else dataclasses.replace(v, state=NOT_TAKEN_OVER, error="the AppMaster was relaunched first")
+                        for v in stored] or self.history
 
     def asked(self, request_id: int, version: AppVersion, app: Application) -> None:
         """A replacement the state machine took (pending until it answers)."""

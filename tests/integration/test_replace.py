@@ -6,20 +6,26 @@ old; a replacement that cannot be made is refused with the reason, the app untou
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
-import time
+import os
+import signal
 
 import pytest
 
 from gearbus.artifact import pack
+from gearbus.connectors.jetstream import ensure_stream_async
 from shared.bus import RequestError
 from shared.messages import AppState
 from shared import subjects
 from tests.support.cli import gearbus
 from tests.support.cluster import wait_until
-from tests.support.user_counts import APP, EVENTS, args, counts, expected_counts, publish, read_at_least, start_counting
+from tests.support.paths import APPS
+from tests.support.user_counts import (APP, EVENTS, USERS, args, counts, expected_counts, publish, read_at_least,
+                                       start_counting)
 
 pytestmark = pytest.mark.timeout(150)
+VERSIONED = os.path.join(APPS, "versioned_counts.py")
 
 
 async def replace_while_events_flow(client, url: str, app: int, *command: str) -> tuple[int, str, str]:
@@ -81,22 +87,63 @@ async def test_new_code_failing_on_its_first_records_is_rolled_back_and_the_app_
     assert "v2 rolled back" in out and "processor 0 (step by_user)" in out, out
 
 
-async def test_a_replacement_at_an_event_time_takes_over_once_the_watermark_passed_it(cluster, client, tmp_path):
-    url, output = cluster.url, tmp_path / "counts.jsonl"
-    app = await start_counting(client, url, output, EVENTS // 4)
-    await read_at_least(client, app, EVENTS // 8)
-    at_ms = int(time.time() * 1000) + 1000  # events are stamped when the stream stores them
-    replacing = asyncio.create_task(gearbus("replace", "--nats", url, "--json", "--at", str(at_ms), str(app),
-                                            "format", APP, *args(output, version=2)))
-    await publish(url, EVENTS // 4, EVENTS // 2)  # before the time: held by nothing
-    await asyncio.sleep(max(0.0, at_ms / 1000 - time.time()))  # the event time to wait for is the clock's
-    await publish(url, EVENTS // 2, EVENTS // 2 + 50)  # after it: the watermark passes it, the new code takes over
-    await wait_epoch(client, app, 2)  # epoch 1 held records from the time on; from 2 the new code runs
-    await publish(url, EVENTS // 2 + 50, EVENTS)  # (the counts reach the new code at the end: its trial ends there)
+async def test_with_an_event_time_events_before_it_are_counted_by_the_old_code_and_the_rest_by_the_new(
+        cluster, client, tmp_path):
+    """An event's number is its event time: the old code holds back events from the time
+    asked on until the watermark passes it; the new code counts them, and the rest."""
+    url, output, at = cluster.url, tmp_path / "rows.jsonl", 2 * EVENTS // 3
+    app = await start_versioned(client, url, output, "--event-time")
+    replacing = asyncio.create_task(gearbus("replace", "--nats", url, "--json", "--at", str(at), str(app), "count",
+                                            VERSIONED, *args(output, version=2), "--event-time"))
+    await wait_epoch(client, app, 1)  # the old code holds events from `at` on
+    await publish(url, EVENTS // 3, at + 50)  # the watermark passes `at`: the new code takes over
+    await wait_epoch(client, app, 2)
+    await publish(url, at + 50, EVENTS)
     code, out, err = await replacing
     assert code == 0, err
     assert json.loads(out)["version"] == 2
     final = await client.wait(app, timeout=90)
     assert final.state == AppState.SUCCEEDED, final.error
-    assert counts(output) == expected_counts(format=2)
+    rows = counted_once(output)
+    assert [r["n"] for r in rows if r["version"] != (2 if r["n"] >= at else 1)] == []
+
+
+async def test_a_relaunched_appmaster_runs_the_replaced_code_and_every_event_is_counted_once(cluster, client,
+                                                                                            tmp_path):
+    """A running count, a row per event: the replacement passes its trial while events
+    flow, then the AppMaster is killed; the relaunched one runs the new code from the
+    versions it reads back, and every event is counted once."""
+    url, output = cluster.url, tmp_path / "rows.jsonl"
+    app = await start_versioned(client, url, output)
+    replacing = asyncio.create_task(client.replace(app, "count", pack(VERSIONED), args(output, version=2)))
+    await wait_epoch(client, app, 1)
+    await publish(url, EVENTS // 3, 2 * EVENTS // 3)
+    assert (await replacing).version == 2
+    os.kill(next(pid for pid, _, kind in cluster.processes() if kind == "appmaster"), signal.SIGKILL)
+    await publish(url, 2 * EVENTS // 3, EVENTS)
+    final = await client.wait(app, timeout=90)
+    assert final.state == AppState.SUCCEEDED, final.error
+    rows = counted_once(output)
+    assert {r["version"] for r in rows if r["n"] >= 2 * EVENTS // 3} == {2}  # the relaunched AppMaster's code
+    assert {r["version"] for r in rows if r["n"] < EVENTS // 6} == {1}
     assert [v.state for v in final.versions] == ["running", "running"]
+
+
+async def start_versioned(client, url: str, output, *more: str) -> int:
+    """tests/apps/versioned_counts.py (version 1) counting the first third of the events,
+    a sixth of them read: its id."""
+    await ensure_stream_async(client.bus.nc, "EV", ["ev.*"], 120, "file")
+    await publish(url, 0, EVENTS // 3)
+    app = await client.submit(pack(VERSIONED), args(output, version=1) + list(more))
+    await read_at_least(client, app, EVENTS // 6)
+    return app
+
+
+def counted_once(output) -> list[dict]:
+    """The rows versioned_counts wrote: each event's, once, each user's counts 1, 2, ..."""
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted(r["n"] for r in rows) == list(range(EVENTS))
+    per_user = collections.Counter(f"u{n % USERS}" for n in range(EVENTS))
+    assert sorted((r["user"], r["count"]) for r in rows) == \
+        sorted((u, c) for u, total in per_user.items() for c in range(1, total + 1))
+    return rows

@@ -5,18 +5,19 @@ from __future__ import annotations
 import pytest
 
 from gearbus.dashboard.history import History
-from shared.messages import AppError, AppState, AppSummary, CheckpointRecord, CheckpointStats, ProcessorMetrics
+from shared.messages import (AppError, AppState, AppSummary, AppVersion, CheckpointRecord, CheckpointStats,
+                             ProcessorMetrics)
 
 
 def summary(state=AppState.ACTIVE, restarts=0, rate=10.0, checkpoints=(), epoch=0, error=None,
-            counters=2) -> AppSummary:
+            counters=2, versions=()) -> AppSummary:
     processors = [ProcessorMetrics(processor=p, name=name, parallelism=2 if p == 0 else counters,
                                    records_in_per_s=rate * (p + 1),
                                    backpressure=0.25, watermark_lag_ms=40, state_bytes=1000 * p)
                   for p, name in enumerate(("source", "count"))]
     stats = CheckpointStats(interval_ms=1000, epoch=epoch, history=list(checkpoints))
     return AppSummary(app_id=7, name="app", state=state, submitted_ms=0, restarts=restarts, processors=processors,
-                      checkpoints=stats, error=error)
+                      checkpoints=stats, error=error, versions=list(versions))
 
 
 def test_each_sample_charts_every_processors_figures_and_what_is_older_than_the_window_goes():
@@ -68,3 +69,19 @@ def test_a_change_of_parallelism_is_a_rescale_on_the_timeline():
     h.observe([summary(counters=4, epoch=1)], now_ms=2000)
     h.observe([summary(counters=4, epoch=1)], now_ms=3000)
     assert h.timeline(7) == [{"t_ms": 2000, "kind": "rescale", "detail": "count 2 → 4"}]
+
+
+def test_each_change_of_a_replacement_is_on_the_timeline_once():
+    first = AppVersion(1, "app.py", "app", "module")
+    second = AppVersion(2, "app2.py", "app", "module", processor=1, step="count", state="pending")
+    h = History(sample_s=1, window_s=600)
+    h.observe([summary(versions=[first])], now_ms=1000)
+    h.observe([summary(versions=[first, second])], now_ms=2000)
+    h.observe([summary(versions=[first, second])], now_ms=3000)
+    rolled_back = AppVersion(2, "app2.py", "app", "module", processor=1, step="count", state="rolled back",
+                             error="KeyError: 'user'")
+    h.observe([summary(versions=[first, rolled_back])], now_ms=4000)
+    assert h.timeline(7) == [
+        {"t_ms": 2000, "kind": "replace", "detail": "version 2 of processor 1 (step count) pending"},
+        {"t_ms": 4000, "kind": "replace", "detail": "version 2 of processor 1 (step count) rolled back: "
+                                                    "KeyError: 'user'"}]
