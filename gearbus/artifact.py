@@ -213,12 +213,25 @@ def _check_zip(data: bytes, entry: str) -> None:
         raise ArtifactError(f"artifact zip has no package {entry!r} ({entry}/__init__.py)")
 
 
-def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: str | None = None) -> Application:
+def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: str | None = None,
+                  module_name: str = "") -> Application:
     """Materialise an artifact fetched from the object store in ``workdir`` (its owner
-    removes it) and build its Application."""
-    path = unpack_artifact(data, kind, entry, workdir or tempfile.mkdtemp(prefix="gearbus-artifact-"))
+    removes it) and build its Application. ``module_name``: import a module artifact under
+    this name instead of its own (a later version of a running app's code, beside the
+    first: pickles of each version's objects name their own module); a package keeps its
+    name, so one already imported is refused."""
+    workdir = workdir or tempfile.mkdtemp(prefix="gearbus-artifact-")
+    if module_name and kind == "module":
+        workdir = os.path.join(workdir, module_name)
+        os.makedirs(workdir, exist_ok=True)
+    path = unpack_artifact(data, kind, entry, workdir)
     if kind == "zip":
+        if module_name and entry in sys.modules:
+            raise ArtifactError(f"package {entry!r} is loaded already (the version running): a new version of a "
+                                "package app needs a package name of its own")
         module = _import(entry, zipimport.zipimporter(path).find_spec(entry), f"package {entry}")
+    elif module_name:
+        module = _import(module_name, importlib.util.spec_from_file_location(module_name, path), path)
     else:
         module = import_file(path)
     return build_application(module, args, f"application {entry}")

@@ -58,10 +58,30 @@ def parse_launched_args(role: str, argv: list[str] | None = None) -> argparse.Na
     return parser.parse_args(argv)
 
 
+#: (artifact, args) -> the Application a later version of the app's code builds: each is
+#: imported once per process, under a module name of its own (see ``version_module``)
+_versions_loaded: dict[tuple[str, tuple[str, ...]], Application] = {}
+
+
+def version_module(artifact: str) -> str:
+    """The module name a later version's code is imported under: from its content-addressed
+    object name (``entry-<digest>.py``), so versions never share one."""
+    return artifact.rpartition(".")[0].replace("-", "__")
+
+
 async def fetch_application(bus, launch: LaunchExecutor | AppVersion) -> Application:
-    """Download the artifact of a launch (or of a version of the app's code) from the
-    object store, waiting out a JetStream outage, check it is the one recorded, and build
-    the user's Application."""
+    """Download the artifact of a launch (or of a later version of the app's code, once per
+    process) from the object store, waiting out a JetStream outage, check it is the one
+    recorded, and build the user's Application."""
+    if isinstance(launch, AppVersion):
+        key = (launch.artifact, tuple(launch.args))
+        if key not in _versions_loaded:
+            _versions_loaded[key] = await _fetch(bus, launch, version_module(launch.artifact))
+        return _versions_loaded[key]
+    return await _fetch(bus, launch)
+
+
+async def _fetch(bus, launch: LaunchExecutor | AppVersion, module_name: str = "") -> Application:
     async def download() -> bytes:
         return await object_bytes(bus.js, subjects.ARTIFACT_BUCKET, launch.artifact)
 
@@ -69,4 +89,5 @@ async def fetch_application(bus, launch: LaunchExecutor | AppVersion) -> Applica
     if launch.artifact_digest and digests.sha256_hex(data) != launch.artifact_digest:
         raise ArtifactError(f"artifact {launch.artifact} is not the one submitted (SHA-256 {digests.sha256_hex(data)}, "
                             f"recorded {launch.artifact_digest}): refusing to run it")
-    return load_artifact(data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV))
+    return load_artifact(data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV),
+                         module_name)

@@ -284,7 +284,8 @@ class InProcessEngine:
         request_id = next(self._change_requests)
         try:
             self._carry_out(self.state.replace_requested(request_id, replacement.processor, version,
-                                                         replacement.dropped_state, self.clock, at_ms))
+                                                         replacement.dropped_state, self.clock, at_ms,
+                                                         replacement.same_state))
         except st.Refused as refused:
             self.replaces.append(st.AnswerReplace(request_id, refused.message))
 

@@ -170,7 +170,7 @@ class StoreEpoch:
     restarts: int
     parallelism: tuple[tuple[int, int], ...] = ()  # as Deploy's
     restore_epochs: tuple[tuple[int, int], ...] = ()
-    divided_checkpoint: int = 0  # the checkpoint ``restore_epochs`` divide (a later one is whole)
+    divided_checkpoint: int = 0  # the checkpoint ``restore_epochs`` and ``drop_state`` apply to (not a later one)
     versions: tuple[tuple[int, int], ...] = ()  # as Deploy's
     drop_state: tuple[tuple[int, tuple[str, ...]], ...] = ()  # as Deploy's, for the checkpoint restored
 
@@ -243,6 +243,7 @@ class _Replace:
     version: int  # the code it takes over with
     previous: int  # the version it replaces (rolled back to should the new code fail before its first checkpoint)
     dropped: tuple[str, ...]  # steps whose state the new code does not take over
+    same_state: bool  # the new code's stateful steps are the old's (names and kinds): either restores the other's
     first_checkpoint: int  # the new code takes over from the first checkpoint completed from this id on
     at_ms: int = 0  # records before this event time go to the old code (0: the new code takes over at once)
     holding: bool = False  # with at_ms: the processor's tasks hold records from at_ms on until its watermark passes
@@ -501,7 +502,8 @@ class AppMasterState:
         """An executor failed while tasks were being launched: roll back again."""
         if epoch != self.epoch or self.phase is not Phase.DEPLOYING:
             return []
-        return self._rollback(f"deploying epoch {epoch} failed: {reason}", "", "recovery", now)
+        on_trial = self._replace is not None and self._replace.switched_at > 0  # its code may not load
+        return self._rollback(f"deploying epoch {epoch} failed: {reason}", "", "recovery", now, on_trial)
 
     def _deployed_epoch(self, epoch: int) -> bool:
         """Whether a task's report of ``epoch`` is of the tasks this AppMaster deployed now."""
@@ -521,15 +523,16 @@ class AppMasterState:
                     now: float) -> list[Instruction]:
         if not self._deployed_epoch(epoch):
             return []
-        on_trial = self._replace is not None and self._replace.switched_at > 0
-        if not recoverable and not on_trial:
+        # new code on trial failing: rolled back to the old, and not the worker's fault
+        new_code = self._replace is not None and self._replace.switched_at > 0 and task[0] == self._replace.processor
+        if not recoverable and not new_code:
             return self._end(AppState.FAILED, error)
         if self.phase is Phase.ROLLING_BACK:  # the rollback under way covers it (one lost server fails many tasks)
             return []
         executor = self.executors.get(executor_id)
-        worker = executor.worker_id if executor and not on_trial else ""  # new code failing: not the worker's fault
+        worker = executor.worker_id if executor and not new_code else ""
         return self._rollback(f"task {task[0]}.{task[1]} failed: {error.message}", worker,
-                              f"task {task[0]}.{task[1]}", now)
+                              f"task {task[0]}.{task[1]}", now, new_code)
 
     @stimulus
     def task_ended(self, task: TaskKey, epoch: int, now: float) -> list[Instruction]:
@@ -625,13 +628,15 @@ class AppMasterState:
 
     @stimulus
     def replace_requested(self, request_id: int, processor: int, version: int, dropped: tuple[str, ...],
-                          now: float, at_ms: int = 0) -> list[Instruction]:
+                          now: float, at_ms: int = 0, same_state: bool = True) -> list[Instruction]:
         """Run ``processor`` with the code of ``version`` (checked by the shell against the
         plan: gearbus/runtime/replace.py): a checkpoint now, then every task goes on from it
         in a new epoch, the processor's with the new code and the state of its steps but
         ``dropped``. Until a checkpoint covering records it processed completes the new
-        code is on trial: a failure rolls the processor back to the previous version
-        (``AnswerReplace`` says which). With ``at_ms``, the new epoch first runs the old
+        code is on trial: a failure of its tasks rolls the processor back to the previous
+        version (``AnswerReplace`` says which). Only code whose stateful steps are the old
+        one's (``same_state``) may be rolled back from a checkpoint it wrote: other code's
+        trial ends at the first checkpoint after it took over. With ``at_ms``, the new epoch first runs the old
         code holding back records of event time ``at_ms`` and later; once the processor's
         watermark passes it, a checkpoint, and the new code takes over from it, held
         records first. Raises Refused, the app untouched, when it cannot be done now."""
@@ -654,7 +659,7 @@ class AppMasterState:
                                                      f"{self._named(processor)} ({passed}): records after it were "
                                                      "processed already; ask a later time")
         self._replace = _Replace(request_id, processor, version, self.versions.get(processor, 1), tuple(dropped),
-                                 self.coordinator.next_id, at_ms)
+                                 same_state, self.coordinator.next_id, at_ms)
         return [Logged("replace_requested", "info", (("processor", self._named(processor)), ("version", version)))] + \
             self._checkpointing(self.coordinator.request(now))
 
@@ -664,10 +669,10 @@ class AppMasterState:
                                               f"{self._parallelisms(self._rescale.parallelism)}): one at a time")
         if self._replace is not None:
             change = self._replace
+            waiting = ", on trial until a checkpoint covers records it processed" if change.switched_at else \
+                f", waiting for its watermark to pass {change.at_ms}" if change.holding else ""
             raise Refused(ErrorCode.CONFLICT, f"another change is in flight (version {change.version} of "
-                                              f"{self._named(change.processor)}"
-                                              f"{', on trial until a checkpoint covers records it processed' if change.switched_at else ''}): "
-                                              "one at a time")
+                                              f"{self._named(change.processor)}{waiting}): one at a time")
 
     @stimulus
     def savepoint_written(self, request_id: int, ok: bool = True) -> list[Instruction]:
@@ -765,7 +770,8 @@ class AppMasterState:
         dividing = self._rescale is not None and self._rescale.division is not None and not self._rescale.applied
         assert self.coordinator.held == dividing, (self.coordinator.held, self._rescale)
         assert self._rescale is None or self._replace is None, (self._rescale, self._replace)
-        assert self._replace is None or self._replace.switched_at or self.phase is Phase.RUNNING, self._replace
+        assert self._replace is None or self._replace.switched_at or self._replace.holding \
+            or self.phase is Phase.RUNNING, self._replace
         assert set(self._drop_state) <= set(self.versions), (self._drop_state, self.versions)
         assert all(v > 1 for v in self.versions.values()), self.versions
         holding = self._replace is not None and self._replace.holding and not self._replace.switched_at
@@ -829,15 +835,21 @@ class AppMasterState:
                 "RestartBudgetExhausted", f"{reason}; gave up after {self.settings.max_restarts} restarts", where))
         return actions
 
-    def _rollback(self, reason: str, worker_id: str, where: str, now: float) -> list[Instruction]:
+    def _rollback(self, reason: str, worker_id: str, where: str, now: float,
+                  new_code_failed: bool = False) -> list[Instruction]:
         """Global recovery: a new epoch; lost executors' tasks get new executors; every task
-        restarts from the last completed checkpoint."""
+        restarts from the last completed checkpoint. A replacement not taken over yet is
+        dropped; one on trial is rolled back if its code failed (``new_code_failed``), else
+        it stays on trial."""
         actions = self._count_failure(worker_id, reason, where)
         if self.phase is Phase.ENDING:
             return actions
         if self.phase is not Phase.ROLLING_BACK:
             actions += self._rescale_dropped(f"the app rolled back ({reason})")
-            actions += self._replace_dropped(f"the app rolled back ({reason})")
+            if new_code_failed or self._replace is not None and not self._replace.switched_at:
+                actions += self._replace_dropped(f"the app rolled back ({reason})")
+            elif self._replace is not None:
+                self._replace.proven_at = 0  # what it processed is undone: its trial starts again
             self.epoch += 1
             actions += self._checkpointing(self.coordinator.restart(self.epoch, now))
             self._restore, self.watermarks = self.coordinator.latest(), {}
@@ -872,7 +884,7 @@ class AppMasterState:
         return [self._deployment()]
 
     def _epoch_record(self) -> StoreEpoch:
-        divided = self._restore.checkpoint_id if self._restore_epochs and self._restore is not None else 0
+        divided = self._restore.checkpoint_id if (self._restore_epochs or self._drop_state) and self._restore else 0
         return StoreEpoch(self.epoch, self.restarts, *self._plan_changes(), divided, *self._code())
 
     def _plan_changes(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
@@ -1035,8 +1047,9 @@ class AppMasterState:
                 out += self._savepoints_ended(action.checkpoint_id, self.coordinator.latest(), "")
                 self._restore_epochs, self._drop_state = {}, {}  # taken by the tasks running now
                 trial = self._replace
-                if trial is not None and trial.switched_at and (action.final or trial.proven_at and
-                                                                action.checkpoint_id >= trial.proven_at):
+                if trial is not None and trial.switched_at and (
+                        action.final or trial.proven_at and action.checkpoint_id >= trial.proven_at
+                        or not trial.same_state and action.checkpoint_id > trial.switched_at):
                     self._replace = None  # the new code passed its trial
                     out += [Logged("replaced", "info", (("processor", self._named(trial.processor)),
                                                         ("version", trial.version))),
@@ -1045,9 +1058,14 @@ class AppMasterState:
                 out += self._savepoints_ended(action.checkpoint_id, None, action.reason)
                 if self._rescale is not None and action.checkpoint_id >= self._rescale.first_checkpoint:
                     out += self._rescale_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
-                if self._replace is not None and not self._replace.switched_at \
-                        and action.checkpoint_id >= self._replace.first_checkpoint:
-                    out += self._replace_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
+                change = self._replace
+                if change is not None and not change.switched_at and change.first_checkpoint \
+                        and action.checkpoint_id >= change.first_checkpoint:
+                    if change.holding:  # the records stay held: the next report of the watermark asks again
+                        change.first_checkpoint = 0
+                    else:
+                        out += self._replace_dropped(f"its checkpoint {action.checkpoint_id} failed: "
+                                                     f"{action.reason}")
         return out
 
     def _savepoints_ended(self, checkpoint_id: int, meta: cp.CheckpointMeta | None,
@@ -1080,5 +1098,5 @@ class AppMasterState:
             self._rescale = None
         if self._replace is not None:
             failed.append(AnswerReplace(self._replace.request_id, f"the app ended ({state})"))
-            self._replace = None
+            self._replace, self._hold = None, {}
         return failed + [self.outcome, ReportState(state, error)]

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gearbus.api.graph import Application, Graph, Processor
-from gearbus.runtime.chain import ChainSourceTask, ChainTask
+from gearbus.api.partitioners import Partitioner
+from gearbus.runtime.chain import ChainedEdge, ChainSourceTask, ChainTask
 from gearbus.runtime.savepoints import join_task_state, split_task_state, stateful_steps
 from gearbus.runtime.snapshots import TaskSnapshot
 
@@ -26,10 +27,13 @@ class ReplaceError(ValueError):
 @dataclass(frozen=True)
 class Replacement:
     """What replacing the processor holding ``step`` means: its id (kept), its name in the
-    new version, and the steps whose state the new code does not take over."""
+    new version, the steps whose state the new code does not take over, and whether both
+    versions keep the same state (stateful steps of the same names and kinds: either
+    restores what the other stored)."""
     processor: int
     name: str
     dropped_state: tuple[str, ...]
+    same_state: bool
 
 
 def holding(plan: Application, step: str) -> Processor | None:
@@ -81,7 +85,7 @@ def check_replacement(running: Application, new: Application, step: str, drop_st
         why = [f"{s!r} ({before[s]}" + (f", now {after[s]})" if s in after else ", gone)") for s in dropped]
         raise ReplaceError(f"the new code would drop the state of step(s) {', '.join(why)}: keep their names and "
                            "kinds, or pass --drop-state to start them empty")
-    return Replacement(old.id, replacement.name, dropped)
+    return Replacement(old.id, replacement.name, dropped, before == after)
 
 
 def _shape_differences(running: Application, new: Application, replaced: int) -> list[str]:
@@ -94,15 +98,25 @@ def _shape_differences(running: Application, new: Application, replaced: int) ->
                    if o.id != replaced and (o.name, o.task_class.__qualname__) != (n.name, n.task_class.__qualname__)]
     old_edges, new_edges = _edges(running), _edges(new)
     if set(old_edges) != set(new_edges):
-        differences.append(f"edges {sorted(new_edges)} instead of {sorted(old_edges)}")
-    else:
-        differences += [f"edge {a}->{b} is partitioned {new_edges[(a, b)]}, was {old_edges[(a, b)]}"
-                        for (a, b), kind in old_edges.items() if b != replaced and new_edges[(a, b)] != kind]
+        return differences + [f"edges {sorted(new_edges)} instead of {sorted(old_edges)}"]
+    for (a, b), (described, routing) in old_edges.items():
+        new_described, new_routing = new_edges[(a, b)]
+        if b == replaced and new_routing != routing:  # the steps run at its senders are the new code's
+            differences.append(f"edge {a}->{b} routes by {', '.join(new_routing)}, was {', '.join(routing)}")
+        elif b != replaced and new_described != described:
+            differences.append(f"edge {a}->{b} is partitioned {new_described}, was {described}")
     return differences
 
 
-def _edges(app: Application) -> dict[tuple[int, int], str]:
-    return {(e.upstream.id, e.downstream.id): e.partitioner.describe() for e in app.graph.edges}
+def _edges(app: Application) -> dict[tuple[int, int], tuple[str, tuple[str, ...]]]:
+    """Each edge's partitioner as described, and the kinds of partitioner it routes by."""
+    return {(e.upstream.id, e.downstream.id): (e.partitioner.describe(), _routing(e.partitioner))
+            for e in app.graph.edges}
+
+
+def _routing(partitioner: Partitioner) -> tuple[str, ...]:
+    branches = partitioner.branches if isinstance(partitioner, ChainedEdge) else [((), partitioner)]
+    return tuple(type(p).__name__ for _, p in branches)
 
 
 def compose(base: Application, versions: Mapping[int, Application]) -> Application:

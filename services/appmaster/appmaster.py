@@ -238,6 +238,8 @@ class AppMaster(Service):
                 # as the last rescale and replacement left them
                 tasks = await self._prepare(dict(stored.parallelism), dict(stored.versions))
                 divided = {}  # the state a rescale divided of the latest checkpoint (none once a later one completed)
+                # the state a replacement's new code drops of it (the same)
+                dropped = dict(stored.drop_state) if latest and latest.checkpoint_id == stored.divided_checkpoint else {}
                 if stored.divided_checkpoint:
                     divided = dict(stored.restore_epochs)
                     for processor, epoch in divided.items():  # deleted with that checkpoint
@@ -245,7 +247,7 @@ class AppMaster(Service):
                             (processor, i) for i in range(self.plan.graph.processors[processor].parallelism))
                     if latest is None or latest.checkpoint_id != stored.divided_checkpoint:
                         divided = {}
-                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, divided, dict(stored.drop_state))
+                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, divided, dropped)
                 actions = self.state.start(time.monotonic(), latest, adopt=True)
             else:
                 tasks = await self._prepare()
@@ -286,6 +288,10 @@ class AppMaster(Service):
         self.versions = AppVersions(self.launch, submitted, self.start_ms)
         if self.launch.attempt:
             self.versions.restore(await self.store.get_versions(), set((versions or {}).values()))
+            lost = sorted(n for n in set((versions or {}).values()) if n > len(self.versions.history))
+            if lost:
+                raise AppFailure(AppError("VersionsLost", f"processors run code version(s) {lost}, which the stored "
+                                                          "code history lacks", "relaunching the AppMaster"))
             for number in set((versions or {}).values()):
                 self.versions.loaded(number, await self._load(self.versions.history[number - 1]))
         self._running_versions = dict(versions or {})
@@ -669,23 +675,24 @@ class AppMaster(Service):
         decides when, and rolls it back if it fails before: gearbus/runtime/appmaster_state.py)."""
         if self.state is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still starting", retryable=True)
-        version = AppVersion(self.versions.next_version, msg.artifact, msg.entry, msg.artifact_kind, list(msg.args),
+        version = AppVersion(0, msg.artifact, msg.entry, msg.artifact_kind, list(msg.args),
                              step=msg.step, created_ms=int(time.time() * 1000), artifact_digest=msg.artifact_digest)
         try:
             new = await fetch_application(self.bus, version)
             replacement = check_replacement(self.plan, new, msg.step, msg.drop_state)
         except (ArtifactError, GraphError, ReplaceError) as exc:
-            raise RequestError(ErrorCode.BAD_REQUEST, f"version {version.version}: {exc}") from None
+            raise RequestError(ErrorCode.BAD_REQUEST, f"the new version: {exc}") from None
         except Exception as exc:  # the new version's application() raised
-            raise RequestError(ErrorCode.BAD_REQUEST, f"version {version.version} does not load: "
+            raise RequestError(ErrorCode.BAD_REQUEST, f"the new version does not load: "
                                                       f"{type(exc).__name__}: {exc}") from None
-        version = dataclasses.replace(version, processor=replacement.processor,
-                                      dropped_state=list(replacement.dropped_state))
+        version = dataclasses.replace(version, version=self.versions.next_version, processor=replacement.processor,
+                                      dropped_state=list(replacement.dropped_state))  # numbered once nothing awaits
         request_id = next(self._change_requests)
         answer = self._replaces[request_id] = asyncio.get_running_loop().create_future()
         try:
             instructions = self.state.replace_requested(request_id, replacement.processor, version.version,
-                                                        replacement.dropped_state, time.monotonic(), msg.at_ms)
+                                                        replacement.dropped_state, time.monotonic(), msg.at_ms,
+                                                        replacement.same_state)
         except st.Refused as refused:
             del self._replaces[request_id]
             raise RequestError(refused.code, refused.message) from None

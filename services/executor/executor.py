@@ -79,7 +79,6 @@ class Executor(Service):
         self.worker_pid = worker_pid
         self.app: Application | None = None  # as planned, with the code versions its processors run
         self.submitted: Application | None = None  # version 1 of the app's code, as submitted
-        self.version_apps: dict[int, Application] = {}  # later versions' (gearbus replace), each loaded once
         self.plan: Application | None = None  # at the parallelism of the epoch it runs (a rescale changes it)
         self.config: DataPlaneConfig | None = None
         self.tasks = ExecutorTasks()  # the tasks' lives: this shell carries out what it decides
@@ -177,14 +176,14 @@ class Executor(Service):
         """The app with these processors running later versions' code (each version
         loaded once); one that does not load refuses the launch (new code on trial is then
         rolled back)."""
-        for version in versions.values():
-            if version.version not in self.version_apps:
-                try:
-                    self.version_apps[version.version] = await fetch_application(self.bus, version)
-                except Exception as exc:
-                    raise RequestError(ErrorCode.BAD_REQUEST, f"executor {self.executor_id} cannot load version "
-                                                              f"{version.version}: {type(exc).__name__}: {exc}") from None
-        self.app = compose(self.submitted, {p: self.version_apps[v.version] for p, v in versions.items()})
+        loaded = {}
+        for processor, version in versions.items():
+            try:
+                loaded[processor] = await fetch_application(self.bus, version)
+            except Exception as exc:
+                raise RequestError(ErrorCode.BAD_REQUEST, f"executor {self.executor_id} cannot load version "
+                                                          f"{version.version}: {type(exc).__name__}: {exc}") from None
+        self.app = compose(self.submitted, loaded)
 
     async def on_start_all_tasks(self, msg: StartAllTasks) -> None:
         await self._carry_out(self.tasks.start_all())

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.appmaster_state import (
+    AnswerReplace,
     AnswerRescale,
     AnswerSavepoint,
     AppMasterState,
@@ -324,8 +325,10 @@ events = st.one_of(
     st.tuples(st.just("failed"), st.sampled_from(TASKS), st.integers(0, 3), st.booleans()),
     st.tuples(st.just("tick"), st.floats(0, 3)),
     st.tuples(st.just("rescale"), st.integers(0, 2), st.integers(0, 5)),
-    st.tuples(st.just("checkpointed"), st.booleans()),
+    st.tuples(st.just("checkpointed"), st.booleans(), st.booleans()),
     st.tuples(st.just("divided"), st.booleans()),
+    st.tuples(st.just("replace"), st.integers(0, 2), st.sampled_from([0, 50]), st.booleans()),
+    st.tuples(st.just("watermarks"), st.integers(0, 100)),
 )
 
 
@@ -368,12 +371,17 @@ def test_any_ordering_keeps_the_invariants(adopt, sequence):
                 out = m.rescale_requested(len(sequence), {args[0]: args[1]}, now)
             elif kind == "divided":
                 out = m.state_divided(len(sequence), now, "" if args[0] else "cannot")
+            elif kind == "replace":
+                out = m.replace_requested(len(sequence) + 1, args[0], 2, (), now, args[1], args[2])
+            elif kind == "watermarks":
+                out = m.input_watermarks({task: args[0] for task in m.tasks}, now)
             elif kind == "checkpointed":  # every task acks the checkpoint in flight (and it is stored), or one declines
                 out = []
                 in_flight = m.coordinator.in_flight
                 if in_flight is not None and m.coordinator.phase is cp.Phase.IN_FLIGHT:
                     for task in (m.tasks if args[0] else m.tasks[:1]):
-                        out += (m.checkpoint_acked(in_flight, m.epoch, task, 10, False, now) if args[0] else
+                        out += (m.checkpoint_acked(in_flight, m.epoch, task, 10, False, now, records_in=int(args[1]))
+                                if args[0] else
                                 m.checkpoint_declined(in_flight, m.epoch, task, "no", now))
                 if m.coordinator.phase is cp.Phase.STORING:
                     out += m.checkpoint_stored(m.coordinator.in_flight, now)
@@ -575,4 +583,111 @@ def test_a_relaunched_appmaster_adopts_only_the_tasks_of_its_plan_once():
     [deploy] = of(Deploy, m.executor_registered(1, "w2", [SRC1, SINK1, SINK0], 2, 0.2))
     assert deploy.assignments == ((0, (SRC0, SINK0)), (1, (SRC1,)))
     assert deploy.parallelism == ((1, 1),)
+    m.validate()
+
+
+# -- replace ----------------------------------------------------------------------------------
+
+def replacing(m: AppMasterState, now: float, at_ms: int = 0, same_state: bool = True, dropped=()) -> Deploy:
+    """A replacement of processor 1 asked and its checkpoint completed: the deployment."""
+    assert of(cp.TriggerCheckpoint, m.replace_requested(7, 1, 2, dropped, now, at_ms, same_state))
+    [deploy] = of(Deploy, checkpoint_all(m, now))
+    m.validate()
+    return deploy
+
+
+def trial_checkpoint(m: AppMasterState, now: float, records_in: int) -> list:
+    [trigger] = of(cp.TriggerCheckpoint, m.tick(now))
+    out = []
+    for task in m.tasks:
+        out += m.checkpoint_acked(trigger.checkpoint_id, m.epoch, task, 10, False, now, records_in=records_in)
+    return out + m.checkpoint_stored(trigger.checkpoint_id, now)
+
+
+def test_new_code_takes_over_at_a_checkpoint_and_passes_its_trial_once_one_covers_its_records():
+    m = machine()
+    running(m)
+    deploy = replacing(m, 1, dropped=("count",), same_state=False)
+    assert deploy.epoch == 1 and deploy.versions == ((1, 2),) and deploy.drop_state == ((1, ("count",)),)
+    assert m.restarts == 0 and not of(AnswerReplace, m.deployed(1, 1))
+    with pytest.raises(Refused, match="on trial"):
+        m.rescale_requested(8, {1: 3}, 1)
+    out = trial_checkpoint(m, 3, records_in=5)
+    assert of(AnswerReplace, out) == [AnswerReplace(7)] and m.versions == {1: 2}
+    m.validate()
+    assert of(RequestSlot, m.executor_stopped(1, "w2", "killed", False, 4))
+    again = rolled_back_to(m, 2, "w3", 4)
+    assert again.versions == ((1, 2),) and again.drop_state == ()  # its own checkpoint: nothing to drop
+
+
+def test_new_code_failing_on_trial_is_rolled_back_and_other_failures_are_not_its_fault():
+    m = machine()
+    running(m)
+    replacing(m, 1)
+    m.deployed(1, 1)
+    # an executor lost on trial: a rollback with the new code, still on trial
+    assert of(RequestSlot, m.executor_stopped(0, "w1", "killed", False, 2))
+    deploy = rolled_back_to(m, 2, "w3", 2)
+    assert deploy.versions == ((1, 2),) and m._replace is not None
+    m.deployed(deploy.epoch, 2)
+    # its own task failing, even with a user error: back to the old code, the app goes on
+    out = m.task_failed(SINK0, deploy.epoch, AppError("KeyError", "'user'", "count"), False, 1, 3)
+    [answer] = of(AnswerReplace, out)
+    assert answer.rolled_back and "version 2 rolled back to version 1" in answer.error and "'user'" in answer.error
+    [back] = of(Deploy, out)
+    assert back.versions == () and m.phase is Phase.DEPLOYING and not of(EndApp, out)
+    m.validate()
+    # once the trial is over, a user error ends the app as always
+    m.deployed(back.epoch, 3)
+    assert of(EndApp, m.task_failed(SRC0, back.epoch, AppError("KeyError", "'user'", "read"), False, 1, 4))
+
+
+def test_code_keeping_the_same_state_stays_on_trial_until_it_processed_records():
+    m = machine()
+    running(m)
+    replacing(m, 1, same_state=True)
+    m.deployed(1, 1)
+    assert not of(AnswerReplace, trial_checkpoint(m, 2, records_in=0))  # nothing processed: on trial still
+    assert of(AnswerReplace, trial_checkpoint(m, 3, records_in=2)) == [AnswerReplace(7)]
+    other = machine()
+    running(other)
+    replacing(other, 1, same_state=False)  # other state: the old code cannot restore what it stores
+    other.deployed(1, 1)
+    assert of(AnswerReplace, trial_checkpoint(other, 2, records_in=0)) == [AnswerReplace(7)]
+
+
+def test_with_an_event_time_the_old_code_holds_records_until_the_watermark_passes_it():
+    m = machine()
+    running(m)
+    m.input_watermarks({SINK0: 10, SINK1: 12}, 0)
+    with pytest.raises(Refused, match="behind the watermark"):
+        m.replace_requested(6, 1, 2, (), 0, 12)
+    with pytest.raises(Refused, match="is a source"):
+        m.replace_requested(6, 0, 2, (), 0, 100)
+    hold = replacing(m, 1, at_ms=100)
+    assert hold.hold_from == ((1, 100),) and hold.versions == () and m.epoch == 1
+    m.deployed(1, 1)
+    with pytest.raises(Refused, match="waiting for its watermark to pass 100"):
+        m.replace_requested(8, 1, 3, (), 1, 0)
+    with pytest.raises(Refused, match="hold records"):
+        m.savepoint_requested(9, False, 1)
+    assert m.input_watermarks({SINK0: 150, SINK1: 99}, 2) == []
+    out = m.input_watermarks({SINK1: 100}, 2)
+    [trigger] = of(cp.TriggerCheckpoint, out)
+    # that checkpoint fails: the records stay held, and the next report asks again
+    assert not of(AnswerReplace, m.checkpoint_declined(trigger.checkpoint_id, 1, SRC0, "no", 2))
+    assert m._hold == {1: 100}
+    m.validate()
+    assert of(cp.TriggerCheckpoint, m.input_watermarks({SINK1: 101}, 6))
+    [switch] = of(Deploy, checkpoint_all(m, 6))
+    assert switch.hold_from == () and switch.versions == ((1, 2),) and switch.epoch == 2
+    m.validate()
+
+
+def test_the_app_ending_while_records_are_held_answers_the_replacement():
+    m = machine()
+    running(m)
+    replacing(m, 1, at_ms=100)
+    out = m.fail(AppError("E", "boom"))
+    assert of(AnswerReplace, out) and m._hold == {}
     m.validate()

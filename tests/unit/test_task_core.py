@@ -38,10 +38,10 @@ class Summing(Task):
         self.total = state
 
 
-def make_core(senders=(A, B), credit=4, epoch=0, debloat_target_ms=0):
+def make_core(senders=(A, B), credit=4, epoch=0, debloat_target_ms=0, hold_from=None):
     task = Summing(TaskContext(1, "app", _processor(), 0, 0))
     task.on_start()
-    return task, TaskCore(task, senders, credit, epoch, debloat_target_ms=debloat_target_ms)
+    return task, TaskCore(task, senders, credit, epoch, debloat_target_ms=debloat_target_ms, hold_from=hold_from)
 
 
 def _processor():
@@ -56,9 +56,10 @@ class Channel:
     def __init__(self, sender, epoch=0):
         self.sender, self.epoch, self.seq = sender, epoch, 0
 
-    def frame(self, values=(), watermark=WATERMARK_MIN, eos=False, barrier=0):
+    def frame(self, values=(), watermark=WATERMARK_MIN, eos=False, barrier=0, timestamps=None):
+        """``timestamps``: each value's event time (default 1)."""
         self.seq += 1
-        records = [Record(v, 1) for v in values]
+        records = [Record(v, t) for v, t in zip(values, timestamps or [1] * len(values))]
         return Frame(*self.sender, self.epoch, self.seq, watermark, eos, barrier, records)
 
 
@@ -279,3 +280,29 @@ def test_a_task_whose_snapshots_are_whole_builds_no_chain():
         [snapshot] = [x for x in core.receive(A, a.frame([], barrier=checkpoint_id)) if type(x) is Snapshot]
         assert (snapshot.state.base, snapshot.state.depth, snapshot.state.root) == (None, 0, checkpoint_id)
         core.completed(checkpoint_id)
+
+
+def test_records_from_the_hold_time_on_wait_in_the_snapshot_for_the_next_code_which_takes_them_first():
+    task, core = make_core(senders=(A,), hold_from=100)
+    a = Channel(A)
+    core.receive(A, a.frame([1, 2, 3], watermark=50, timestamps=[40, 100, 120]))
+    core.receive(A, a.frame([4], watermark=130, timestamps=[90]))  # behind the hold time: this code's
+    assert task.total == 5 and [c for c in task.calls if c[0] == "watermark"] == [("watermark", 50), ("watermark", 99)]
+    assert core.output_watermark == 99  # nothing downstream passes a held record
+    [snapshot] = [x for x in core.receive(A, a.frame([], watermark=130, barrier=4)) if type(x) is Snapshot]
+    assert snapshot.state.held == (100, (Record(2, 100), Record(3, 120))) and snapshot.state.watermark == 130
+    decoded = TaskSnapshot.decode(snapshot.state.encode())
+    assert decoded == snapshot.state  # envelope format 5 keeps them
+    after, restored = make_core(senders=(A,))  # the new code's task
+    restored.restore(decoded)
+    assert after.total == 5 + 5 and after.calls[-2:] == [("batch", [2, 3]), ("watermark", 130)]
+    assert restored.records_in == 2 and restored.output_watermark == 130
+
+
+def test_records_held_when_the_input_ends_go_to_this_code():
+    task, core = make_core(senders=(A,), hold_from=100)
+    a = Channel(A)
+    core.receive(A, a.frame([1, 2], watermark=60, timestamps=[50, 150]))
+    actions = core.receive(A, a.frame([], watermark=WATERMARK_MAX, eos=True))
+    assert task.total == 3 and ("batch", [2]) in task.calls and ("watermark", WATERMARK_MAX) in task.calls
+    assert actions[-1] == End([Record(3, 150)])  # emitted at the last record's time
