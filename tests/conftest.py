@@ -51,11 +51,14 @@ assert all((TESTS / name).is_file() for name in SLOWEST_FILES), "SLOWEST_FILES n
 
 def pytest_collection_modifyitems(config, items):
     """Mark each test by its folder: tests/unit -> unit, tests/integration -> integration,
-    tests/chaos -> chaos; run the slowest files first (the rest keep their order)."""
+    tests/chaos -> chaos; the Spark tests go to one worker (.ci/run's loadgroup); run the
+    slowest files first (the rest keep their order)."""
     for item in items:
         folder = item.path.relative_to(TESTS).parts[0]
         if folder in FOLDER_MARKERS:
             item.add_marker(folder)
+        if item.get_closest_marker("spark"):  # one worker starts a JVM for them all, not each
+            item.add_marker(pytest.mark.xdist_group("spark"))
     rank = {name: n for n, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
 

@@ -31,7 +31,10 @@ class TextFileSource(DataSource):
 
     Replayable: a snapshot is the byte offset of the next line to hand out, and a task
     restored from it reads exactly the rest of its split (the file must not change;
-    without ``timestamp_fn`` the replayed lines get new ingestion times).
+    without ``timestamp_fn`` the replayed lines get new ingestion times). A rescale cuts
+    what is left of the old tasks' splits into as many byte ranges as new tasks
+    (:meth:`rescale`), by the same rule: a task may then read several ranges, one after
+    the other.
     """
 
     replayable = True
@@ -54,6 +57,7 @@ class TextFileSource(DataSource):
             self._file.seek(start - 1)
             start = start - 1 + len(self._file.readline())  # skip the line owned by task i-1
         self._first = start
+        self._ranges: list[list[int]] = []  # byte ranges to read after this one (a rescale's)
         self._seek(start)
 
     def _seek(self, offset: int) -> None:
@@ -74,7 +78,10 @@ class TextFileSource(DataSource):
         while self._taken >= len(self._pending):
             chunk = self._next_chunk()
             if chunk is None:
-                return None
+                if not self._ranges:
+                    return None
+                self._begin(*self._ranges.pop(0))
+                continue
             self._pending, self._taken = chunk, 0
         batch = self._pending[self._taken : self._taken + max_records]
         self._taken += len(batch)
@@ -137,9 +144,32 @@ class TextFileSource(DataSource):
 
     def snapshot(self) -> dict:
         """The byte offset of the first line read() has not handed out, with the file's
-        size and the split's byte range, which :meth:`restore` checks."""
+        size and the split's byte range, which :meth:`restore` checks (after a rescale:
+        the byte ranges still to read, from that offset on)."""
+        if self._split_start is None:
+            return {"path": self.path, "size": self._size, "ranges": [[self._offset(), self._end], *self._ranges]}
         return {"path": self.path, "size": self._size, "start": self._split_start, "end": self._end,
                 "offset": self._offset()}
+
+    def rescale(self, states: list, index: int, parallelism: int) -> dict | None:
+        """Task ``index`` of ``parallelism``'s byte ranges to read: what is left of the old
+        tasks' (in task order) as one span of bytes, cut in ``parallelism`` equal parts; a
+        task owns the lines that start in its part, as with splits."""
+        states = [state for state in states if state is not None]
+        if not states:
+            return None
+        left = [(offset, end) for state in states
+                for offset, end in (state["ranges"] if "ranges" in state else [[state["offset"], state["end"]]])
+                if offset < end]
+        total = sum(end - offset for offset, end in left)
+        low, high = total * index // parallelism, total * (index + 1) // parallelism
+        mine, passed = [], 0
+        for offset, end in left:
+            start, stop = max(offset, offset + low - passed), min(end, offset + high - passed)
+            if start < stop:
+                mine.append([start, stop])
+            passed += end - offset
+        return {"path": states[0]["path"], "size": states[0]["size"], "ranges": mine}
 
     def _offset(self) -> int:
         """Worked out from the current chunk's bytes only when asked, so that read()
@@ -153,7 +183,10 @@ class TextFileSource(DataSource):
 
     def restore(self, state: dict) -> None:
         """Continue at the snapshot's offset: read() gives exactly the split's lines that
-        the snapshotted task had not handed out yet."""
+        the snapshotted task had not handed out yet (or its byte ranges, after a rescale)."""
+        if "ranges" in state:
+            self._restore_ranges(state)
+            return
         mine = {"path": self.path, "size": self._size, "start": self._split_start, "end": self._end}
         theirs = {name: state.get(name) for name in mine}
         if theirs != mine:
@@ -165,6 +198,25 @@ class TextFileSource(DataSource):
         if not (offset in (self._first, self._size)
                 or self._first < offset < self._size and self._byte_before(offset) == b"\n"):
             raise ValueError(f"{self.path}: snapshot offset {offset} is not the start of a line of this task's split")
+        self._seek(offset)
+
+    def _restore_ranges(self, state: dict) -> None:
+        if (state["path"], state["size"]) != (self.path, self._size):
+            raise ValueError(f"{self.path}: cannot resume from a snapshot of another file (snapshot of "
+                             f"{state['path']}, {state['size']} bytes; this one has {self._size}): was it changed?")
+        ranges = [list(r) for r in state["ranges"]]
+        if not all(0 <= offset <= end <= self._size for offset, end in ranges):
+            raise ValueError(f"{self.path}: snapshot ranges {ranges} lie outside its {self._size} bytes")
+        self._split_start = None  # ranges, not the task's own split
+        self._ranges = ranges
+        self._begin(*(ranges.pop(0) if ranges else (self._size, self._size)))
+
+    def _begin(self, offset: int, end: int) -> None:
+        """Read the lines that start in bytes ``offset`` to ``end`` (a line that starts
+        before ``offset`` is another range's)."""
+        self._end = end
+        if 0 < offset < end and self._byte_before(offset) != b"\n":
+            offset += len(self._file.readline())
         self._seek(offset)
 
     def _byte_before(self, offset: int) -> bytes:

@@ -20,7 +20,7 @@ from typing import Any
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from gearbus.api.task import DataSource, Record, TaskContext, new_record, now_ms
+from gearbus.api.task import DataSource, NotRescalable, Record, TaskContext, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, api, connect, on_connection,
                                         server_list, servers_for, stream_info)
@@ -155,7 +155,8 @@ class JetStreamSource(_Decoding, DataSource):
     Partitions are the stream's concrete subjects that match ``subjects`` (default: the
     stream's own subjects) when the source opens; task i of N owns the sorted subjects
     i, i+N, ... Subjects that appear later are not read (a restored task keeps the subjects
-    of its checkpoint).
+    of its checkpoint). A rescale spreads the subjects anew the same way, each with its own
+    read position (:meth:`rescale`).
 
     A task reads its subjects in stream-sequence order through one
     :class:`~gearbus.connectors.jetstream_reader.PullReader` (one ephemeral pull consumer
@@ -224,6 +225,7 @@ class JetStreamSource(_Decoding, DataSource):
         self._reader: PullReader | None = None
         self._probing = None
         self._max_ts: dict[str, int] = {}
+        self._skip: dict[str, int] = {}  # subject -> read up to this sequence, ahead of the position (a rescale's)
         self._active: dict[str, float] = {}
         self._watermark: int | None = None
         self._thread = LoopThread("jetstream-source")
@@ -269,7 +271,7 @@ class JetStreamSource(_Decoding, DataSource):
 
     def snapshot(self) -> dict:
         return {"seq": self._position, "until": self._until, "subjects": list(self._owned),
-                "max_ts": dict(self._max_ts)}
+                "max_ts": dict(self._max_ts), "skip": dict(self._skip)}
 
     def restore(self, state: dict) -> None:
         """Read on right after the checkpoint's position, the checkpoint's subjects, up to
@@ -280,6 +282,28 @@ class JetStreamSource(_Decoding, DataSource):
         self._until = state["until"]
         self._owned = list(state["subjects"])
         self._max_ts = dict(state["max_ts"])
+        self._skip = {subject: seq for subject, seq in state.get("skip", {}).items() if seq > self._position}
+
+    def rescale(self, states: list, index: int, parallelism: int) -> dict | None:
+        """Task ``index`` of ``parallelism``'s state from every old task's: the subjects
+        spread anew (the sorted subjects ``index``, ``index + parallelism``, ...), each read
+        on from where its old task was; the task's position is the lowest of its subjects',
+        and it skips what each of the others had read."""
+        states = [state for state in states if state is not None]
+        if not states:
+            return None
+        ends = {state["until"] for state in states}
+        if len(ends) > 1:
+            raise NotRescalable(f"{self._name}: its tasks end at different stream sequences ({sorted(ends)}: "
+                                "until='now' was read when each started)")
+        read_to = {subject: max(state["seq"], state.get("skip", {}).get(subject, 0))
+                   for state in states for subject in state["subjects"]}
+        owned = sorted(read_to)[index::parallelism]
+        position = min((read_to[subject] for subject in owned), default=max(s["seq"] for s in states))
+        return {"seq": position, "until": ends.pop(), "subjects": owned,
+                "max_ts": {subject: ts for state in states for subject, ts in state["max_ts"].items()
+                           if subject in owned},
+                "skip": {subject: read_to[subject] for subject in owned if read_to[subject] > position}}
 
     def close(self) -> None:
         """Stop the reader, remove its consumer and disconnect."""
@@ -316,6 +340,13 @@ class JetStreamSource(_Decoding, DataSource):
         if not items:
             return None if reader.finished else []
         last = items[-1][0]
+        if self._skip:  # what a subject's old task had read already (after a rescale)
+            skip = self._skip
+            items = [item for item in items if item[0] > skip.get(item[1], 0)]
+            self._skip = {subject: seq for subject, seq in skip.items() if seq > last}
+            if not items:
+                self._position = last
+                return []
         values, items = self._values(items, 2)
         fn = self.timestamp_fn
         if fn is None:

@@ -136,7 +136,7 @@ def rescaled_state(processor: Processor, step: str, states: list, index: int) ->
     try:
         if issubclass(task_class, ChainSourceTask) and step == processor.config["steps"][0] or \
                 issubclass(task_class, DataSourceTask) and not issubclass(task_class, ChainTask):
-            return processor.data_source.rescale(states, index, parallelism)
+            return _rescaled_source(processor, states, index)
         if issubclass(task_class, ChainTask):
             return next(op for op in _ops(processor) if op.step == step).rescale(states, index, parallelism)
         if issubclass(task_class, DataSinkTask):
@@ -146,6 +146,21 @@ def rescaled_state(processor: Processor, step: str, states: list, index: int) ->
     except NotRescalable as exc:
         raise SavepointMismatch(f"the parallelism of step {step!r} changed (saved with {len(states)}, now "
                                 f"{processor.parallelism}): {exc}") from None
+
+
+def _rescaled_source(processor: Processor, states: list, index: int) -> Any:
+    """A source task's state (its source's position and its watermark generator's) for
+    task ``index``: the positions divided by the source (:meth:`DataSource.rescale`), the
+    generator at the lowest of the old tasks' (its watermark never runs ahead of theirs)."""
+    present = [state for state in states if state is not None]
+    if not present:
+        return None
+    source = processor.data_source.rescale([state["source"] for state in present], index, processor.parallelism)
+    marks = [state["watermarks"] for state in present if state["watermarks"] is not None]
+    if any(not isinstance(mark, int) for mark in marks):
+        raise NotRescalable(f"the watermark generator {type(processor.watermarks).__name__} keeps a state "
+                            "that cannot be divided")
+    return {"source": source, "watermarks": min(marks, default=None)}
 
 
 def savepoint_parts(processor: Processor, chain: list[TaskSnapshot]) -> dict[str, bytes]:

@@ -9,12 +9,14 @@ import json
 
 import pytest
 
+from gearbus.artifact import pack
+from gearbus.connectors.jetstream import ensure_stream_async
 from shared import subjects
 from shared.bus import RequestError
 from shared.messages import AppState
 from tests.support.cli import gearbus
 from tests.support.cluster import wait_until
-from tests.support.user_counts import EVENTS, counts, expected_counts, publish, read_at_least, start_counting
+from tests.support.user_counts import APP, EVENTS, args, counts, expected_counts, publish, read_at_least, start_counting
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -69,3 +71,21 @@ async def test_a_rescale_that_cannot_be_done_is_refused_with_the_reason_and_the_
     assert counts(output) == expected_counts()
     with pytest.raises(RequestError, match="only a running app can be rescaled"):
         await client.rescale(app, {"count": 3})
+
+
+async def test_the_source_rescaled_spreads_its_subjects_anew_and_reads_each_on_exactly(cluster, client, tmp_path):
+    """Events on five subjects: the reading step goes from 2 tasks to 3 and then to 1, each
+    subject read on from where its old task was."""
+    url, output = cluster.url, tmp_path / "counts.jsonl"
+    await ensure_stream_async(client.bus.nc, "EV", ["ev.*"], 120, "file")
+    await publish(url, 0, EVENTS // 3, subjects=5)
+    app = await client.submit(pack(APP), args(output, 1))
+    first = await read_at_least(client, app, EVENTS // 6)
+    assert (await client.rescale(app, {"events": 3})).epoch == 1
+    await publish(url, EVENTS // 3, 2 * EVENTS // 3, subjects=5)
+    await read_at_least(client, app, EVENTS // 6, after_checkpoint=first + 1)  # reading in 3 tasks
+    assert (await client.rescale(app, {"events": 1})).epoch == 2
+    await publish(url, 2 * EVENTS // 3, EVENTS, subjects=5)
+    final = await client.wait(app, timeout=90)
+    assert final.state == AppState.SUCCEEDED, final.error
+    assert counts(output) == expected_counts()

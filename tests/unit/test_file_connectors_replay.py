@@ -128,6 +128,36 @@ def test_text_snapshot_at_random_points(text_lines, trailing_newline, parallelis
     assert sorted(values) == sorted(expected)
 
 
+@FAST
+@given(st.lists(lines, max_size=30), st.integers(1, 4), st.integers(1, 40),
+       st.lists(st.tuples(st.integers(1, 5), st.lists(st.integers(0, 4), min_size=5, max_size=5)), max_size=3))
+def test_a_rescale_reads_every_line_left_once_whatever_was_read_before(text_lines, parallelism, chunk, steps):
+    """Tasks read some batches, then the sources are rescaled (again and again), then read
+    to the end: every line is read exactly once."""
+    content = "".join(f"{line}\n" for line in text_lines)
+    with tempfile.TemporaryDirectory() as directory, patch.object(files, "READ_CHUNK_BYTES", chunk):
+        path = os.path.join(directory, "in.txt")
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write(content)
+        sources, read = [opened(TextFileSource, path, parallelism, i) for i in range(parallelism)], []
+        for new_parallelism, batches in steps:
+            for source, count in zip(sources, batches):
+                for _ in range(count):
+                    read += [r.value for r in source.read(2) or []]
+            states = [roundtrip(source.snapshot()) for source in sources]
+            for source in sources:
+                source.close()
+            sources = []
+            for index in range(new_parallelism):
+                source = opened(TextFileSource, path, new_parallelism, index)
+                source.restore(TextFileSource(path).rescale(states, index, new_parallelism))
+                sources.append(source)
+        for source in sources:
+            read += read_rest(source, 3)
+            source.close()
+    assert sorted(read) == sorted(text_lines)
+
+
 json_lines = st.one_of(
     st.sampled_from(["", " ", "\u00a0", "\u2028 ", "\t"]),  # blank for str.strip, not all for bytes.strip
     st.recursive(

@@ -110,3 +110,21 @@ def test_a_checkpoint_taken_after_a_rescale_does_not_resume_the_app_at_its_plann
     assert engine.rescales == [AnswerRescale(1)]
     with pytest.raises(RuntimeError, match=r"snapshots of tasks \[\(1, 2\), \(1, 3\)\] it does not run"):
         inprocess(running_counts(out), seed=3, checkpoint_every=2, epoch=2).run(restore=engine.latest_checkpoint())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_file_source_rescaled_hands_each_split_on_whole_and_every_line_is_read_once(inprocess, tmp_path, seed):
+    text, lines = tmp_path / "lines.txt", LINES * 4  # none of the reading tasks ends before the second rescale
+    text.write_text("".join(f"{line}\n" for line in lines))
+    out = tmp_path / "counts.jsonl"
+    p = Pipeline("running", config=CONFIG, parallelism=2)
+    (p.read_text(str(text), name="read", parallelism=2).flat_map(str.split, name="split")
+        .group_by(lambda w: w, name="by_word", parallelism=2)
+        .stateful_map(lambda seen, w: ((seen or 0) + 1, {"word": w, "count": (seen or 0) + 1}), name="count")
+        .write_jsonl(str(out), name="write"))
+    engine = inprocess(p, seed=seed, checkpoint_every=2)
+    engine.run(rescale_after_frames={10: {"read": 3}, 40: {"read": 1}})
+    assert engine.rescales == [AnswerRescale(1), AnswerRescale(2)]
+    words = collections.Counter(w for line in lines for w in line.split())
+    assert committed(out) == sorted((w, n) for w, total in words.items() for n in range(1, total + 1))
+    engine.state.validate()
