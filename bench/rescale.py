@@ -110,16 +110,33 @@ async def resubmitted(client: Client, opts) -> dict[int, list[float]]:
     for trial in range(opts.trials):
         for parallelism in (opts.to, 2):
             await asyncio.sleep(opts.settle)
-            started = time.monotonic()
-            taken = await client.savepoint(app_id, f"rescale-{trial}-{parallelism}", stop=True)
-            await client.wait(app_id, timeout=opts.timeout)
-            app_id = await submit(client, opts, parallelism, {"from_savepoint": taken.name})
-            await flowing(client, app_id, parallelism, -1, opts.timeout)
-            found[parallelism].append(time.monotonic() - started)
-            print(f"resubmit {trial + 1}: to {parallelism}: flowing after {found[parallelism][-1]:.2f} s",
-                  file=sys.stderr, flush=True)
+            app_id, pause = await resubmit_once(client, opts, app_id, parallelism, f"rescale-{trial}-{parallelism}")
+            found[parallelism].append(pause)
+            print(f"resubmit {trial + 1}: to {parallelism}: flowing after {pause:.2f} s", file=sys.stderr, flush=True)
     await client.kill(app_id)
     return found
+
+
+async def resubmit_once(client: Client, opts, app_id: int, parallelism: int, savepoint: str) -> tuple[int, float]:
+    """Stop ``app_id`` with a savepoint and submit it again from it, its counting step at
+    ``parallelism``: the new app's id, and the seconds until its counting step takes records."""
+    started = time.monotonic()
+    taken = await client.savepoint(app_id, savepoint, stop=True)
+    await client.wait(app_id, timeout=opts.timeout)
+    app_id = await submit(client, opts, parallelism, {"from_savepoint": taken.name})
+    await flowing(client, app_id, parallelism, -1, opts.timeout)
+    return app_id, time.monotonic() - started
+
+
+def add_options(parser) -> None:
+    """The options bench/rescale.py and bench/replace.py share: the app and the trials."""
+    parser.add_argument("--keys", type=int, default=1_000_000, help="distinct keys")
+    parser.add_argument("--trials", type=int, default=2, help="changes, live and resubmitted")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds of running before each change")
+    parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint interval")
+    parser.add_argument("--backend", choices=("memory", "rocksdb"), default="memory")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each step")
+    parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, store)")
 
 
 async def bench(opts, tmp: str) -> int:
@@ -147,14 +164,8 @@ async def bench(opts, tmp: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = parser_from_doc(__doc__)
-    parser.add_argument("--keys", type=int, default=1_000_000, help="distinct keys")
+    add_options(parser)
     parser.add_argument("--to", type=int, default=4, help="the counting step's tasks after the first rescale")
-    parser.add_argument("--trials", type=int, default=2, help="rescales each way, live and resubmitted")
-    parser.add_argument("--settle", type=float, default=10.0, help="seconds of running before each rescale")
-    parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint interval")
-    parser.add_argument("--backend", choices=("memory", "rocksdb"), default="memory")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each step")
-    parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, store)")
     opts = parser.parse_args(argv)
     if opts.keys < 1 or not 1 <= opts.to <= 128 or opts.to == 2 or opts.trials < 1 or opts.settle < 0:
         parser.error("--keys and --trials must be positive, --to between 1 and 128 and not 2, --settle >= 0")

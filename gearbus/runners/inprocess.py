@@ -598,7 +598,8 @@ class InProcessEngine:
             self.state.executor_heartbeat(executor.executor_id, self.clock)
         self._carry_out(self.state.tick(self.clock))
         self._carry_out(self.state.input_watermarks({key: node.core.watermark for key, node in self.nodes.items()},
-                                                    self.clock))
+                                                    self.clock, {key: node.core.latest_event_ms
+                                                                 for key, node in self.nodes.items()}))
         now = self.now_ms()
         for node in list(self.nodes.values()):
             due = node.core.next_wakeup_ms()

@@ -352,8 +352,10 @@ class AppMasterState:
         self._drop_state: dict[int, tuple[str, ...]] = dict(drop_state or {})  # as Deploy's
         self._replace: _Replace | None = None  # the replacement in flight, or on trial
         self._hold: dict[int, int] = {}  # processor id -> the event time its tasks hold records from (as Deploy's)
-        #: each task's input watermark as last reported (what a replacement at an event time waits for)
+        #: each task's input watermark as last reported (what a replacement at an event time waits for),
+        #: and the highest event time of a record it processed (where the old code's records already end)
         self.watermarks: dict[TaskKey, int] = {}
+        self.latest_events: dict[TaskKey, int] = {}
         #: every event taken, and what it decided (executor heartbeats, and ticks and acks that decided nothing, aside)
         self.stimuli = StimulusLog(quiet=frozenset({"tick", "checkpoint_acked", "task_ended"}))
 
@@ -658,6 +660,12 @@ class AppMasterState:
                 raise Refused(ErrorCode.BAD_REQUEST, f"event time {at_ms} is behind the watermark of "
                                                      f"{self._named(processor)} ({passed}): records after it were "
                                                      "processed already; ask a later time")
+            latest = max((t for (p, _), t in self.latest_events.items() if p == processor), default=None)
+            if latest is not None and latest >= at_ms:
+                raise Refused(ErrorCode.BAD_REQUEST, f"{self._named(processor)} processed a record of event time "
+                                                     f"{latest} already, ahead of its watermark: the old code "
+                                                     f"would not count every record before {at_ms} alone; ask a "
+                                                     "later time")
         self._replace = _Replace(request_id, processor, version, self.versions.get(processor, 1), tuple(dropped),
                                  same_state, self.coordinator.next_id, at_ms)
         return [Logged("replace_requested", "info", (("processor", self._named(processor)), ("version", version)))] + \
@@ -938,10 +946,13 @@ class AppMasterState:
                   ("from_checkpoint", latest.checkpoint_id))
         return actions + [Logged("rescaling", "info", logged), self._epoch_record(), self._deployment()]
 
-    def input_watermarks(self, watermarks: dict[TaskKey, int], now: float) -> list[Instruction]:
-        """Tasks' input watermarks as reported (of the current epoch): a replacement holding
-        records from an event time takes over once its processor's watermark passed it."""
+    def input_watermarks(self, watermarks: dict[TaskKey, int], now: float,
+                         latest_events: dict[TaskKey, int] | None = None) -> list[Instruction]:
+        """Tasks' input watermarks as reported (of the current epoch), and the highest event
+        time of a record each processed: a replacement holding records from an event time
+        takes over once its processor's watermark passed it."""
         self.watermarks.update(watermarks)
+        self.latest_events.update(latest_events or {})
         change = self._replace
         if change is None or not change.holding or change.first_checkpoint or self.phase is not Phase.RUNNING:
             return []

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import NamedTuple
 
 from gearbus.api.task import Record, Task
@@ -52,6 +53,7 @@ from gearbus.runtime.snapshots import MAX_DEPTH, Lineage, TaskSnapshot
 from gearbus.runtime.task_key import TaskKey
 
 NO_BARRIER = 0
+_timestamp = itemgetter(1)
 #: The smallest credit window a debloated receiver grants: one frame to process while the next comes.
 MIN_WINDOW = 2
 #: Frames processed between two measures of how long they take (:meth:`TaskCore.measured`).
@@ -147,6 +149,9 @@ class TaskCore:
         self.watermark = WATERMARK_MIN  # the input's; the output's may lag (see output_watermark)
         self.hold_from = hold_from
         self.held: list[Record] = []
+        #: the highest event time among the records it processed (this attempt): how far a
+        #: replacement at an event time is too late to give the rest to the new code
+        self.latest_event_ms = WATERMARK_MIN
         self._seen = WATERMARK_MIN  # the watermark the task saw (below hold_from while holding)
         self.input_ended = False  # every input ended: the end follows once nothing is pending
         self.ended = False
@@ -308,6 +313,7 @@ class TaskCore:
         if records:
             self.records_in += len(records)
             self.task.current_time = records[-1][1]
+            self.latest_event_ms = max(self.latest_event_ms, max(map(_timestamp, records)))
             self.task.on_batch(records)
         if frame.watermark != state.watermark:
             state.watermark = frame.watermark
@@ -340,6 +346,7 @@ class TaskCore:
         if held:
             self.records_in += len(held)
             self.task.current_time = held[-1][1]
+            self.latest_event_ms = max(self.latest_event_ms, max(map(_timestamp, held)))
             self.task.on_batch(held)
         if self.watermark > self._seen:
             self._seen = self.watermark

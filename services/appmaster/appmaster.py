@@ -865,8 +865,9 @@ class AppMaster(Service):
             counters = self.counters.setdefault(msg.executor_id, {})
             current = {(c.task.processor, c.task.index): c for c in msg.tasks if c.epoch == self.epoch}
             counters.update(current)
-            await self.carry_out(self.state.input_watermarks({task: c.watermark for task, c in current.items()},
-                                                             time.monotonic()))
+            await self.carry_out(self.state.input_watermarks(
+                {task: c.watermark for task, c in current.items()}, time.monotonic(),
+                {task: c.latest_event_ms for task, c in current.items() if c.latest_event_ms is not None}))
 
     async def on_stopped(self, msg: ExecutorStopped) -> None:
         if self.state is None or msg.kind != ExecutorKind.EXECUTOR:

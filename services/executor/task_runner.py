@@ -21,7 +21,7 @@ import structlog
 from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import TaskContext, now_ms
-from gearbus.api.watermarks import WATERMARK_MAX
+from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
 from gearbus.runtime.executor_tasks import RECOVERABLE
@@ -134,6 +134,7 @@ class TaskRunner:
             frames_in=self.core.frames_in,
             frames_out=self.outputs.sender.frames_out,
             watermark=self.core.watermark,
+            latest_event_ms=self.core.latest_event_ms if self.core.latest_event_ms > WATERMARK_MIN else None,
             finished=finished,
             messages_dropped=self.dropped,
             late_records=getattr(self.task, "late_records", 0),

@@ -664,21 +664,25 @@ def test_with_an_event_time_the_old_code_holds_records_until_the_watermark_passe
         m.replace_requested(6, 1, 2, (), 0, 12)
     with pytest.raises(Refused, match="is a source"):
         m.replace_requested(6, 0, 2, (), 0, 100)
-    hold = replacing(m, 1, at_ms=100)
-    assert hold.hold_from == ((1, 100),) and hold.versions == () and m.epoch == 1
+    m.input_watermarks({}, 0, {SINK1: 120})  # a record ahead of the watermark was processed
+    with pytest.raises(Refused, match="processed a record of event time 120 already"):
+        m.replace_requested(6, 1, 2, (), 0, 100)
+    m.validate()
+    hold = replacing(m, 1, at_ms=200)
+    assert hold.hold_from == ((1, 200),) and hold.versions == () and m.epoch == 1
     m.deployed(1, 1)
-    with pytest.raises(Refused, match="waiting for its watermark to pass 100"):
+    with pytest.raises(Refused, match="waiting for its watermark to pass 200"):
         m.replace_requested(8, 1, 3, (), 1, 0)
     with pytest.raises(Refused, match="hold records"):
         m.savepoint_requested(9, False, 1)
-    assert m.input_watermarks({SINK0: 150, SINK1: 99}, 2) == []
-    out = m.input_watermarks({SINK1: 100}, 2)
+    assert m.input_watermarks({SINK0: 250, SINK1: 199}, 2) == []
+    out = m.input_watermarks({SINK1: 200}, 2)
     [trigger] = of(cp.TriggerCheckpoint, out)
     # that checkpoint fails: the records stay held, and the next report asks again
     assert not of(AnswerReplace, m.checkpoint_declined(trigger.checkpoint_id, 1, SRC0, "no", 2))
-    assert m._hold == {1: 100}
+    assert m._hold == {1: 200}
     m.validate()
-    assert of(cp.TriggerCheckpoint, m.input_watermarks({SINK1: 101}, 6))
+    assert of(cp.TriggerCheckpoint, m.input_watermarks({SINK1: 201}, 6))
     [switch] = of(Deploy, checkpoint_all(m, 6))
     assert switch.hold_from == () and switch.versions == ((1, 2),) and switch.epoch == 2
     m.validate()
