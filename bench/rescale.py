@@ -56,7 +56,7 @@ async def submit(client: Client, opts, counters: int, config: dict | None = None
 
 async def flowing(client: Client, app_id: int, parallelism: int, after_epoch: int, timeout: float):
     """The status once the counting step runs ``parallelism`` tasks in an epoch after
-    ``after_epoch`` and takes records."""
+    ``after_epoch`` and takes records (its tasks' counters are of that epoch)."""
     deadline = time.monotonic() + timeout
     while True:
         status = await client.status(app_id)
@@ -64,7 +64,8 @@ async def flowing(client: Client, app_id: int, parallelism: int, after_epoch: in
         epoch = status.checkpoints.epoch if status.checkpoints else 0
         tasks = [t for t in status.tasks if step is not None and t.task.processor == step.processor]
         if status.state == AppState.ACTIVE and step is not None and epoch > after_epoch \
-                and len(tasks) == parallelism and sum(t.records_in for t in tasks) > 0:
+                and len(tasks) == parallelism and all(t.epoch == epoch for t in tasks) \
+                and sum(t.records_in for t in tasks) > 0:  # (counters of the epoch before linger a heartbeat)
             return status
         if status.state in AppState.TERMINAL or time.monotonic() > deadline:
             raise BenchError(f"app {app_id} is {status.state} (epoch {epoch}), not flowing at {parallelism}: "
