@@ -155,7 +155,7 @@ class CheckpointStore:
         await self._put_value(subjects.checkpoint_epoch_key(self.app_id), msgpack.packb(
             {"epoch": record.epoch, "restarts": record.restarts, "parallelism": record.parallelism,
              "restore_epochs": record.restore_epochs, "divided_checkpoint": record.divided_checkpoint,
-             "versions": record.versions, "drop_state": record.drop_state}))
+             "versions": record.versions, "drop_state": record.drop_state, "trial": record.trial}))
 
     async def get_epoch(self) -> StoreEpoch:
         """The epoch record as last stored; epoch 0 before any."""
@@ -169,7 +169,8 @@ class CheckpointStore:
         return StoreEpoch(int(data["epoch"]), int(data["restarts"]), tuple(map(tuple, data["parallelism"])),
                           tuple(map(tuple, data["restore_epochs"])), int(data["divided_checkpoint"]),
                           tuple(map(tuple, data.get("versions", ()))),
-                          tuple((p, tuple(steps)) for p, steps in data.get("drop_state", ())))
+                          tuple((p, tuple(steps)) for p, steps in data.get("drop_state", ())),
+                          tuple(data.get("trial", ())))
 
     async def put_versions(self, versions: list[AppVersion]) -> None:
         """The app's code history (gearbus replace), so a relaunched AppMaster loads the

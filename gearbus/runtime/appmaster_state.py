@@ -173,6 +173,9 @@ class StoreEpoch:
     divided_checkpoint: int = 0  # the checkpoint ``restore_epochs`` and ``drop_state`` apply to (not a later one)
     versions: tuple[tuple[int, int], ...] = ()  # as Deploy's
     drop_state: tuple[tuple[int, tuple[str, ...]], ...] = ()  # as Deploy's, for the checkpoint restored
+    #: new code on trial: (processor, its version, the version before, whether both keep the
+    #: same state, the checkpoint it took over from); empty: none
+    trial: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -314,14 +317,16 @@ class AppMasterState:
     def __init__(self, tasks: Iterable[TaskKey], coordinator: cp.CheckpointCoordinator, settings: Settings,
                  epoch: int = 0, restarts: int = 0, planned: dict[int, int] | None = None,
                  restore_epochs: dict[int, int] | None = None, names: dict[int, str] | None = None,
-                 versions: dict[int, int] | None = None, drop_state: dict[int, tuple[str, ...]] | None = None
-                 ) -> None:
+                 versions: dict[int, int] | None = None, drop_state: dict[int, tuple[str, ...]] | None = None,
+                 trial: tuple = ()) -> None:
         """``names``: each processor's name, for what a refusal or a log says (by id without);
         ``planned``: each processor's parallelism in the app's plan, where ``tasks`` run
         at another after a rescale (a relaunched AppMaster's); ``restore_epochs``: the
         processors whose snapshots of the last checkpoint a rescale divided, and their epoch;
         ``versions``: the processors running a later version's code, and its number;
-        ``drop_state``: their steps whose state of the last checkpoint they do not take over."""
+        ``drop_state``: their steps whose state of the last checkpoint they do not take over;
+        ``trial``: new code its predecessor had on trial (StoreEpoch's), on trial still: its
+        answer goes to request 0."""
         self.tasks: tuple[TaskKey, ...] = tuple(tasks)
         self.names = dict(names or {})
         #: each processor's parallelism now, and the plan's (a rescale changes the first)
@@ -351,6 +356,10 @@ class AppMasterState:
         self.versions: dict[int, int] = dict(versions or {})
         self._drop_state: dict[int, tuple[str, ...]] = dict(drop_state or {})  # as Deploy's
         self._replace: _Replace | None = None  # the replacement in flight, or on trial
+        if trial:
+            processor, version, previous, same_state, switched_at = trial
+            self._replace = _Replace(0, processor, version, previous, (), same_state, switched_at,
+                                     switched_at=switched_at)
         self._hold: dict[int, int] = {}  # processor id -> the event time its tasks hold records from (as Deploy's)
         #: each task's input watermark as last reported (what a replacement at an event time waits for),
         #: and the highest event time of a record it processed (where the old code's records already end)
@@ -893,7 +902,10 @@ class AppMasterState:
 
     def _epoch_record(self) -> StoreEpoch:
         divided = self._restore.checkpoint_id if (self._restore_epochs or self._drop_state) and self._restore else 0
-        return StoreEpoch(self.epoch, self.restarts, *self._plan_changes(), divided, *self._code())
+        change = self._replace
+        trial = (change.processor, change.version, change.previous, change.same_state, change.switched_at) \
+            if change is not None and change.switched_at else ()
+        return StoreEpoch(self.epoch, self.restarts, *self._plan_changes(), divided, *self._code(), trial)
 
     def _plan_changes(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
         """(parallelism where it differs from the plan's, processors restoring divided state and its epoch)."""

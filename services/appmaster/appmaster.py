@@ -236,7 +236,7 @@ class AppMaster(Service):
                 latest = cp.CheckpointMeta.from_dict(record) if record else None
                 stored = await self.store.get_epoch()
                 # as the last rescale and replacement left them
-                tasks = await self._prepare(dict(stored.parallelism), dict(stored.versions))
+                tasks = await self._prepare(dict(stored.parallelism), dict(stored.versions), stored.trial)
                 divided = {}  # the state a rescale divided of the latest checkpoint (none once a later one completed)
                 # the state a replacement's new code drops of it (the same)
                 dropped = dict(stored.drop_state) if latest and latest.checkpoint_id == stored.divided_checkpoint else {}
@@ -247,7 +247,7 @@ class AppMaster(Service):
                             (processor, i) for i in range(self.plan.graph.processors[processor].parallelism))
                     if latest is None or latest.checkpoint_id != stored.divided_checkpoint:
                         divided = {}
-                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, divided, dropped)
+                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, divided, dropped, stored.trial)
                 actions = self.state.start(time.monotonic(), latest, adopt=True)
             else:
                 tasks = await self._prepare()
@@ -278,16 +278,18 @@ class AppMaster(Service):
         return [TaskId(p.id, i) for p in self.plan.graph.processors for i in range(p.parallelism)]
 
     async def _prepare(self, parallelism: dict[int, int] | None = None,
-                       versions: dict[int, int] | None = None) -> list[TaskId]:
+                       versions: dict[int, int] | None = None, trial: tuple = ()) -> list[TaskId]:
         """Load the app and set up what every AppMaster attempt needs: config, clock origin,
         and the plan at ``parallelism`` (where a rescale changed it) with the code of
-        ``versions`` (processor id -> version, where a replacement changed it)."""
+        ``versions`` (processor id -> version, where a replacement changed it; ``trial``:
+        the one on trial, see StoreEpoch)."""
         submitted = await self._load()
         self.config = {**submitted.config, **self.launch.config}
         self.start_ms = self.launch.start_ms or int(time.time() * 1000)
         self.versions = AppVersions(self.launch, submitted, self.start_ms)
         if self.launch.attempt:
-            self.versions.restore(await self.store.get_versions(), set((versions or {}).values()))
+            self.versions.restore(await self.store.get_versions(), set((versions or {}).values()),
+                                  trial[1] if trial else 0)
             lost = sorted(n for n in set((versions or {}).values()) if n > len(self.versions.history))
             if lost:
                 raise AppFailure(AppError("VersionsLost", f"processors run code version(s) {lost}, which the stored "
@@ -310,7 +312,7 @@ class AppMaster(Service):
 
     def _machine(self, tasks: list[TaskId], latest: cp.CheckpointMeta | None, epoch: int, restarts: int,
                  restore_epochs: dict[int, int] | None = None,
-                 drop_state: dict[int, tuple[str, ...]] | None = None) -> None:
+                 drop_state: dict[int, tuple[str, ...]] | None = None, trial: tuple = ()) -> None:
         """The app's state machine, from its config, in ``epoch``, continuing after ``latest``."""
         try:
             settings = st.Settings.from_config(self.config, self.heartbeat_interval)
@@ -321,7 +323,7 @@ class AppMaster(Service):
         self.state = st.AppMasterState([(t.processor, t.index) for t in tasks], coordinator, settings, epoch, restarts,
                                        {p.id: p.parallelism for p in self.app.graph.processors}, restore_epochs,
                                        {p.id: p.name for p in self.app.graph.processors},
-                                       self._running_versions, drop_state)
+                                       self._running_versions, drop_state, trial)
 
     def _new_coordinator(self, latest: cp.CheckpointMeta | None, epoch: int) -> cp.CheckpointCoordinator:
         """The checkpoint coordinator, from the app's config, continuing after ``latest``."""

@@ -28,12 +28,16 @@ class AppVersions:
     def next_version(self) -> int:
         return len(self.history) + 1
 
-    def restore(self, stored: list[AppVersion], running: set[int]) -> None:
+    def restore(self, stored: list[AppVersion], running: set[int], on_trial: int = 0) -> None:
         """A relaunched AppMaster's history, as its predecessor stored it; a replacement it
-        left pending runs if its epoch record says so (``running``), else it never will."""
-        self.history = [v if v.state != PENDING else dataclasses.replace(v, state=RUNNING) if v.version in running
+        left pending is still on trial (``on_trial``: the machine answers it as request 0),
+        runs if its epoch record says so (``running``), else never will."""
+        self.history = [v if v.state != PENDING or v.version == on_trial
+                        else dataclasses.replace(v, state=RUNNING) if v.version in running
                         else dataclasses.replace(v, state=NOT_TAKEN_OVER, error="the AppMaster was relaunched first")
                         for v in stored] or self.history
+        if on_trial:
+            self.requests[0] = on_trial
 
     def asked(self, request_id: int, version: AppVersion, app: Application) -> None:
         """A replacement the state machine took (pending until it answers)."""

@@ -695,3 +695,26 @@ def test_the_app_ending_while_records_are_held_answers_the_replacement():
     out = m.fail(AppError("E", "boom"))
     assert of(AnswerReplace, out) and m._hold == {}
     m.validate()
+
+
+def test_new_code_on_trial_stays_on_trial_in_a_relaunched_appmaster():
+    m = machine()
+    running(m)
+    replacing(m, 1)
+    [record] = [i for i in m.executor_stopped(0, "w1", "killed", False, 2) if isinstance(i, StoreEpoch)]
+    assert record.versions == ((1, 2),) and record.trial == (1, 2, 1, True, 1)
+    coordinator = cp.CheckpointCoordinator(TASKS, [SRC0, SRC1], interval_s=1, timeout_s=5, keep=2,
+                                           max_consecutive_failures=3, epoch=record.epoch + 1)
+    relaunched = AppMasterState(TASKS, coordinator, Settings(), epoch=record.epoch + 1,
+                                versions=dict(record.versions), trial=record.trial)
+    relaunched.start(3, adopt=True)
+    relaunched.executor_registered(0, "w1", [SRC0, SINK0], 1, 3)
+    [deploy] = of(Deploy, relaunched.executor_registered(1, "w2", [SRC1, SINK1], 2, 3))
+    assert deploy.versions == ((1, 2),)
+    relaunched.deployed(deploy.epoch, 3)
+    with pytest.raises(Refused, match="on trial"):
+        relaunched.rescale_requested(5, {1: 3}, 3)
+    out = relaunched.task_failed(SINK1, deploy.epoch, AppError("KeyError", "'user'", "count"), False, 1, 4)
+    [answer] = of(AnswerReplace, out)
+    assert answer.request_id == 0 and answer.rolled_back and of(Deploy, out)[0].versions == ()
+    relaunched.validate()
