@@ -127,16 +127,13 @@ class InProcessEngine:
         self.nodes: dict[TaskKey, _Node] = {}  # the deployed tasks
         self.hosts: dict[TaskKey, int] = {}  # task -> the in-memory executor it runs on
         self.executors: dict[int, lifecycle.ExecutorTasks] = {}  # each in-memory executor's tasks
-        self._restoring: cp.CheckpointMeta | None = None  # what the deployment's tasks restore from
-        self._restore_epochs: dict[int, int] = {}  # processors restoring state a rescale divided, and its epoch
+        self._deployment: st.Deploy | None = None  # the last: what its tasks restore, run and hold
         #: (checkpoint id, epoch) -> task key -> encoded snapshot, state a rescale divided over new tasks
         self.divided: dict[tuple[int, int], dict[TaskKey, bytes]] = {}
         self.rescales: list[st.AnswerRescale] = []  # how each rescale asked for ended
         self._change_requests = itertools.count(1)
         self.versions: dict[int, Application] = {1: app}  # the app's code, by version (gearbus replace)
         self.replaces: list[st.AnswerReplace] = []  # how each replacement asked for ended
-        self._drop_state: dict[int, tuple[str, ...]] = {}  # as the deployment's
-        self._hold: dict[int, int] = {}  # as the deployment's hold_from
         #: how each executor's instruction is carried out: one handler per kind, as the executor's
         self._instructions = {
             lifecycle.RetireTasks: self._retire, lifecycle.OpenTasks: self._open, lifecycle.StartTasks: self._start,
@@ -198,13 +195,13 @@ class InProcessEngine:
         return whole_snapshot(self.app.graph.processors[key[0]], self._chain(checkpoint_id, key))
 
     def _restore_snapshot(self, checkpoint_id: int, key: TaskKey) -> TaskSnapshot:
-        """What a task of the deployment restores: its whole state at the checkpoint, or
-        the share of it a rescale divided for it."""
-        if key[0] in self._restore_epochs:
-            return TaskSnapshot.decode(self.divided[(checkpoint_id, self._restore_epochs[key[0]])][key])
-        if key[0] in self._drop_state:
-            return carried_over(self.plan.graph.processors[key[0]], self._whole(checkpoint_id, key),
-                                self._drop_state[key[0]])
+        """What a task of the deployment restores: its whole state at the checkpoint, the
+        share of it a rescale divided for it, or what its new code takes of it."""
+        restore_epochs, drop_state = dict(self._deployment.restore_epochs), dict(self._deployment.drop_state)
+        if key[0] in restore_epochs:
+            return TaskSnapshot.decode(self.divided[(checkpoint_id, restore_epochs[key[0]])][key])
+        if key[0] in drop_state:
+            return carried_over(self.plan.graph.processors[key[0]], self._whole(checkpoint_id, key), drop_state[key[0]])
         return self._whole(checkpoint_id, key)
 
     def _divide(self, divide: st.DivideState) -> None:
@@ -365,11 +362,9 @@ class InProcessEngine:
         epoch's), as the AppMaster does: then the tasks start, restored from its checkpoint
         (or fresh); tasks that had ended tell their receivers again."""
         self.hosts = {task: executor_id for executor_id, tasks in deploy.assignments for task in tasks}
-        restore = self._restoring = deploy.restore
+        self._deployment, restore = deploy, deploy.restore
         self.plan = compose(self.app, {p: self.versions[v] for p, v in deploy.versions}).with_parallelism(
             dict(deploy.parallelism))
-        self._restore_epochs, self._drop_state = dict(deploy.restore_epochs), dict(deploy.drop_state)
-        self._hold = dict(deploy.hold_from)
         for executor_id, tasks in deploy.assignments:
             launch = LaunchTasks([TaskId(*task) for task in tasks], self.app.graph.digest(), 0, deploy.epoch,
                                  restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
@@ -396,7 +391,7 @@ class InProcessEngine:
                                             state_backend=self.config.state_backend))
             core = TaskCore(task, senders, self.config.credit_frames, epoch,
                             max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0,
-                            hold_from=self._hold.get(p.id))
+                            hold_from=dict(self._deployment.hold_from).get(p.id))
             source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
             nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges, self.config),
                                          source, collections.deque())
@@ -439,7 +434,7 @@ class InProcessEngine:
 
     def _start(self, executor_id: int, start: lifecycle.StartTasks) -> None:
         """Each task starts, as an executor's task loop does: on_start, then its restore."""
-        restore, attempt = self._restoring, self._attempt(executor_id)
+        restore, attempt = self._deployment.restore, self._attempt(executor_id)
         for task in start.tasks:
             if self._attempt(executor_id) != attempt:
                 return  # a task's start rolled the app back: the rest belong to the replaced attempt

@@ -254,7 +254,6 @@ class _Replace:
     proven_at: int = 0  # the first checkpoint covering records the new code processed: it passes the trial
 
 
-
 class Refused(Exception):
     """A registration or heartbeat this AppMaster does not accept; ``code`` is an ErrorCode."""
 
@@ -360,7 +359,6 @@ class AppMasterState:
             processor, version, previous, same_state, switched_at = trial
             self._replace = _Replace(0, processor, version, previous, (), same_state, switched_at,
                                      switched_at=switched_at)
-        self._hold: dict[int, int] = {}  # processor id -> the event time its tasks hold records from (as Deploy's)
         #: each task's input watermark as last reported (what a replacement at an event time waits for),
         #: and the highest event time of a record it processed (where the old code's records already end)
         self.watermarks: dict[TaskKey, int] = {}
@@ -608,7 +606,7 @@ class AppMasterState:
         or while tasks hold records for a replacement (a savepoint keeps state, not them)."""
         if self.phase is not Phase.RUNNING:
             raise Refused(ErrorCode.UNAVAILABLE, "the app is not running: no savepoint now")
-        if self._hold:
+        if self._holding():
             raise Refused(ErrorCode.CONFLICT, "tasks hold records for a replacement's new code (replace --at): "
                                               "take the savepoint once it took over")
         self._savepoints[request_id] = (self.coordinator.next_id, stop)
@@ -647,10 +645,11 @@ class AppMasterState:
         code is on trial: a failure of its tasks rolls the processor back to the previous
         version (``AnswerReplace`` says which). Only code whose stateful steps are the old
         one's (``same_state``) may be rolled back from a checkpoint it wrote: other code's
-        trial ends at the first checkpoint after it took over. With ``at_ms``, the new epoch first runs the old
-        code holding back records of event time ``at_ms`` and later; once the processor's
-        watermark passes it, a checkpoint, and the new code takes over from it, held
-        records first. Raises Refused, the app untouched, when it cannot be done now."""
+        trial ends at the first checkpoint after it took over. With ``at_ms``, the new
+        epoch first runs the old code holding back records of event time ``at_ms`` and
+        later; once the processor's watermark passes it, a checkpoint, and the new code
+        takes over from it, held records first. Raises Refused, the app untouched, when it
+        cannot be done now."""
         if self.phase is not Phase.RUNNING:
             raise Refused(ErrorCode.CONFLICT, f"the app is {self.phase.value if self.phase else 'starting'}: "
                                               "replace its code once it runs")
@@ -791,8 +790,7 @@ class AppMasterState:
             or self.phase is Phase.RUNNING, self._replace
         assert set(self._drop_state) <= set(self.versions), (self._drop_state, self.versions)
         assert all(v > 1 for v in self.versions.values()), self.versions
-        holding = self._replace is not None and self._replace.holding and not self._replace.switched_at
-        assert bool(self._hold) == holding, (self._hold, self._replace)
+        assert self._replace is None or not (self._replace.holding and self._replace.switched_at), self._replace
         assert (self.outcome is not None) == (self.phase is Phase.ENDING)
 
     # -- transitions ----------------------------------------------------------------------
@@ -867,10 +865,7 @@ class AppMasterState:
                 actions += self._replace_dropped(f"the app rolled back ({reason})")
             elif self._replace is not None:
                 self._replace.proven_at = 0  # what it processed is undone: its trial starts again
-            self.epoch += 1
-            actions += self._checkpointing(self.coordinator.restart(self.epoch, now))
-            self._restore, self.watermarks = self.coordinator.latest(), {}
-            self.unfinished = set(self.tasks)
+            actions += self._new_epoch(self.epoch + 1, self.coordinator.latest(), now)
             actions.append(Logged("rolling_back", "warning", (
                 ("reason", reason), ("epoch", self.epoch), ("restarts", self.restarts),
                 ("restore_checkpoint", self._restore.checkpoint_id if self._restore else 0))))
@@ -882,6 +877,14 @@ class AppMasterState:
                 executor.tasks = []
         orphaned = self._unhosted()
         return actions + (self._new_executor(orphaned, avoid) if orphaned else self._deploy_if_placed())
+
+    def _new_epoch(self, epoch: int, restore: cp.CheckpointMeta | None, now: float) -> list[Instruction]:
+        """Every task goes on from ``restore`` in ``epoch`` (a rollback, a rescale, a
+        replacement): what was in flight is dropped, and no task has finished yet."""
+        self.epoch = epoch
+        actions = self._checkpointing(self.coordinator.restart(epoch, now))
+        self._restore, self.unfinished, self.watermarks = restore, set(self.tasks), {}
+        return actions
 
     def _new_executor(self, tasks: list[TaskKey], avoid: set[str]) -> list[Instruction]:
         """A new executor (id never used before) for ``tasks``, away from ``avoid``."""
@@ -918,7 +921,13 @@ class AppMasterState:
 
     def _deployment(self) -> Deploy:
         return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()),
-                      *self._plan_changes(), *self._code(), tuple(sorted(self._hold.items())))
+                      *self._plan_changes(), *self._code(), self._holding())
+
+    def _holding(self) -> tuple[tuple[int, int], ...]:
+        """(processor id, the event time its tasks hold records from), for a replacement
+        at an event time that has not taken over yet (as Deploy's ``hold_from``)."""
+        change = self._replace
+        return ((change.processor, change.at_ms),) if change is not None and change.holding else ()
 
     def _divide_if_due(self, now: float) -> list[Instruction]:
         """The rescale's checkpoint completed: nothing is triggered while its state is
@@ -948,10 +957,8 @@ class AppMasterState:
         self.parallelism.update(change.parallelism)
         self.tasks = tuple((p, i) for p in sorted(self.parallelism) for i in range(self.parallelism[p]))
         sources = {p for p, _ in self.coordinator.sources}
-        self.epoch = epoch
-        actions = self._checkpointing(self.coordinator.restart(self.epoch, now))
+        actions = self._new_epoch(epoch, latest, now)
         self.coordinator.retask(self.tasks, [t for t in self.tasks if t[0] in sources])
-        self._restore, self.unfinished, self.watermarks = latest, set(self.tasks), {}
         self._place(change.parallelism)
         self._enter(Phase.DEPLOYING)
         logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch),
@@ -991,17 +998,14 @@ class AppMasterState:
             return []
         if change.at_ms and not change.holding:
             change.holding, change.first_checkpoint = True, 0
-            self._hold = {change.processor: change.at_ms}
             event = "replace_holding"
         else:
-            change.switched_at, self._hold = latest.checkpoint_id, {}
+            change.switched_at, change.holding = latest.checkpoint_id, False
             self.versions[change.processor] = change.version
             if change.dropped:
                 self._drop_state = {change.processor: change.dropped}
             event = "replacing"
-        self.epoch += 1
-        actions = self._checkpointing(self.coordinator.restart(self.epoch, now))
-        self._restore, self.unfinished, self.watermarks = latest, set(self.tasks), {}
+        actions = self._new_epoch(self.epoch + 1, latest, now)
         self._enter(Phase.DEPLOYING)
         logged = (("processor", self._named(change.processor)), ("version", change.version), ("epoch", self.epoch),
                   ("from_checkpoint", latest.checkpoint_id), ("dropped_state", ", ".join(change.dropped)),
@@ -1015,7 +1019,7 @@ class AppMasterState:
         change = self._replace
         if change is None:
             return []
-        self._replace, self._hold = None, {}  # records held go to the old code: the tasks restoring them process them
+        self._replace = None  # records held go to the old code: the tasks restoring them process them
         if not change.switched_at:
             return [AnswerReplace(change.request_id, f"version {change.version} not taken over: {why}")]
         if change.previous > 1:
@@ -1121,5 +1125,5 @@ class AppMasterState:
             self._rescale = None
         if self._replace is not None:
             failed.append(AnswerReplace(self._replace.request_id, f"the app ended ({state})"))
-            self._replace, self._hold = None, {}
+            self._replace = None
         return failed + [self.outcome, ReportState(state, error)]

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from operator import itemgetter
 from typing import NamedTuple
 
 from gearbus.api.task import Record, Task
@@ -53,7 +52,6 @@ from gearbus.runtime.snapshots import MAX_DEPTH, Lineage, TaskSnapshot
 from gearbus.runtime.task_key import TaskKey
 
 NO_BARRIER = 0
-_timestamp = itemgetter(1)
 #: The smallest credit window a debloated receiver grants: one frame to process while the next comes.
 MIN_WINDOW = 2
 #: Frames processed between two measures of how long they take (:meth:`TaskCore.measured`).
@@ -149,8 +147,9 @@ class TaskCore:
         self.watermark = WATERMARK_MIN  # the input's; the output's may lag (see output_watermark)
         self.hold_from = hold_from
         self.held: list[Record] = []
-        #: the highest event time among the records it processed (this attempt): how far a
-        #: replacement at an event time is too late to give the rest to the new code
+        #: the newest event time of the last record of each batch it processed (this attempt):
+        #: how far a replacement at an event time is too late to give the rest to the new code
+        #: (a record out of order inside a batch is not seen: a max per record costs ~65 ns)
         self.latest_event_ms = WATERMARK_MIN
         self._seen = WATERMARK_MIN  # the watermark the task saw (below hold_from while holding)
         self.input_ended = False  # every input ended: the end follows once nothing is pending
@@ -312,8 +311,9 @@ class TaskCore:
             records = [r for r in records if r[1] < self.hold_from]
         if records:
             self.records_in += len(records)
-            self.task.current_time = records[-1][1]
-            self.latest_event_ms = max(self.latest_event_ms, max(map(_timestamp, records)))
+            self.task.current_time = last = records[-1][1]
+            if last > self.latest_event_ms:
+                self.latest_event_ms = last
             self.task.on_batch(records)
         if frame.watermark != state.watermark:
             state.watermark = frame.watermark
@@ -346,7 +346,7 @@ class TaskCore:
         if held:
             self.records_in += len(held)
             self.task.current_time = held[-1][1]
-            self.latest_event_ms = max(self.latest_event_ms, max(map(_timestamp, held)))
+            self.latest_event_ms = max(self.latest_event_ms, held[-1][1])
             self.task.on_batch(held)
         if self.watermark > self._seen:
             self._seen = self.watermark

@@ -153,8 +153,7 @@ class AppMaster(Service):
         #: checkpoint id -> epoch -> the new tasks a rescale divided its state for (under that epoch)
         self._divided: dict[int, dict[int, list[tuple[int, int]]]] = {}
         self._change_requests = itertools.count(1)
-        self._rescales: dict[int, asyncio.Future] = {}  # request id -> its answer (an error, or "")
-        self._replaces: dict[int, asyncio.Future] = {}  # request id -> its answer (an error, or "")
+        self._changes: dict[int, asyncio.Future] = {}  # rescale or replace request id -> its answer (an error, or "")
         self._compaction: asyncio.Task | None = None  # the last checkpoint compaction started
         self._savepoint_requests = itertools.count(1)
         self._savepoints: dict[int, asyncio.Future] = {}  # request id -> its checkpoint's meta
@@ -167,7 +166,7 @@ class AppMaster(Service):
             st.Deploy: self._spawning(self._deploy, "deploy"), st.Fence: self._spawning(self._fence, "fence"),
             st.ReportState: self._report_state, st.AnswerSavepoint: self._answer_savepoint,
             st.RepeatFinalComplete: self._repeat_final_complete, st.EndApp: self._end_app,
-            st.DivideState: self._spawning(self._divide, "divide-state"), st.AnswerRescale: self._answer_rescale,
+            st.DivideState: self._spawning(self._divide, "divide-state"), st.AnswerRescale: self._answer_change,
             st.AnswerReplace: self._answer_replace,
             st.Shutdown: self._spawning(self._shutdown, "shutdown"),
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._retrigger, cp.StoreCheckpoint: self._store,
@@ -655,17 +654,11 @@ class AppMaster(Service):
             asked = processors_of(self.plan, msg.parallelism)
         except RescaleError as exc:
             raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
-        request_id = next(self._change_requests)
-        answer = self._rescales[request_id] = asyncio.get_running_loop().create_future()
-        try:
-            instructions = self.state.rescale_requested(request_id, asked, time.monotonic())
-        except st.Refused as refused:
-            del self._rescales[request_id]
-            raise RequestError(refused.code, refused.message) from None
-        await self.carry_out(instructions)
-        error = await answer
-        if error:
-            raise RequestError(ErrorCode.CONFLICT, error)
+
+        async def ask(request_id: int) -> list:
+            return self.state.rescale_requested(request_id, asked, time.monotonic())
+
+        await self._change(ask)
         return AppRescaled(self.app_id, {p.name: p.parallelism for p in self.plan.graph.processors}, self.epoch)
 
     # --- replacing a processor's code ---------------------------------------------------
@@ -689,43 +682,53 @@ class AppMaster(Service):
                                                       f"{type(exc).__name__}: {exc}") from None
         version = dataclasses.replace(version, version=self.versions.next_version, processor=replacement.processor,
                                       dropped_state=list(replacement.dropped_state))  # numbered once nothing awaits
-        request_id = next(self._change_requests)
-        answer = self._replaces[request_id] = asyncio.get_running_loop().create_future()
-        try:
+
+        async def ask(request_id: int) -> list:
             instructions = self.state.replace_requested(request_id, replacement.processor, version.version,
                                                         replacement.dropped_state, time.monotonic(), msg.at_ms,
                                                         replacement.same_state)
+            self.versions.asked(request_id, version, new)
+            await self._store_versions()
+            return instructions
+
+        await self._change(ask)
+        return ProcessorReplaced(self.app_id, version.version, replacement.name, self.epoch,
+                                 list(replacement.dropped_state))
+
+    async def _change(self, ask) -> None:
+        """A rescale or a replacement: ``ask(request_id)`` hands it to the state machine
+        (which refuses it, the app untouched, or returns what to do), then its answer is
+        awaited; one with an error fails the request with it."""
+        request_id = next(self._change_requests)
+        answer = self._changes[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            instructions = await ask(request_id)
         except st.Refused as refused:
-            del self._replaces[request_id]
+            del self._changes[request_id]
             raise RequestError(refused.code, refused.message) from None
-        self.versions.asked(request_id, version, new)
-        await self._store_versions()
         await self.carry_out(instructions)
         error = await answer
         if error:
             raise RequestError(ErrorCode.CONFLICT, error)
-        return ProcessorReplaced(self.app_id, version.version, replacement.name, self.epoch,
-                                 list(replacement.dropped_state))
+
+    async def _answer_change(self, answer: st.AnswerRescale | st.AnswerReplace) -> None:
+        waiting = self._changes.pop(answer.request_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(answer.error)
 
     async def _answer_replace(self, answer: st.AnswerReplace) -> None:
         if self.versions.answered(answer.request_id, answer.error, answer.rolled_back) is not None:
             await self._store_versions()  # before the answer: what the client hears, a relaunch knows
-        waiting = self._replaces.pop(answer.request_id, None)
-        if waiting is not None and not waiting.done():
-            waiting.set_result(answer.error)
+        await self._answer_change(answer)
 
     async def _store_versions(self) -> None:
-        """The code history, for a relaunched AppMaster (it loads the versions that run);
-        a failed write is logged: the versions running are in the epoch record too."""
+        """The code history, for a relaunched AppMaster (it loads the versions that run
+        from it); a failed write is logged, and a relaunch that then misses a version the
+        epoch record names fails the app with VersionsLost."""
         try:
             await self.store.put_versions(self.versions.history)
         except Exception as exc:
             log.error("storing_versions_failed", error=f"{type(exc).__name__}: {exc}")
-
-    async def _answer_rescale(self, answer: st.AnswerRescale) -> None:
-        waiting = self._rescales.pop(answer.request_id, None)
-        if waiting is not None and not waiting.done():
-            waiting.set_result(answer.error)
 
     async def _divide(self, divide: st.DivideState) -> None:
         """Divide the rescaled processors' state of the checkpoint over their new tasks:

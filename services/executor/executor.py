@@ -139,8 +139,13 @@ class Executor(Service):
     async def on_launch_tasks(self, msg: LaunchTasks) -> TaskRegistered:
         """Run ``msg.tasks`` in attempt ``msg.epoch``, restored from its checkpoint (the
         machine decides what retires and what opens)."""
-        if msg.epoch > self.tasks.epoch:  # the code of the epoch launched (the same launch again keeps it)
+        plan = self.plan
+        if msg.epoch > self.tasks.epoch:  # the code and plan of the epoch launched (the same launch again keeps them)
             await self._load_versions(msg.versions)
+            try:
+                plan = self.app.with_parallelism(msg.parallelism)
+            except GraphError as exc:
+                raise RequestError(ErrorCode.BAD_REQUEST, f"parallelism {msg.parallelism}: {exc}") from None
         digest = self.app.graph.digest()
         if msg.dag_digest != digest:
             raise RequestError(
@@ -152,12 +157,6 @@ class Executor(Service):
         for task_id in msg.tasks:
             if not 0 <= task_id.processor < len(processors):
                 raise RequestError(ErrorCode.BAD_REQUEST, f"no processor {task_id.processor} in this application")
-        plan = self.plan
-        if msg.epoch > self.tasks.epoch:  # the plan of the epoch launched (the same launch again keeps it)
-            try:
-                plan = self.app.with_parallelism(msg.parallelism)
-            except GraphError as exc:
-                raise RequestError(ErrorCode.BAD_REQUEST, f"parallelism {msg.parallelism}: {exc}") from None
         beyond = [f"{t.processor}.{t.index}" for t in msg.tasks
                   if t.index >= plan.graph.processors[t.processor].parallelism]
         if beyond:

@@ -470,11 +470,18 @@ def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_
     m.validate()
 
 
-def test_a_rollback_while_the_rescale_deploys_keeps_the_new_parallelism_and_restores_by_the_old():
+def dividing(request_id: int, parallelism: dict[int, int]) -> AppMasterState:
+    """A running app asked for a rescale at 1, whose checkpoint completed at 2: its state
+    is being divided."""
     m = machine()
     running(m)
-    m.rescale_requested(5, {1: 1}, 1)
+    m.rescale_requested(request_id, parallelism, 1)
     checkpoint_all(m, 2)
+    return m
+
+
+def test_a_rollback_while_the_rescale_deploys_keeps_the_new_parallelism_and_restores_by_the_old():
+    m = dividing(5, {1: 1})
     [deploy] = of(Deploy, m.state_divided(5, 2))
     assert deploy.parallelism == ((1, 1),) and m.tasks == (SRC0, SRC1, SINK0)
     out = m.deploy_failed(1, "executor 0 refused", 3)
@@ -530,10 +537,7 @@ def test_a_rescale_whose_checkpoint_fails_or_that_a_failure_overtakes_is_answere
 
 
 def test_the_app_ending_while_a_rescale_divides_its_state_answers_it_and_releases_the_checkpoints():
-    m = machine()
-    running(m)
-    m.rescale_requested(1, {1: 3}, 1)
-    checkpoint_all(m, 2)
+    m = dividing(1, {1: 3})
     assert m.coordinator.held
     out = m.fail(AppError("ValueError", "bad", "step"))
     assert of(AnswerRescale, out) == [AnswerRescale(1, "rescale to processor 1: 3 not done: the app ended (FAILED)")]
@@ -680,7 +684,7 @@ def test_with_an_event_time_the_old_code_holds_records_until_the_watermark_passe
     [trigger] = of(cp.TriggerCheckpoint, out)
     # that checkpoint fails: the records stay held, and the next report asks again
     assert not of(AnswerReplace, m.checkpoint_declined(trigger.checkpoint_id, 1, SRC0, "no", 2))
-    assert m._hold == {1: 200}
+    assert m._holding() == ((1, 200),)
     m.validate()
     assert of(cp.TriggerCheckpoint, m.input_watermarks({SINK1: 201}, 6))
     [switch] = of(Deploy, checkpoint_all(m, 6))
@@ -693,7 +697,7 @@ def test_the_app_ending_while_records_are_held_answers_the_replacement():
     running(m)
     replacing(m, 1, at_ms=100)
     out = m.fail(AppError("E", "boom"))
-    assert of(AnswerReplace, out) and m._hold == {}
+    assert of(AnswerReplace, out) and m._holding() == ()
     m.validate()
 
 
