@@ -266,7 +266,7 @@ class TaskCounters(Struct):
     messages_dropped: int = 0
     late_records: int = 0
     stale_frames: int = 0  # frames of another attempt (a replaced task's), dropped unread
-    latest_event_ms: int | None = None  # the highest event time of a record it processed (None: none yet)
+    latest_event_ms: int | None = None  # the newest event time of a batch's last record it processed (None: none)
     dead_letters: int = 0  # source messages that did not decode (sent to the dead-letter subject)
     epoch: int = 0
     executor_id: int = -1  # the executor running this task (its log: ``gearbus logs --task``)
