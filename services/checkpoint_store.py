@@ -154,7 +154,7 @@ class CheckpointStore:
         restart budget and runs the tasks that run now."""
         await self._put_value(subjects.checkpoint_epoch_key(self.app_id), msgpack.packb(
             {"epoch": record.epoch, "restarts": record.restarts, "parallelism": record.parallelism,
-             "restore_epochs": record.restore_epochs, "divided_checkpoint": record.divided_checkpoint,
+             "drop_state_checkpoint": record.drop_state_checkpoint,
              "versions": record.versions, "drop_state": record.drop_state, "trial": record.trial}))
 
     async def get_epoch(self) -> StoreEpoch:
@@ -167,7 +167,7 @@ class CheckpointStore:
             return StoreEpoch(int(epoch), int(restarts))
         data = msgpack.unpackb(value)
         return StoreEpoch(int(data["epoch"]), int(data["restarts"]), tuple(map(tuple, data["parallelism"])),
-                          tuple(map(tuple, data["restore_epochs"])), int(data["divided_checkpoint"]),
+                          int(data.get("drop_state_checkpoint", 0)),
                           tuple(map(tuple, data.get("versions", ()))),
                           tuple((p, tuple(steps)) for p, steps in data.get("drop_state", ())),
                           tuple(data.get("trial", ())))

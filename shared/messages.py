@@ -862,8 +862,9 @@ class LaunchTasks(Message):
     restore_epoch: int = 0  # the epoch the restored checkpoint was taken in
     #: processor id -> its parallelism, where a rescale changed the plan's
     parallelism: dict[int, int] = dataclasses.field(default_factory=dict)
-    #: processor id -> the epoch its tasks' snapshots of restore_checkpoint were divided under (a rescale)
-    restore_epochs: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: processor id -> the parallelism its snapshots of restore_checkpoint were taken at, where not the
+    #: parallelism it runs at now (a rescale): each task restores the key groups it owns from those
+    restore_parallelism: dict[int, int] = dataclasses.field(default_factory=dict)
     #: processor id -> the version whose code it runs, where not the app as submitted (gearbus replace)
     versions: dict[int, AppVersion] = dataclasses.field(default_factory=dict)
     #: processor id -> steps whose state in restore_checkpoint its new code does not take over

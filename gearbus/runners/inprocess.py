@@ -49,7 +49,7 @@ import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gearbus.api.graph import Application, GraphError
+from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import Task, TaskContext, now_ms
 from gearbus.api.watermarks import WATERMARK_MAX
@@ -62,7 +62,7 @@ from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
 from gearbus.runtime.replace import carried_over, check_replacement, compose
 from gearbus.runtime.rescale import processors_of
-from gearbus.runtime.savepoints import SavepointMismatch, compacted, divided_snapshots, whole_snapshot
+from gearbus.runtime.savepoints import SavepointMismatch, compacted, rescaled_snapshot, restored_from, whole_snapshot
 from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from gearbus.runtime.task_key import TaskKey
@@ -128,8 +128,7 @@ class InProcessEngine:
         self.hosts: dict[TaskKey, int] = {}  # task -> the in-memory executor it runs on
         self.executors: dict[int, lifecycle.ExecutorTasks] = {}  # each in-memory executor's tasks
         self._deployment: st.Deploy | None = None  # the last: what its tasks restore, run and hold
-        #: (checkpoint id, epoch) -> task key -> encoded snapshot, state a rescale divided over new tasks
-        self.divided: dict[tuple[int, int], dict[TaskKey, bytes]] = {}
+        self._restoring: dict[TaskKey, TaskSnapshot] = {}  # what each task of the deployment restores
         self.rescales: list[st.AnswerRescale] = []  # how each rescale asked for ended
         self._change_requests = itertools.count(1)
         self.versions: dict[int, Application] = {1: app}  # the app's code, by version (gearbus replace)
@@ -147,7 +146,7 @@ class InProcessEngine:
             st.Logged: self._log, st.StoreEpoch: self._store_epoch, st.RequestSlots: self._request_slots,
             st.RequestSlot: self._request_slot, st.LaunchExecutor: self._launch_executor, st.Deploy: self._deploy,
             st.Fence: self._fence, st.ReportState: self._report_state, st.EndApp: self._end, st.Shutdown: self._shutdown,
-            st.RepeatFinalComplete: self._repeat_final_complete, st.DivideState: self._divide,
+            st.RepeatFinalComplete: self._repeat_final_complete,
             st.AnswerRescale: self.rescales.append, st.AnswerReplace: self.replaces.append,
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._trigger,
             cp.StoreCheckpoint: self._store_checkpoint, cp.NotifyComplete: self._notify_complete,
@@ -194,32 +193,21 @@ class InProcessEngine:
         """A task's whole state at a completed checkpoint, added up as the task restores it."""
         return whole_snapshot(self.app.graph.processors[key[0]], self._chain(checkpoint_id, key))
 
-    def _restore_snapshot(self, checkpoint_id: int, key: TaskKey) -> TaskSnapshot:
-        """What a task of the deployment restores: its whole state at the checkpoint, the
-        share of it a rescale divided for it, or what its new code takes of it."""
-        restore_epochs, drop_state = dict(self._deployment.restore_epochs), dict(self._deployment.drop_state)
-        if key[0] in restore_epochs:
-            return TaskSnapshot.decode(self.divided[(checkpoint_id, restore_epochs[key[0]])][key])
+    def _restore_snapshot(self, checkpoint_id: int, key: TaskKey, old: dict[TaskKey, TaskSnapshot]) -> TaskSnapshot:
+        """What a task of the deployment restores: its whole state at the checkpoint, its
+        share of the old tasks' after a rescale (each read once, into ``old``), or what its
+        new code takes of it. Raises SavepointMismatch when its share cannot be divided."""
+        processor = self.plan.graph.processors[key[0]]
+        taken_at, drop_state = dict(self._deployment.restore_parallelism).get(key[0]), dict(self._deployment.drop_state)
+        if taken_at is not None:
+            wanted = [(key[0], index) for index in restored_from(processor, taken_at, key[1])]
+            for task in wanted:
+                if task not in old:
+                    old[task] = self._whole(checkpoint_id, task)
+            return rescaled_snapshot(processor, taken_at, {index: old[(p, index)] for p, index in wanted}, key[1])
         if key[0] in drop_state:
-            return carried_over(self.plan.graph.processors[key[0]], self._whole(checkpoint_id, key), drop_state[key[0]])
+            return carried_over(processor, self._whole(checkpoint_id, key), drop_state[key[0]])
         return self._whole(checkpoint_id, key)
-
-    def _divide(self, divide: st.DivideState) -> None:
-        """Divide the rescaled processors' state of the checkpoint over their new tasks, as
-        the AppMaster does; a state that cannot be divided refuses the rescale."""
-        checkpoint_id = divide.checkpoint.checkpoint_id
-        divided = {}
-        try:
-            plan = self.plan.with_parallelism({p: new for p, _, new in divide.parallelism})
-            for processor_id, old, new in divide.parallelism:
-                whole = [self._whole(checkpoint_id, (processor_id, index)) for index in range(old)]
-                for index, snapshot in enumerate(divided_snapshots(plan.graph.processors[processor_id], whole)):
-                    divided[(processor_id, index)] = snapshot.encode()
-        except (SavepointMismatch, GraphError) as exc:
-            self._carry_out(self.state.state_divided(divide.request_id, self.clock, str(exc)))
-            return
-        self.divided[(checkpoint_id, divide.epoch)] = divided
-        self._carry_out(self.state.state_divided(divide.request_id, self.clock))
 
     def _compacted(self, checkpoint_id: int, key: TaskKey) -> bytes:
         """A task's whole state at a completed checkpoint, encoded as a snapshot that needs
@@ -365,10 +353,17 @@ class InProcessEngine:
         self._deployment, restore = deploy, deploy.restore
         self.plan = compose(self.app, {p: self.versions[v] for p, v in deploy.versions}).with_parallelism(
             dict(deploy.parallelism))
+        old: dict[TaskKey, TaskSnapshot] = {}
+        try:  # as an executor opens its tasks: one whose share cannot be divided refuses the launch
+            self._restoring = {key: self._restore_snapshot(restore.checkpoint_id, key, old)
+                               for _, tasks in deploy.assignments for key in tasks} if restore else {}
+        except SavepointMismatch as exc:
+            self._carry_out(self.state.deploy_failed(deploy.epoch, str(exc), self.clock, refused=True))
+            return
         for executor_id, tasks in deploy.assignments:
             launch = LaunchTasks([TaskId(*task) for task in tasks], self.app.graph.digest(), 0, deploy.epoch,
                                  restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
-                                 dict(deploy.parallelism), dict(deploy.restore_epochs))
+                                 dict(deploy.parallelism), dict(deploy.restore_parallelism))
             machine = self.executors.setdefault(executor_id, lifecycle.ExecutorTasks())
             self._do(executor_id, machine.launch(launch, [TaskId(*task) for task in tasks
                                                           if self.plan.graph.processors[task[0]].is_source]))
@@ -442,7 +437,7 @@ class InProcessEngine:
             self._guard(node, node.task.on_start)
             node.started = True
             if restore is not None:
-                self._guard(node, node.core.restore, self._restore_snapshot(restore.checkpoint_id, node.key))
+                self._guard(node, node.core.restore, self._restoring.pop(node.key))
                 if node.core.ended:  # it ended before the checkpoint: its receivers hear the end again
                     self._send(node, node.sender.finish(WATERMARK_MAX))
                     self._do(executor_id, self.executors[executor_id].task_ended(task, node.core.epoch))
@@ -707,7 +702,6 @@ class InProcessEngine:
     def _prune(self, prune: cp.PruneCheckpoints) -> None:
         for checkpoint_id in prune.checkpoint_ids:
             self.completed.pop(checkpoint_id, None)
-        self.divided = {at: snapshots for at, snapshots in self.divided.items() if at[0] not in prune.checkpoint_ids}
 
     def _abandon(self, abandon: cp.AbandonCheckpoint) -> None:
         """A rollback dropped the checkpoint in flight."""

@@ -22,6 +22,10 @@ The app moves through these phases (``_ALLOWED`` enforces the table)::
     DEPLOYING       (or a deployment failed)                   (a new epoch; lost tasks get new executors)
     ROLLING_BACK  more losses                                ROLLING_BACK  (placed too)
     ROLLING_BACK  every lost task has a registered executor  DEPLOYING     Deploy(epoch)
+    RUNNING       a rescale's (or replacement's) checkpoint  DEPLOYING     StoreEpoch, Deploy(epoch + 1) (the new
+                    completed                                                tasks divide the old ones' state)
+    DEPLOYING     an executor refused a rescale's tasks      ROLLING_BACK  AnswerRescale (undone: the old
+                                                               or DEPLOYING  parallelism), as a failure
     RUNNING       every task finished                        ENDING        EndApp(SUCCEEDED), ReportState
     RUNNING       a savepoint with stop is written           ENDING        EndApp(TERMINATED), ReportState
     any           task failure, budget spent, no slot, ...   ENDING        EndApp(FAILED, error), ReportState
@@ -109,31 +113,20 @@ class Deploy:
     """Launch each executor's tasks in ``epoch`` (replacing older ones), restored from
     ``restore`` (None: fresh), and start them all; then ``deployed`` or ``deploy_failed``.
     ``parallelism``: each rescaled processor's, where it differs from the plan's;
-    ``restore_epochs``: the processors whose snapshots of ``restore`` a rescale divided
-    anew for their new tasks, with the epoch they were stored under (the rest: the
-    checkpoint's own)."""
+    ``restore_parallelism``: the processors whose snapshots of ``restore`` were taken at
+    another parallelism than they run at now (a rescale), and that one: each new task
+    restores its share, the key groups it owns, from the old tasks' snapshots."""
     epoch: int
     restore: cp.CheckpointMeta | None
     assignments: tuple[tuple[int, tuple[TaskKey, ...]], ...]  # (executor id, its tasks)
     parallelism: tuple[tuple[int, int], ...] = ()  # (processor id, parallelism)
-    restore_epochs: tuple[tuple[int, int], ...] = ()  # (processor id, epoch)
+    restore_parallelism: tuple[tuple[int, int], ...] = ()  # (processor id, parallelism of its snapshots)
     #: (processor id, the version whose code it runs), where not the app as submitted (version 1)
     versions: tuple[tuple[int, int], ...] = ()
     #: (processor id, its steps whose state in ``restore`` its new code does not take over)
     drop_state: tuple[tuple[int, tuple[str, ...]], ...] = ()
     #: (processor id, the event time from which its tasks hold input back for a replacement's code)
     hold_from: tuple[tuple[int, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class DivideState:
-    """Divide the rescaled processors' snapshots of completed checkpoint ``checkpoint``
-    (whole, at their old parallelism) over their new tasks by key group, and store each
-    new task's under ``epoch``; then ``state_divided`` (with the error if it cannot be)."""
-    request_id: int
-    checkpoint: cp.CheckpointMeta
-    epoch: int
-    parallelism: tuple[tuple[int, int, int], ...]  # (processor id, old parallelism, new)
 
 
 @dataclass(frozen=True)
@@ -169,8 +162,7 @@ class StoreEpoch:
     epoch: int
     restarts: int
     parallelism: tuple[tuple[int, int], ...] = ()  # as Deploy's
-    restore_epochs: tuple[tuple[int, int], ...] = ()
-    divided_checkpoint: int = 0  # the checkpoint ``restore_epochs`` and ``drop_state`` apply to (not a later one)
+    drop_state_checkpoint: int = 0  # the checkpoint ``drop_state`` applies to (not a later one)
     versions: tuple[tuple[int, int], ...] = ()  # as Deploy's
     drop_state: tuple[tuple[int, tuple[str, ...]], ...] = ()  # as Deploy's, for the checkpoint restored
     #: new code on trial: (processor, its version, the version before, whether both keep the
@@ -224,7 +216,7 @@ class Logged:
     data: tuple[tuple[str, object], ...]
 
 
-Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | DivideState | StoreEpoch
+Instruction = (RequestSlots | RequestSlot | LaunchExecutor | AskExecutorsToRegister | Deploy | StoreEpoch
                | Fence | ReportState | AnswerSavepoint | AnswerRescale | AnswerReplace | RepeatFinalComplete | EndApp
                | Shutdown | Logged | cp.Action)
 """What the shell carries out (never cp.FailApplication: the machine ends the app on it)."""
@@ -235,8 +227,12 @@ class _Rescale:
     request_id: int
     parallelism: dict[int, int]  # processor id -> its new parallelism
     first_checkpoint: int  # the rescale goes on from the first checkpoint completed from this id on
-    division: tuple[cp.CheckpointMeta, int] | None = None  # (that checkpoint, the epoch its state is divided in)
-    applied: bool = False  # the tasks run (or are being deployed) at the new parallelism
+    previous: dict[int, int] | None = None  # once applied (its tasks being deployed): the parallelism before
+
+    @property
+    def applied(self) -> bool:
+        """Its tasks run, or are being deployed, at the new parallelism."""
+        return self.previous is not None
 
 
 @dataclass
@@ -315,13 +311,12 @@ class AppMasterState:
 
     def __init__(self, tasks: Iterable[TaskKey], coordinator: cp.CheckpointCoordinator, settings: Settings,
                  epoch: int = 0, restarts: int = 0, planned: dict[int, int] | None = None,
-                 restore_epochs: dict[int, int] | None = None, names: dict[int, str] | None = None,
+                 names: dict[int, str] | None = None,
                  versions: dict[int, int] | None = None, drop_state: dict[int, tuple[str, ...]] | None = None,
                  trial: tuple = ()) -> None:
         """``names``: each processor's name, for what a refusal or a log says (by id without);
         ``planned``: each processor's parallelism in the app's plan, where ``tasks`` run
-        at another after a rescale (a relaunched AppMaster's); ``restore_epochs``: the
-        processors whose snapshots of the last checkpoint a rescale divided, and their epoch;
+        at another after a rescale (a relaunched AppMaster's);
         ``versions``: the processors running a later version's code, and its number;
         ``drop_state``: their steps whose state of the last checkpoint they do not take over;
         ``trial``: new code its predecessor had on trial (StoreEpoch's), on trial still: its
@@ -349,8 +344,6 @@ class AppMasterState:
         self._final_announced: tuple[int, float] | None = None  # the final checkpoint, when last announced
         self._report_failing_since: dict[str, float] = {}  # state -> when its report first went unanswered
         self._rescale: _Rescale | None = None  # the change in flight
-        #: processors whose snapshots of the checkpoint a deployment restores a rescale divided, and their epoch
-        self._restore_epochs: dict[int, int] = dict(restore_epochs or {})
         #: processor id -> the version whose code it runs, where not the app as submitted (version 1)
         self.versions: dict[int, int] = dict(versions or {})
         self._drop_state: dict[int, tuple[str, ...]] = dict(drop_state or {})  # as Deploy's
@@ -507,12 +500,16 @@ class AppMasterState:
         return actions + self._checkpointing(self.coordinator.start(now))
 
     @stimulus
-    def deploy_failed(self, epoch: int, reason: str, now: float) -> list[Instruction]:
-        """An executor failed while tasks were being launched: roll back again."""
+    def deploy_failed(self, epoch: int, reason: str, now: float, refused: bool = False) -> list[Instruction]:
+        """An executor failed while tasks were being launched, or refused them (``refused``:
+        a rescale's tasks could not divide their state, new code does not load): roll back
+        again, the rescale being deployed undone if it was refused."""
         if epoch != self.epoch or self.phase is not Phase.DEPLOYING:
             return []
+        reason = f"deploying epoch {epoch} failed: {reason}"
+        undone = self._rescale_undone(reason) if refused else []
         on_trial = self._replace is not None and self._replace.switched_at > 0  # its code may not load
-        return self._rollback(f"deploying epoch {epoch} failed: {reason}", "", "recovery", now, on_trial)
+        return undone + self._rollback(reason, "", "recovery", now, on_trial)
 
     def _deployed_epoch(self, epoch: int) -> bool:
         """Whether a task's report of ``epoch`` is of the tasks this AppMaster deployed now."""
@@ -576,25 +573,8 @@ class AppMasterState:
 
     @stimulus
     def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.stored(checkpoint_id, now)) + self._divide_if_due(now) + \
+        return self._checkpointing(self.coordinator.stored(checkpoint_id, now)) + self._rescale_if_due(now) + \
             self._switch_if_due(now)
-
-    def dividing(self, request_id: int) -> bool:
-        """Whether the state of rescale ``request_id`` is still to be divided (not given up)."""
-        change = self._rescale
-        return change is not None and change.request_id == request_id and change.division is not None \
-            and not change.applied
-
-    @stimulus
-    def state_divided(self, request_id: int, now: float, error: str = "") -> list[Instruction]:
-        """The rescale's checkpoint's state is divided over the new tasks (or could not be,
-        ``error``: the rescale is refused with it, and checkpoints go on)."""
-        change = self._rescale
-        if change is None or change.request_id != request_id or change.division is None or change.applied:
-            return []
-        if error:
-            return self._rescale_dropped(error) + self._checkpointing(self.coordinator.hold(False, now))
-        return self._apply_rescale(now)
 
     @stimulus
     def checkpoint_store_failed(self, checkpoint_id: int, reason: str, now: float) -> list[Instruction]:
@@ -783,8 +763,6 @@ class AppMasterState:
         assert sorted(self.tasks) == sorted((p, i) for p, n in self.parallelism.items() for i in range(n))
         assert self.coordinator.tasks == set(self.tasks), (self.coordinator.tasks, self.tasks)
         assert self._rescale is None or self._rescale.applied or self.phase is Phase.RUNNING, self._rescale
-        dividing = self._rescale is not None and self._rescale.division is not None and not self._rescale.applied
-        assert self.coordinator.held == dividing, (self.coordinator.held, self._rescale)
         assert self._rescale is None or self._replace is None, (self._rescale, self._replace)
         assert self._replace is None or self._replace.switched_at or self._replace.holding \
             or self.phase is Phase.RUNNING, self._replace
@@ -904,16 +882,21 @@ class AppMasterState:
         return [self._deployment()]
 
     def _epoch_record(self) -> StoreEpoch:
-        divided = self._restore.checkpoint_id if (self._restore_epochs or self._drop_state) and self._restore else 0
+        dropping = self._restore.checkpoint_id if self._drop_state and self._restore else 0
         change = self._replace
         trial = (change.processor, change.version, change.previous, change.same_state, change.switched_at) \
             if change is not None and change.switched_at else ()
-        return StoreEpoch(self.epoch, self.restarts, *self._plan_changes(), divided, *self._code(), trial)
+        return StoreEpoch(self.epoch, self.restarts, self._rescaled(), dropping, *self._code(), trial)
 
-    def _plan_changes(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
-        """(parallelism where it differs from the plan's, processors restoring divided state and its epoch)."""
-        return (tuple(sorted((p, n) for p, n in self.parallelism.items() if n != self._planned[p])),
-                tuple(sorted(self._restore_epochs.items())))
+    def _rescaled(self) -> tuple[tuple[int, int], ...]:
+        """Each processor's parallelism where it differs from the plan's."""
+        return tuple(sorted((p, n) for p, n in self.parallelism.items() if n != self._planned[p]))
+
+    def _restore_parallelism(self) -> tuple[tuple[int, int], ...]:
+        """The processors whose snapshots in the checkpoint restored were taken at another
+        parallelism than they run at now, and that one (as Deploy's)."""
+        taken = collections.Counter(p for p, _ in self._restore.tasks) if self._restore else {}
+        return tuple(sorted((p, n) for p, n in taken.items() if n != self.parallelism.get(p, n)))
 
     def _code(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, tuple[str, ...]], ...]]:
         """(the processors running a later version's code, and the state their new code drops of the restore)."""
@@ -921,7 +904,7 @@ class AppMasterState:
 
     def _deployment(self) -> Deploy:
         return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()),
-                      *self._plan_changes(), *self._code(), self._holding())
+                      self._rescaled(), self._restore_parallelism(), *self._code(), self._holding())
 
     def _holding(self) -> tuple[tuple[int, int], ...]:
         """(processor id, the event time its tasks hold records from), for a replacement
@@ -929,41 +912,36 @@ class AppMasterState:
         change = self._replace
         return ((change.processor, change.at_ms),) if change is not None and change.holding else ()
 
-    def _divide_if_due(self, now: float) -> list[Instruction]:
-        """The rescale's checkpoint completed: nothing is triggered while its state is
-        divided over the new tasks (the app goes on from that checkpoint: nothing may
-        complete after it)."""
+    def _rescale_if_due(self, now: float) -> list[Instruction]:
+        """The rescale's checkpoint completed: every task goes on from it in a new epoch,
+        the rescaled processors' new tasks placed anew, each restoring the key groups it
+        owns from the old tasks' snapshots (Deploy's ``restore_parallelism``)."""
         change, latest = self._rescale, self.coordinator.latest()
-        if change is None or change.division is not None or latest is None \
-                or latest.checkpoint_id < change.first_checkpoint or self.phase is not Phase.RUNNING:
+        if change is None or change.applied or latest is None or latest.checkpoint_id < change.first_checkpoint \
+                or self.phase is not Phase.RUNNING:
             return []
         if latest.final:
             return self._rescale_dropped("the app's tasks have ended")
         if self.coordinator.in_flight is not None:  # one asked for meanwhile (a savepoint) went at once
             change.first_checkpoint = self.coordinator.in_flight  # the rescale goes on from that one
             return []
-        change.division = (latest, self.epoch + 1)
-        self.coordinator.hold(True, now)
-        return [DivideState(change.request_id, latest, self.epoch + 1,
-                            tuple((p, self.parallelism[p], n) for p, n in sorted(change.parallelism.items())))]
+        change.previous = {p: self.parallelism[p] for p in change.parallelism}
+        logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch + 1),
+                  ("from_checkpoint", latest.checkpoint_id))
+        actions = self._new_epoch(self.epoch + 1, latest, now)
+        self._retask(change.parallelism)
+        self._enter(Phase.DEPLOYING)
+        return [Logged("rescaling", "info", logged)] + actions + [self._epoch_record(), self._deployment()]
 
-    def _apply_rescale(self, now: float) -> list[Instruction]:
-        """Every task goes on from the rescale's checkpoint in the division's epoch, the
-        rescaled processors' new tasks placed anew and restored from the divided state."""
-        change = self._rescale
-        latest, epoch = change.division
-        change.applied = True
-        self._restore_epochs = {p: epoch for p in change.parallelism}
-        self.parallelism.update(change.parallelism)
+    def _retask(self, parallelism: dict[int, int]) -> None:
+        """These processors run at this parallelism from now on (between a new epoch and
+        its deployment), their tasks placed anew; the others stay where they are."""
+        self.parallelism.update(parallelism)
         self.tasks = tuple((p, i) for p in sorted(self.parallelism) for i in range(self.parallelism[p]))
         sources = {p for p, _ in self.coordinator.sources}
-        actions = self._new_epoch(epoch, latest, now)
         self.coordinator.retask(self.tasks, [t for t in self.tasks if t[0] in sources])
-        self._place(change.parallelism)
-        self._enter(Phase.DEPLOYING)
-        logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch),
-                  ("from_checkpoint", latest.checkpoint_id))
-        return actions + [Logged("rescaling", "info", logged), self._epoch_record(), self._deployment()]
+        self.unfinished = set(self.tasks)
+        self._place(parallelism)
 
     def input_watermarks(self, watermarks: dict[TaskKey, int], now: float,
                          latest_events: dict[TaskKey, int] | None = None) -> list[Instruction]:
@@ -1056,9 +1034,21 @@ class AppMasterState:
         change = self._rescale
         if change is None or change.applied:
             return []
-        self._rescale = None  # (a division under way held the checkpoints: its caller releases them)
+        self._rescale = None
         return [AnswerRescale(change.request_id,
                               f"rescale to {self._parallelisms(change.parallelism)} not done: {why}")]
+
+    def _rescale_undone(self, why: str) -> list[Instruction]:
+        """The rescale being deployed was refused (its state could not be divided as its
+        tasks restored it): the processors go back to their parallelism before, answered
+        with why (the rollback that follows deploys them)."""
+        change = self._rescale
+        if change is None or not change.applied:
+            return []
+        self._rescale = None
+        self._retask(change.previous)
+        return [AnswerRescale(change.request_id, f"rescale to {self._parallelisms(change.parallelism)} undone, "
+                                                 f"back to {self._parallelisms(change.previous)}: {why}")]
 
     def _checkpointing(self, actions: list[cp.Action]) -> list[Instruction]:
         """Pass the coordinator's actions on; answer savepoints whose checkpoint ended, and
@@ -1072,7 +1062,7 @@ class AppMasterState:
             out.append(action)
             if isinstance(action, cp.NotifyComplete):
                 out += self._savepoints_ended(action.checkpoint_id, self.coordinator.latest(), "")
-                self._restore_epochs, self._drop_state = {}, {}  # taken by the tasks running now
+                self._drop_state = {}  # taken by the tasks running now
                 trial = self._replace
                 if trial is not None and trial.switched_at and (
                         action.final or trial.proven_at and action.checkpoint_id >= trial.proven_at
@@ -1118,8 +1108,6 @@ class AppMasterState:
         failed = [AnswerSavepoint(r, error=f"the app ended ({state})") for r in self._savepoints]
         self._savepoints.clear()
         failed += self._rescale_dropped(f"the app ended ({state})")
-        if self.coordinator.held:  # a division was under way: the app ends, nothing it would trigger goes
-            self.coordinator.hold(False, 0.0)
         if self._rescale is not None:  # applied, not yet deployed: it will not be
             failed.append(AnswerRescale(self._rescale.request_id, f"the app ended ({state})"))
             self._rescale = None

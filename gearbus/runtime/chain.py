@@ -80,6 +80,10 @@ class Op:
 
     holds_output = False
     released = WATERMARK_MIN
+    #: Its state is held by key group, each group by the task owning it (whatever else it
+    #: keeps goes to one heir: see gearbus.runtime.keygroups.inherited), so a task restored
+    #: at another parallelism reads only the old tasks that owned some of its key groups.
+    state_by_owner = False
 
     def __init__(self, step: str):
         self.step = step
@@ -135,6 +139,10 @@ class Op:
 
     def restore(self, state) -> None:
         """Continue from :meth:`snapshot`'s state."""
+
+    def data_sinks(self) -> list:
+        """The user's sinks the step writes to (their state is divided their way)."""
+        return []
 
     def rescale(self, states: list, index: int, parallelism: int):
         """The state task ``index`` of ``parallelism`` restores from, when a savepoint
@@ -366,6 +374,7 @@ class WindowAggregateOp(Op):
         self.make_operator = make_operator
         self.partial_input = partial_input
         self.late = SinkOp(f"{step}.late", late_sink) if late_sink is not None else None
+        self.state_by_owner = self.late is None  # a sink divides what every old task held
         self.operator: WindowOperator | None = None
         self.watermark = WATERMARK_MIN
         self._checkpoint: int | None = None
@@ -429,11 +438,15 @@ class WindowAggregateOp(Op):
         if self.late is not None:
             self.late.restore(state["late"])
 
+    def data_sinks(self):
+        return self.late.data_sinks() if self.late is not None else []
+
     def rescale(self, states, index, parallelism):
-        late = [state["late"] for state in states]
-        return {"operator": WindowOperator.rescale([state["operator"] for state in states], index, parallelism),
-                "watermark": min(state["watermark"] for state in states),
-                "late": self.late.rescale(late, index, parallelism) if self.late is not None else None}
+        operators = [None if state is None else state["operator"] for state in states]
+        return {"operator": WindowOperator.rescale(operators, index, parallelism),
+                "watermark": min(state["watermark"] for state in states if state is not None),
+                "late": self.late.rescale([state["late"] for state in states], index, parallelism)
+                if self.late is not None else None}
 
     def prepare_checkpoint(self, checkpoint_id):
         self._checkpoint = checkpoint_id
@@ -494,6 +507,9 @@ class SinkOp(Op):
 
     def restore(self, state) -> None:
         self.sink.restore(state)
+
+    def data_sinks(self):
+        return [self.data_sink]
 
     def rescale(self, states, index, parallelism):
         return self.data_sink.rescale(states, index, parallelism)

@@ -14,7 +14,6 @@ enforces it)::
     phase      event                                -> phase      actions
     IDLE       tick: interval due, or final due     IN_FLIGHT   TriggerCheckpoint
     IDLE       task_ended: the last task ended      IN_FLIGHT   TriggerCheckpoint
-    IDLE       held (a rescale divides the state)   IDLE        (nothing triggers until released)
     IN_FLIGHT  tick, REPEAT_AFTER_S since the last  IN_FLIGHT   RetriggerCheckpoint
                  trigger (it may have been lost)
     IN_FLIGHT  ack from the last task               STORING     StoreCheckpoint
@@ -319,7 +318,6 @@ class CheckpointCoordinator:
         self._ended: set[TaskKey] = set()
         self._finished = False  # a final checkpoint completed: nothing more to checkpoint
         self._requested = False  # a checkpoint was asked for (a savepoint): trigger when idle
-        self._held = False  # nothing is triggered (see hold)
         self._failed = False  # FailApplication was emitted: terminal
         self._consecutive_failures = 0
         self._completed_count = 0
@@ -341,11 +339,6 @@ class CheckpointCoordinator:
     def in_flight(self) -> int | None:
         """The id of the checkpoint in flight or being stored, if any."""
         return self._pending.checkpoint_id if self._pending else None
-
-    @property
-    def held(self) -> bool:
-        """Nothing is triggered (see :meth:`hold`)."""
-        return self._held
 
     @property
     def ended(self) -> frozenset[TaskKey]:
@@ -396,16 +389,9 @@ class CheckpointCoordinator:
             return []
         if self._final_due():
             return self._trigger(now)  # regardless of the interval
-        if self.interval_s > 0 and not self._finished and not self._held and now - self._timer_from >= self.interval_s:
+        if self.interval_s > 0 and not self._finished and now - self._timer_from >= self.interval_s:
             return self._trigger(now)
         return []
-
-    def hold(self, held: bool, now: float) -> list[Action]:
-        """Trigger nothing while held (the state of the last completed checkpoint is being
-        divided for a rescale, which goes on from it: nothing may complete after it); on
-        release, what became due goes."""
-        self._held = held
-        return [] if held else self._final_if_due(now)
 
     def ack(self, checkpoint_id: int, epoch: int, task: TaskKey, size_bytes: int,
             ended: bool, now: float, alignment_s: float = 0.0, root: int = 0, depth: int = 0) -> list[Action]:
@@ -564,7 +550,6 @@ class CheckpointCoordinator:
         self.epoch = epoch
         self._ended.clear()
         self._finished = False
-        self._held = False
         self._timer_from = now
         return actions
 
@@ -620,7 +605,7 @@ class CheckpointCoordinator:
 
     def _final_due(self) -> bool:
         """The final checkpoint, or a requested one, is due (and nothing is in flight)."""
-        return (not self._failed and not self._finished and not self._held and self._pending is None
+        return (not self._failed and not self._finished and self._pending is None
                 and (self._ended == self.tasks or self._requested))
 
     def _final_if_due(self, now: float) -> list[Action]:

@@ -22,7 +22,7 @@ from gearbus.api.task import Record, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import ChangeLog, Groups, JoinDelta, estimated_bytes, keyed_share
+from gearbus.runtime.keygroups import ChangeLog, Groups, JoinDelta, estimated_bytes, inherited, keyed_share
 from gearbus.runtime.state_backend import held_bytes, settle_of
 
 LEFT, RIGHT = 0, 1
@@ -148,6 +148,7 @@ class _IncrementalJoin(Op):
     each identity it changes in ``self.changes.changed``."""
 
     IDENTITY = 1
+    state_by_owner = True
 
     def __init__(self, step: str):
         super().__init__(step)
@@ -493,7 +494,7 @@ class TableJoinOp(_IncrementalJoin):
         """Versions by key group; records waiting for their version go with their key."""
         groups = owned_groups(index, parallelism)
         return {**_rescaled(states, index, parallelism),
-                "waiting": sorted((waiting for state in states for waiting in state["waiting"]
+                "waiting": sorted((waiting for state in states if state is not None for waiting in state["waiting"]
                                    if key_group(waiting[1]) in groups), key=itemgetter(0))}
 
     def state_size(self) -> tuple[int, int]:
@@ -505,7 +506,7 @@ class TableJoinOp(_IncrementalJoin):
 
 
 def _rescaled(states: list[dict], index: int, parallelism: int) -> dict:
-    """A join's buffers of the key groups task ``index`` of ``parallelism`` owns; the
-    first task keeps the count of late records."""
+    """A join's buffers of the key groups task ``index`` of ``parallelism`` owns, and the
+    count of late records of the old tasks it inherits from (:func:`inherited`)."""
     return {**keyed_share(states, index, parallelism),
-            "late": sum(state["late"] for state in states) if index == 0 else 0}
+            "late": sum(state["late"] for state in inherited(states, index, parallelism))}

@@ -194,6 +194,8 @@ class Timers:
 class KeyedOp(Op):
     """A step with per-key state (and, in subclasses, timers), after a ``group_by``."""
 
+    state_by_owner = True
+
     def __init__(self, step: str, ttl_ms: int | None):
         super().__init__(step)
         self.ttl_ms = ttl_ms

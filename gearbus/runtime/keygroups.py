@@ -517,9 +517,39 @@ class ChainedGroups(LazyGroups):
 def in_layers(groups: Mapping[int, list]) -> Iterator[tuple[Mapping[int, list], Mapping[int, list]]]:
     """``groups`` as (removed, written) layers by key group to apply in order (see
     :meth:`ChainedGroups.in_layers`): one for groups already added up."""
-    if isinstance(groups, ChainedGroups):
+    if isinstance(groups, (ChainedGroups, OwnedGroups)):
         return groups.in_layers()
     return iter([({}, groups)])
+
+
+class OwnedGroups(LazyGroups):
+    """The key groups ``groups`` of several old tasks' states (each group held by one of
+    them, its owner then): what a task restored at another parallelism reads, a group at a
+    time, without copying the rest. Its :meth:`in_layers` are each old state's, restricted."""
+
+    __slots__ = ("_sources", "_owned", "_holder")
+
+    def __init__(self, sources: list[Mapping[int, list]], groups: range):
+        self._sources, self._owned = sources, groups
+        self._holder = {group: source for source in sources for group in source if group in groups}
+        self._groups = dict.fromkeys(sorted(self._holder))
+
+    def __getitem__(self, group: int) -> list:
+        return self._holder[group][group]
+
+    def fields(self, group: int) -> tuple[list, ...]:
+        return group_fields(self._holder[group], group) if group in self._holder else ()
+
+    def pickled(self, group: int) -> bytes | None:
+        holder = self._holder[group]
+        return holder.pickled(group) if isinstance(holder, LazyGroups) else super().pickled(group)
+
+    def in_layers(self) -> Iterator[tuple[Mapping[int, list], Mapping[int, list]]]:
+        """Each old state's layers in turn, restricted to the groups owned (the old states
+        hold none in common, so their layers apply in any order)."""
+        for source in self._sources:
+            for removed, written in in_layers(source):
+                yield OwnedGroups([removed], self._owned), OwnedGroups([written], self._owned)
 
 
 @dataclass(frozen=True)
@@ -598,12 +628,21 @@ def grouped(keys: Iterable[Any], holds, entry) -> tuple[dict[int, list[tuple]], 
     return written, removed
 
 
-def keyed_share(states: list[dict], index: int, parallelism: int) -> dict:
+def keyed_share(states: list[dict | None], index: int, parallelism: int) -> dict:
     """Task ``index`` of ``parallelism``'s share of ``states`` (whole snapshots of one
     step, ``{"watermark": ..., "groups": {group: entries}, ...}``, by the tasks of another
-    parallelism): the entries of the key groups it owns, and the lowest watermark. A task
-    owns one contiguous range of groups, so at most a few of ``states`` contribute."""
+    parallelism; None for an old task it does not read, see
+    :func:`gearbus.runtime.savepoints.restored_from`): a view of the entries of the key
+    groups it owns, read when restored, and the lowest watermark of those read."""
+    read = [state for state in states if state is not None]
+    return {"watermark": min(state["watermark"] for state in read),
+            "groups": OwnedGroups([state["groups"] for state in read], owned_groups(index, parallelism))}
+
+
+def inherited(states: list, index: int, parallelism: int) -> list:
+    """Of ``states`` (every old task's, by old index; None: not read), those whose first key
+    group task ``index`` of ``parallelism`` owns: what belongs to no key (counts of late
+    records, say) goes on in exactly one new task, which reads that old task anyway."""
     groups = owned_groups(index, parallelism)
-    return {"watermark": min(state["watermark"] for state in states),
-            "groups": Groups((group, state["groups"][group]) for state in states for group in state["groups"]
-                             if group in groups)}
+    return [state for old, state in enumerate(states)
+            if state is not None and owned_groups(old, len(states)).start in groups]

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import pickle
 import threading
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from gearbus.api.graph import Application, Processor
-from gearbus.api.partitioners import KEY_LAYOUT
+from gearbus.api.partitioners import KEY_LAYOUT, owned_groups
 from gearbus.api.io_tasks import DataSinkTask, DataSourceTask
 from gearbus.api.task import NotRescalable, Task, not_rescalable
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, Op
@@ -172,22 +171,38 @@ def savepoint_parts(processor: Processor, chain: list[TaskSnapshot]) -> dict[str
             for step in dict.fromkeys([*states, *stateful_steps(processor)])}
 
 
-def divided_snapshots(processor: Processor, whole: list[TaskSnapshot]) -> Iterator[TaskSnapshot]:
-    """Each task's snapshot at ``processor``'s parallelism (a rescale's new one), in task
-    order, from ``whole``: the whole snapshots of every task of the processor at the old
-    parallelism, in task order, of one checkpoint. Each step's state is divided as a
-    savepoint's is (by key group); the watermark is the lowest. Nothing builds on them:
-    each task's next snapshot is whole. Raises SavepointMismatch when a step's state
-    cannot be divided."""
+def restored_from(processor: Processor, old_parallelism: int, index: int) -> list[int]:
+    """The old tasks (of ``old_parallelism``) whose snapshots task ``index`` of
+    ``processor`` restores its share from after a rescale: those that owned some of its
+    key groups, when every stateful step holds its state by owner (``Op.state_by_owner``);
+    every one otherwise (a source's positions, a sink's transactions, partials before a
+    shuffle: their classes divide what all old tasks held)."""
+    task_class, everyone = processor.task_class, list(range(old_parallelism))
+    if not issubclass(task_class, ChainTask) or issubclass(task_class, ChainSourceTask):
+        return everyone
+    if not all(op.state_by_owner for op in _ops(processor) if type(op).snapshot is not Op.snapshot):
+        return everyone
+    groups = owned_groups(index, processor.parallelism)
+    return [old for old in everyone
+            if (held := owned_groups(old, old_parallelism)).start < groups.stop and groups.start < held.stop]
+
+
+def rescaled_snapshot(processor: Processor, taken_at: int, old: dict[int, TaskSnapshot], index: int
+                      ) -> TaskSnapshot:
+    """Task ``index``'s snapshot at ``processor``'s parallelism (a rescale's new one), from
+    ``old``: the whole snapshots of one checkpoint by the tasks of parallelism
+    ``taken_at`` that it reads (:func:`restored_from`), by their index. Each step's state
+    is divided as a savepoint's is (by key group, read as the task restores it); the
+    watermark is the lowest. Nothing builds on it: the task's next snapshot is whole.
+    Raises SavepointMismatch when a step's state cannot be divided."""
+    read = list(old.values())
     saved: dict[str, list] = {}
-    for envelope in whole:
+    for at, envelope in old.items():
         for step, state in split_task_state(processor, envelope.state).items():
-            saved.setdefault(step, []).append(state)
-    ended, watermark = all(envelope.ended for envelope in whole), min(envelope.watermark for envelope in whole)
-    for index in range(processor.parallelism):
-        steps = {step: rescaled_state(processor, step, states, index) for step, states in saved.items()}
-        yield TaskSnapshot(whole[0].checkpoint_id, join_task_state(processor, steps) if steps else None, ended,
-                           watermark)
+            saved.setdefault(step, [None] * taken_at)[at] = state
+    steps = {step: rescaled_state(processor, step, states, index) for step, states in saved.items()}
+    return TaskSnapshot(read[0].checkpoint_id, join_task_state(processor, steps) if steps else None,
+                        all(envelope.ended for envelope in read), min(envelope.watermark for envelope in read))
 
 
 def task_states(processor: Processor, saved: dict[str, list], layout: int = KEY_LAYOUT) -> list[Any]:

@@ -31,7 +31,7 @@ from gearbus.api.windows import (
     checked_millis,
 )
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import ChangeLog, Groups, detached, estimated_bytes, keyed_share
+from gearbus.runtime.keygroups import ChangeLog, Groups, detached, estimated_bytes, inherited, keyed_share
 from gearbus.runtime.state_backend import Keys, decode_key, encode_key, exact_key, nothing
 
 #: ``_tuple(Window, (start, end))`` builds a NamedTuple at C speed (see task.new_record).
@@ -474,14 +474,16 @@ class WindowOperator:
 
     @staticmethod
     def rescale(states: list[dict], index: int, parallelism: int) -> dict:
-        """Task ``index`` of ``parallelism``'s share of several tasks' snapshots: the panes
-        and late records of its key groups; the first task keeps the counts."""
-        groups, first = owned_groups(index, parallelism), index == 0
+        """Task ``index`` of ``parallelism``'s share of several tasks' snapshots (None: an
+        old task it does not read): the panes and late records of its key groups, and the
+        counts of the old tasks it inherits from (:func:`inherited`)."""
+        groups, heirloom = owned_groups(index, parallelism), inherited(states, index, parallelism)
         return {
             **keyed_share(states, index, parallelism),
-            "late_dropped": sum(state["late_dropped"] for state in states) if first else 0,
-            "late_side_output": sum(state["late_side_output"] for state in states) if first else 0,
-            "late": [late for state in states for late in state["late"] if key_group(late[0]) in groups],
+            "late_dropped": sum(state["late_dropped"] for state in heirloom),
+            "late_side_output": sum(state["late_side_output"] for state in heirloom),
+            "late": [late for state in states if state is not None for late in state["late"]
+                     if key_group(late[0]) in groups],
         }
 
     # --- internals -------------------------------------------------------------------

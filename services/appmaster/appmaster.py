@@ -25,8 +25,7 @@ from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.artifact import ArtifactError
 from gearbus.runtime.replace import ReplaceError, check_replacement
 from gearbus.runtime.rescale import RescaleError, processors_of
-from gearbus.runtime.savepoints import (SavepointMismatch, SavepointRecord, claim, compacted, divided_snapshots,
-                                        savepoint_parts, task_states, whole_snapshot)
+from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, compacted, savepoint_parts, task_states
 from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
@@ -150,8 +149,6 @@ class AppMaster(Service):
         self.guarantee = ("", "")
         #: checkpoint id -> (the epoch it was taken in, the tasks that took it), while kept
         self._checkpoints_taken: dict[int, tuple[int, list[tuple[int, int]]]] = {}
-        #: checkpoint id -> epoch -> the new tasks a rescale divided its state for (under that epoch)
-        self._divided: dict[int, dict[int, list[tuple[int, int]]]] = {}
         self._change_requests = itertools.count(1)
         self._changes: dict[int, asyncio.Future] = {}  # rescale or replace request id -> its answer (an error, or "")
         self._compaction: asyncio.Task | None = None  # the last checkpoint compaction started
@@ -166,7 +163,7 @@ class AppMaster(Service):
             st.Deploy: self._spawning(self._deploy, "deploy"), st.Fence: self._spawning(self._fence, "fence"),
             st.ReportState: self._report_state, st.AnswerSavepoint: self._answer_savepoint,
             st.RepeatFinalComplete: self._repeat_final_complete, st.EndApp: self._end_app,
-            st.DivideState: self._spawning(self._divide, "divide-state"), st.AnswerRescale: self._answer_change,
+            st.AnswerRescale: self._answer_change,
             st.AnswerReplace: self._answer_replace,
             st.Shutdown: self._spawning(self._shutdown, "shutdown"),
             cp.TriggerCheckpoint: self._trigger, cp.RetriggerCheckpoint: self._retrigger, cp.StoreCheckpoint: self._store,
@@ -236,17 +233,10 @@ class AppMaster(Service):
                 stored = await self.store.get_epoch()
                 # as the last rescale and replacement left them
                 tasks = await self._prepare(dict(stored.parallelism), dict(stored.versions), stored.trial)
-                divided = {}  # the state a rescale divided of the latest checkpoint (none once a later one completed)
-                # the state a replacement's new code drops of it (the same)
-                dropped = dict(stored.drop_state) if latest and latest.checkpoint_id == stored.divided_checkpoint else {}
-                if stored.divided_checkpoint:
-                    divided = dict(stored.restore_epochs)
-                    for processor, epoch in divided.items():  # deleted with that checkpoint
-                        self._divided.setdefault(stored.divided_checkpoint, {}).setdefault(epoch, []).extend(
-                            (processor, i) for i in range(self.plan.graph.processors[processor].parallelism))
-                    if latest is None or latest.checkpoint_id != stored.divided_checkpoint:
-                        divided = {}
-                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, divided, dropped, stored.trial)
+                # the state a replacement's new code drops of the latest checkpoint (none once a later one completed)
+                dropped = dict(stored.drop_state) if latest and latest.checkpoint_id == stored.drop_state_checkpoint \
+                    else {}
+                self._machine(tasks, latest, stored.epoch + 1, stored.restarts, dropped, stored.trial)
                 actions = self.state.start(time.monotonic(), latest, adopt=True)
             else:
                 tasks = await self._prepare()
@@ -310,7 +300,6 @@ class AppMaster(Service):
                                   float(self.config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
 
     def _machine(self, tasks: list[TaskId], latest: cp.CheckpointMeta | None, epoch: int, restarts: int,
-                 restore_epochs: dict[int, int] | None = None,
                  drop_state: dict[int, tuple[str, ...]] | None = None, trial: tuple = ()) -> None:
         """The app's state machine, from its config, in ``epoch``, continuing after ``latest``."""
         try:
@@ -320,7 +309,7 @@ class AppMaster(Service):
         coordinator = self._new_coordinator(latest, epoch)
         self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
         self.state = st.AppMasterState([(t.processor, t.index) for t in tasks], coordinator, settings, epoch, restarts,
-                                       {p.id: p.parallelism for p in self.app.graph.processors}, restore_epochs,
+                                       {p.id: p.parallelism for p in self.app.graph.processors},
                                        {p.id: p.name for p in self.app.graph.processors},
                                        self._running_versions, drop_state, trial)
 
@@ -450,7 +439,7 @@ class AppMaster(Service):
                 subjects.executor_control(self.app_id, executor_id),
                 LaunchTasks([TaskId(*t) for t in tasks], self.app.graph.digest(), self.start_ms, deploy.epoch,
                             restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
-                            dict(deploy.parallelism), dict(deploy.restore_epochs),
+                            dict(deploy.parallelism), dict(deploy.restore_parallelism),
                             self.versions.running(self._running_versions),
                             {p: list(steps) for p, steps in deploy.drop_state}, dict(deploy.hold_from)),
                 expect=TaskRegistered, timeout=launch_timeout)
@@ -459,12 +448,13 @@ class AppMaster(Service):
                 await self.bus.request(subjects.executor_control(self.app_id, executor_id), StartAllTasks())
         except RequestError as exc:  # an executor failed while tasks were being launched
             log.warning("deployment_interrupted", epoch=deploy.epoch, error=exc.message)
-            await self.carry_out(self.state.deploy_failed(deploy.epoch, exc.message, time.monotonic()))
+            await self.carry_out(self.state.deploy_failed(deploy.epoch, exc.message, time.monotonic(),
+                                                          refused=exc.code == ErrorCode.BAD_REQUEST))
             return
         await self.carry_out(self.state.deployed(deploy.epoch, time.monotonic()))
 
     async def _stop_compaction(self) -> None:
-        """Fenced: a restore or a division never reads a snapshot being replaced (the
+        """Fenced: a restore never reads a snapshot being replaced (the
         chains the compaction would have shortened read the same state)."""
         if self._compaction is not None:
             if not self._compaction.cancelling():  # once: a second cancel would cut its last put short
@@ -598,7 +588,7 @@ class AppMaster(Service):
 
     async def _prune(self, checkpoint_ids) -> None:
         """Delete checkpoints: each task's snapshot (of the tasks that took it: a rescale
-        changes them), any state a rescale divided from it, and its record."""
+        changes them), and its record."""
         for checkpoint_id in checkpoint_ids:
             try:
                 taken = self._checkpoints_taken.pop(checkpoint_id, None)
@@ -607,8 +597,6 @@ class AppMaster(Service):
                     if record is None:
                         continue
                     taken = (record["epoch"], [tuple(task) for task in record["tasks"]])
-                for epoch, tasks in self._divided.pop(checkpoint_id, {}).items():
-                    await self.store.delete_snapshots(checkpoint_id, epoch, tasks)
                 await self.store.delete(checkpoint_id, *taken)
             except Exception as exc:
                 log.warning("checkpoint_prune_failed", checkpoint_id=checkpoint_id, error=repr(exc))
@@ -729,37 +717,6 @@ class AppMaster(Service):
             await self.store.put_versions(self.versions.history)
         except Exception as exc:
             log.error("storing_versions_failed", error=f"{type(exc).__name__}: {exc}")
-
-    async def _divide(self, divide: st.DivideState) -> None:
-        """Divide the rescaled processors' state of the checkpoint over their new tasks:
-        each old task's whole state read once, each new task's share stored under the
-        division's epoch, where the executors restore it from. A state that cannot be
-        divided (or a store that fails) refuses the rescale; the app goes on."""
-        checkpoint, error = divide.checkpoint, ""
-        await self._stop_compaction()
-        try:
-            plan = self.plan.with_parallelism({p: new for p, _, new in divide.parallelism})
-            for processor_id, old, new in divide.parallelism:
-                processor = plan.graph.processors[processor_id]
-                whole = []
-                for index in range(old):
-                    chain = await self.store.snapshot_chain(checkpoint.checkpoint_id, checkpoint.epoch,
-                                                            (processor_id, index))
-                    whole.append(await asyncio.to_thread(whole_snapshot, processor, chain))
-                shares = divided_snapshots(processor, whole)  # the old states split once, a share at a time
-                for index in range(new):
-                    data = await asyncio.to_thread(lambda: next(shares).encode())  # off the loop: the heartbeats
-                    if not self.state.dividing(divide.request_id):  # given up meanwhile (a rollback, the end)
-                        return
-                    await self.store.put_snapshot(checkpoint.checkpoint_id, divide.epoch, (processor_id, index), data)
-                    self._divided.setdefault(checkpoint.checkpoint_id, {}).setdefault(divide.epoch, []).append(
-                        (processor_id, index))
-        except (SavepointMismatch, GraphError) as exc:
-            error = str(exc)
-        except Exception as exc:
-            log.warning("state_division_failed", checkpoint_id=checkpoint.checkpoint_id, error=repr(exc))
-            error = f"dividing the state of checkpoint {checkpoint.checkpoint_id} failed: {type(exc).__name__}: {exc}"
-        await self.carry_out(self.state.state_divided(divide.request_id, time.monotonic(), error))
 
     # --- savepoints ----------------------------------------------------------------
 

@@ -16,7 +16,8 @@ from gearbus.runtime import state_query
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import Snapshot
 from gearbus.runtime.replace import carried_over, compose
-from gearbus.runtime.savepoints import whole_snapshot
+from gearbus.runtime.savepoints import SavepointMismatch, rescaled_snapshot, restored_from, whole_snapshot
+from gearbus.runtime.snapshots import TaskSnapshot
 from services.checkpoint_store import CheckpointStore
 from gearbus.runtime import executor_tasks as lifecycle
 from services.executor.heartbeat import Heartbeat
@@ -247,16 +248,12 @@ class Executor(Service):
     async def _open(self, open_tasks: lifecycle.OpenTasks) -> None:
         """Create the launch's runners (restored from its checkpoint) and open their inboxes."""
         launch = open_tasks.launch
+        old: dict[tuple[int, int], TaskSnapshot] = {}  # the old tasks' snapshots read for a rescale's new ones
         try:
             for task_id in launch.tasks:
                 envelope = None
                 if launch.restore_checkpoint:
-                    # a rescaled processor's tasks restore the share of its state divided for them
-                    chain = await self.store.snapshot_chain(
-                        launch.restore_checkpoint, launch.restore_epochs.get(task_id.processor, launch.restore_epoch),
-                        (task_id.processor, task_id.index))
-                    # added up a key group at a time as the task restores it, off the loop
-                    envelope = whole_snapshot(self.plan.graph.processors[task_id.processor], chain)
+                    envelope = await self._restored(launch, task_id, old)
                     if task_id.processor in launch.drop_state:  # new code without some steps of the old
                         envelope = carried_over(self.plan.graph.processors[task_id.processor], envelope,
                                                 launch.drop_state[task_id.processor])
@@ -277,6 +274,29 @@ class Executor(Service):
         self.tasks.opened(launch.epoch)
         log.info("tasks_launched", epoch=launch.epoch, tasks=len(self.runners),
                  restore_checkpoint=launch.restore_checkpoint)
+
+    async def _restored(self, launch: LaunchTasks, task_id: TaskId, old: dict[tuple[int, int], TaskSnapshot]
+                        ) -> TaskSnapshot:
+        """What ``task_id`` restores of the launch's checkpoint, added up a key group at a
+        time as the task restores it, off the loop: its own snapshot's chain; or, for a
+        rescaled processor, its share of the old tasks' it needs (each read once per
+        launch, into ``old``). A state it cannot divide refuses the launch."""
+        processor, checkpoint = self.plan.graph.processors[task_id.processor], launch.restore_checkpoint
+        taken_at = launch.restore_parallelism.get(task_id.processor)
+        if taken_at is None:
+            chain = await self.store.snapshot_chain(checkpoint, launch.restore_epoch, (task_id.processor, task_id.index))
+            return whole_snapshot(processor, chain)
+        wanted = [(task_id.processor, index) for index in restored_from(processor, taken_at, task_id.index)]
+        for task in wanted:
+            if task not in old:
+                old[task] = whole_snapshot(processor, await self.store.snapshot_chain(checkpoint, launch.restore_epoch,
+                                                                                      task))
+        try:
+            return rescaled_snapshot(processor, taken_at, {index: old[(p, index)] for p, index in wanted},
+                                     task_id.index)
+        except SavepointMismatch as exc:
+            raise RequestError(ErrorCode.BAD_REQUEST, f"task {task_id.processor}.{task_id.index} cannot restore its "
+                                                      f"share of checkpoint {checkpoint}: {exc}") from None
 
     async def _start(self, start: lifecycle.StartTasks) -> None:
         for task in start.tasks:

@@ -97,7 +97,7 @@ MASTERS_LOOKUP_S = 2.0
 SETUP_DEADLINE_S = 60.0  # how long a master waits at start for JetStream (a new cluster elects leaders)
 STATE_QUERY_TIMEOUT_S = 15.0  # the AppMaster asks the executor, which may take 10 s
 SAVEPOINT_TIMEOUT_S = 120.0  # how long a savepoint may take (its checkpoint, then copying its state)
-#: how long a rescale may take: a checkpoint, dividing the rescaled processors' state, every task restored
+#: how long a rescale may take: a checkpoint, then every task restored (the new ones dividing the old state)
 RESCALE_TIMEOUT_S = 600.0
 APPMASTER_TIMEOUT_HEARTBEATS = 5  # an AppMaster silent this many heartbeat intervals is lost (as an executor is)
 RECONFIRM_HEARTBEATS = 5  # a new leader gives running apps' AppMasters this many heartbeats to register

@@ -14,7 +14,6 @@ from gearbus.runtime.appmaster_state import (
     AppMasterState,
     AskExecutorsToRegister,
     Deploy,
-    DivideState,
     EndApp,
     Fence,
     LaunchExecutor,
@@ -320,13 +319,12 @@ events = st.one_of(
     st.tuples(st.just("slot"), EXECUTORS, st.sampled_from(["w1", "w2", "w3"])),
     st.tuples(st.just("launch_failed"), EXECUTORS),
     st.tuples(st.just("deployed"), st.integers(0, 3)),
-    st.tuples(st.just("deploy_failed"), st.integers(0, 3)),
+    st.tuples(st.just("deploy_failed"), st.integers(0, 3), st.booleans()),
     st.tuples(st.just("finished"), st.sampled_from(TASKS), st.integers(0, 3)),
     st.tuples(st.just("failed"), st.sampled_from(TASKS), st.integers(0, 3), st.booleans()),
     st.tuples(st.just("tick"), st.floats(0, 3)),
     st.tuples(st.just("rescale"), st.integers(0, 2), st.integers(0, 5)),
     st.tuples(st.just("checkpointed"), st.booleans(), st.booleans()),
-    st.tuples(st.just("divided"), st.booleans()),
     st.tuples(st.just("replace"), st.integers(0, 2), st.sampled_from([0, 50]), st.booleans()),
     st.tuples(st.just("watermarks"), st.integers(0, 100)),
 )
@@ -362,15 +360,13 @@ def test_any_ordering_keeps_the_invariants(adopt, sequence):
             elif kind == "deployed":
                 out = m.deployed(args[0], now)
             elif kind == "deploy_failed":
-                out = m.deploy_failed(args[0], "refused", now)
+                out = m.deploy_failed(args[0], "refused", now, refused=args[1])
             elif kind == "finished":
                 out = m.task_finished(*args)
             elif kind == "failed":
                 out = m.task_failed(args[0], args[1], AppError("E", "x"), args[2], 0, now)
             elif kind == "rescale":
                 out = m.rescale_requested(len(sequence), {args[0]: args[1]}, now)
-            elif kind == "divided":
-                out = m.state_divided(len(sequence), now, "" if args[0] else "cannot")
             elif kind == "replace":
                 out = m.replace_requested(len(sequence) + 1, args[0], 2, (), now, args[1], args[2])
             elif kind == "watermarks":
@@ -442,17 +438,12 @@ def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_
     [trigger] = of(cp.TriggerCheckpoint, out)  # at once
     out = checkpoint_all(m, 2)
     [notify] = of(cp.NotifyComplete, out)
-    [divide] = of(DivideState, out)
-    assert divide == DivideState(5, m.coordinator.latest(), 1, ((1, 2, 4),)) and not of(Deploy, out)
-    assert notify.checkpoint_id == trigger.checkpoint_id == divide.checkpoint.checkpoint_id
-    assert not of(cp.TriggerCheckpoint, m.tick(2.9)) and m.coordinator.held  # nothing completes after it meanwhile
-    m.validate()
-    out = m.state_divided(5, 3)
     [deploy] = of(Deploy, out)
-    assert deploy.epoch == 1 and deploy.restore.checkpoint_id == trigger.checkpoint_id
-    assert deploy.parallelism == ((1, 4),) and deploy.restore_epochs == ((1, 1),)
+    assert notify.checkpoint_id == trigger.checkpoint_id == deploy.restore.checkpoint_id and deploy.epoch == 1
+    # the new tasks divide the old ones' snapshots, taken by 2 tasks, as they restore
+    assert deploy.parallelism == ((1, 4),) and deploy.restore_parallelism == ((1, 2),)
     assert deploy.assignments == ((0, (SRC0, SINK0, (1, 2))), (1, (SRC1, SINK1, (1, 3))))  # task i on executor i mod 2
-    assert of(StoreEpoch, out) == [StoreEpoch(1, 0, ((1, 4),), ((1, 1),), 1)] and m.restarts == 0  # not a failure
+    assert of(StoreEpoch, out) == [StoreEpoch(1, 0, ((1, 4),))] and m.restarts == 0  # not a failure
     assert m.phase is Phase.DEPLOYING and not of(AnswerRescale, out)
     m.validate()
     assert of(AnswerRescale, m.deployed(1, 3)) == [AnswerRescale(5)]
@@ -464,31 +455,48 @@ def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_
     # a later rollback restores a checkpoint taken at the new parallelism as it is
     [again] = of(Deploy, m.executor_stopped(1, "w2", "exited with code 1", False, 5) +
                  m.slot_allocated(2, "w3", 5) + m.executor_registered(2, "w3", [], 9, 5))
-    assert again.restore.checkpoint_id == trigger.checkpoint_id and again.restore_epochs == ()
+    assert again.restore.checkpoint_id == trigger.checkpoint_id and again.restore_parallelism == ()
     assert again.parallelism == ((1, 4),)
     assert sorted(t for _, tasks in again.assignments for t in tasks) == sorted(m.tasks)
     m.validate()
 
 
-def dividing(request_id: int, parallelism: dict[int, int]) -> AppMasterState:
-    """A running app asked for a rescale at 1, whose checkpoint completed at 2: its state
-    is being divided."""
+def rescaling(request_id: int, parallelism: dict[int, int]) -> tuple[AppMasterState, Deploy]:
+    """A running app asked for a rescale at 1, whose checkpoint completed at 2: the
+    deployment of its new tasks."""
     m = machine()
     running(m)
     m.rescale_requested(request_id, parallelism, 1)
-    checkpoint_all(m, 2)
-    return m
+    [deploy] = of(Deploy, checkpoint_all(m, 2))
+    m.validate()
+    return m, deploy
 
 
 def test_a_rollback_while_the_rescale_deploys_keeps_the_new_parallelism_and_restores_by_the_old():
-    m = dividing(5, {1: 1})
-    [deploy] = of(Deploy, m.state_divided(5, 2))
+    m, deploy = rescaling(5, {1: 1})
     assert deploy.parallelism == ((1, 1),) and m.tasks == (SRC0, SRC1, SINK0)
-    out = m.deploy_failed(1, "executor 0 refused", 3)
+    out = m.deploy_failed(1, "executor 0 lost", 3)
     assert not of(AnswerRescale, out) and m.phase is Phase.DEPLOYING  # every executor still live: at once
     [again] = of(Deploy, out)
-    assert again.epoch == 2 and again.restore_epochs == ((1, 1),) and again.parallelism == ((1, 1),)
+    assert again.epoch == 2 and again.restore_parallelism == ((1, 2),) and again.parallelism == ((1, 1),)
     assert of(AnswerRescale, m.deployed(2, 4)) == [AnswerRescale(5)]
+    m.validate()
+
+
+def test_a_rescale_whose_tasks_an_executor_refuses_is_undone_and_the_app_goes_on_as_it_was():
+    m, deploy = rescaling(5, {1: 4})
+    out = m.deploy_failed(1, "task 1.0 cannot restore its share of checkpoint 1: records in flight", 3, refused=True)
+    assert of(AnswerRescale, out) == [AnswerRescale(5, "rescale to processor 1: 4 undone, back to processor 1: 2: "
+                                                       "deploying epoch 1 failed: task 1.0 cannot restore its share "
+                                                       "of checkpoint 1: records in flight")]
+    [again] = of(Deploy, out)
+    assert again.epoch == 2 and again.parallelism == () and again.restore_parallelism == ()
+    assert again.restore.checkpoint_id == deploy.restore.checkpoint_id
+    assert m.tasks == tuple(TASKS) and m.parallelism == {0: 2, 1: 2}
+    assert sorted(t for _, tasks in again.assignments for t in tasks) == sorted(TASKS)
+    m.validate()
+    assert not of(AnswerRescale, m.deployed(2, 4)) and m.phase is Phase.RUNNING
+    m.rescale_requested(6, {1: 3}, 5)  # one may be asked again
     m.validate()
 
 
@@ -518,30 +526,21 @@ def test_a_rescale_whose_checkpoint_fails_or_that_a_failure_overtakes_is_answere
     out = m.checkpoint_declined(m.coordinator.in_flight, 0, SRC0, "state cannot be serialised", 2)
     [answer] = of(AnswerRescale, out)
     assert "not done: its checkpoint 1 failed" in answer.error and m.tasks == tuple(TASKS)
-    m.rescale_requested(2, {1: 3}, 3)  # one may be asked again
-    checkpoint_all(m, 4)
-    out = m.state_divided(2, 5, "step 'write' holds state that is not grouped by key")
-    assert of(AnswerRescale, out) == [AnswerRescale(2, "rescale to processor 1: 3 not done: step 'write' holds "
-                                                       "state that is not grouped by key")]
-    assert not m.coordinator.held and of(cp.TriggerCheckpoint, m.tick(4.5))  # checkpoints go on
+    assert of(cp.TriggerCheckpoint, m.tick(3.5))  # checkpoints go on
     m.validate()
-    checkpoint_all(m, 4.6)
-    m.rescale_requested(3, {1: 3}, 4.7)
-    checkpoint_all(m, 4.8)  # dividing...
+    checkpoint_all(m, 3.6)
+    m.rescale_requested(3, {1: 3}, 4.7)  # its checkpoint in flight...
     out = m.executor_stopped(0, "w1", "exited with code 1", False, 4.9)
     [answer] = of(AnswerRescale, out)
     assert answer.request_id == 3 and "the app rolled back" in answer.error
-    assert m.parallelism == {0: 2, 1: 2} and not m.coordinator.held
-    assert m.state_divided(3, 4.95) == []  # too late: changes nothing
+    assert m.parallelism == {0: 2, 1: 2}
     m.validate()
 
 
-def test_the_app_ending_while_a_rescale_divides_its_state_answers_it_and_releases_the_checkpoints():
-    m = dividing(1, {1: 3})
-    assert m.coordinator.held
+def test_the_app_ending_while_a_rescale_deploys_answers_it():
+    m, _ = rescaling(1, {1: 3})
     out = m.fail(AppError("ValueError", "bad", "step"))
-    assert of(AnswerRescale, out) == [AnswerRescale(1, "rescale to processor 1: 3 not done: the app ended (FAILED)")]
-    assert not m.coordinator.held
+    assert of(AnswerRescale, out) == [AnswerRescale(1, "the app ended (FAILED)")]
     m.validate()
 
 
@@ -558,7 +557,7 @@ def test_a_rescale_whose_checkpoint_is_the_final_one_is_not_done():
     out += m.checkpoint_stored(in_flight, 2)
     assert of(AnswerRescale, out) == [AnswerRescale(1, "rescale to processor 1: 3 not done: the app's tasks have "
                                                        "ended")]
-    assert not of(DivideState, out) and m.parallelism == {0: 2, 1: 2}
+    assert not of(Deploy, out) and m.parallelism == {0: 2, 1: 2}
     m.validate()
 
 
@@ -568,10 +567,10 @@ def test_a_savepoint_asked_during_the_rescales_checkpoint_delays_the_rescale_to_
     m.rescale_requested(1, {1: 3}, 1)
     m.savepoint_requested(7, False, 1.5)  # its checkpoint goes right after the rescale's
     out = checkpoint_all(m, 2)
-    assert not of(DivideState, out) and not of(AnswerRescale, out)
+    assert not of(Deploy, out) and not of(AnswerRescale, out)
     assert of(cp.TriggerCheckpoint, out)  # the savepoint's
-    [divide] = of(DivideState, checkpoint_all(m, 3))
-    assert divide.checkpoint.checkpoint_id == 2
+    [deploy] = of(Deploy, checkpoint_all(m, 3))
+    assert deploy.restore.checkpoint_id == 2
     m.validate()
 
 

@@ -1,7 +1,7 @@
 """Rescaling a running app on the test runner: the AppMaster's own state machine checkpoints,
-divides the rescaled processors' state by key group over their new tasks, and every task
-goes on from that checkpoint in a new epoch; the output stays exactly-once, whenever the
-rescale comes, in whatever order the frames go."""
+and every task goes on from that checkpoint in a new epoch, the rescaled processors' new
+tasks dividing the old ones' state by key group as they restore; the output stays
+exactly-once, whenever the rescale comes, in whatever order the frames go."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gearbus import Pipeline
+from gearbus.api.task import NotRescalable
+from gearbus.connectors.files import JsonLinesSink
 from gearbus.runners.inprocess import SimulatedCrash
 from gearbus.runtime.appmaster_state import AnswerRescale
 from gearbus.runtime.rescale import RescaleError
@@ -89,16 +91,40 @@ def test_a_rescale_asked_wrongly_is_refused_with_the_reason(inprocess, tmp_path)
     assert committed(out) == EXPECTED
 
 
-@pytest.mark.parametrize("step", ["write", "split"])
-def test_a_step_whose_state_cannot_be_divided_refuses_the_rescale_and_the_app_goes_on(inprocess, tmp_path, step):
+@pytest.mark.parametrize("step, what", [("write", "sink JsonLinesSink of step 'write'"),
+                                        ("split", "source CollectionSource")])
+def test_a_step_whose_state_cannot_be_divided_refuses_the_rescale_before_anything_changes(inprocess, tmp_path, step,
+                                                                                         what):
     """The JSON-lines sink holds its sealed transactions by task, the collection source its
-    position by task: neither is grouped by key."""
+    position by task: neither is grouped by key, and neither class says how to divide it."""
+    engine = inprocess(running_counts(tmp_path / "counts.jsonl"), seed=2, checkpoint_every=2)
+    with pytest.raises(RescaleError, match=f"{what} may hold state .* cannot be divided over another number of tasks"):
+        engine.run(rescale_after_frames={60: {step: 3}})
+    assert engine.epoch == 0 and engine.state.restarts == 0
+
+
+class _SealedSink(JsonLinesSink):
+    """Says how to divide its state, and then finds it cannot (as a map_async holding
+    records in flight cannot)."""
+
+    def rescale(self, states, index, parallelism):
+        raise NotRescalable("its sealed transactions belong to their task")
+
+
+def test_a_rescale_whose_new_tasks_cannot_divide_the_state_is_undone_and_the_app_goes_on(inprocess, tmp_path):
     out = tmp_path / "counts.jsonl"
-    engine = inprocess(running_counts(out), seed=2, checkpoint_every=2)
-    engine.run(rescale_after_frames={60: {step: 3}})
+    p = Pipeline("running", config=CONFIG, parallelism=2)
+    (p.from_collection(LINES, name="read").flat_map(str.split, name="split").group_by(str, name="by_word")
+        .stateful_map(lambda seen, w: ((seen or 0) + 1, {"word": w, "count": (seen or 0) + 1}), name="count")
+        .sink(_SealedSink(str(out)), name="write"))
+    engine = inprocess(p, seed=2, checkpoint_every=2)
+    engine.run(rescale_after_frames={60: {"write": 3}})
     [answer] = engine.rescales
-    assert "not done" in answer.error and "cannot be divided over another number of tasks" in answer.error
-    assert committed(out) == EXPECTED and engine.epoch == 0
+    assert "rescale to write: 3 undone, back to write: 1" in answer.error, answer.error
+    assert "its sealed transactions belong to their task" in answer.error
+    assert committed(out) == EXPECTED and engine.state.restarts == 1
+    assert next(p for p in engine.plan.graph.processors if p.name == "write").parallelism == 1
+    engine.state.validate()
 
 
 def test_a_checkpoint_taken_after_a_rescale_does_not_resume_the_app_at_its_planned_parallelism(inprocess,
