@@ -45,6 +45,7 @@ class KeyedStates:
         self.settle = settle_of(self.values)
         #: a table on disk reads a batch's keys in one go
         self.prefetch = getattr(self.values, "prefetch", None)
+        self.load = getattr(self.values, "load", None)  # puts back a group's entries at once (see restore_columns)
         #: reads for a snapshot: a table that writes back does not keep what they read
         self._peek = getattr(self.values, "peek", self.values.get)
         self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
@@ -114,15 +115,21 @@ class KeyedStates:
         if value is not None:
             self.put(key, value, watermark if written is None else written)
 
-    def restore_columns(self, keys: list, states: list, written: list | None, watermark: int) -> None:
+    def restore_columns(self, keys: list, states: list, written: list | None, watermark: int,
+                        fresh_group: int | None = None) -> None:
         """Put back a key group's snapshot entries ``(key, state, written)``, given as
         columns (``written`` None: all None): in one update when no TTL needs their write
-        times (a restore resets the change log after); a state None is not put back."""
+        times (a restore resets the change log after), loaded straight into a table that
+        can (``fresh_group``: the group, of which the state holds no key yet); a state
+        None is not put back."""
         if self.ttl_ms is None:
             if any_none(states):
                 keys = list(itertools.compress(keys, map(is_not, states, itertools.repeat(None))))
                 states = [state for state in states if state is not None]
-            self.values.update(zip(keys, states))
+            if fresh_group is not None and self.load is not None:
+                self.load(fresh_group, keys, states)
+            else:
+                self.values.update(zip(keys, states))
             return
         for key, value, at in zip(keys, states, itertools.repeat(None) if written is None else written):
             self.restore(key, value, at, watermark)
@@ -273,18 +280,21 @@ class KeyedOp(Op):
         """Put back a snapshot's groups: a chain's layers one after another, straight into
         the state (its dict is the only index they need), a key group at a time (one in
         memory at a time), a delta's columns as they are."""
-        states = self.states
+        states, touched = self.states, set()  # groups some layer put back or removed entries of
         for removed, written in in_layers(groups):
             for group in sorted(removed):
                 states.forget(removed[group])
+            touched.update(removed)
             if isinstance(written, Columns):
                 states.restore_columns(*written.columns(), self.watermark)
                 states.settle()
+                touched.update(written)
                 continue
             for group in sorted(written):
                 if fields := group_fields(written, group):
-                    states.restore_columns(*fields, self.watermark)
+                    states.restore_columns(*fields, self.watermark, None if group in touched else group)
                 states.settle()
+            touched.update(written)
 
     def rescale(self, states, index, parallelism):
         return keyed_share(states, index, parallelism)

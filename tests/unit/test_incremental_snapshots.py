@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gearbus.api import partitioners
 from gearbus.api.keyed import KeyedProcessFunction
-from gearbus.runtime.keygroups import ChangeLog, Columns, KeyedDelta, chain_onto, collector_paused
+from gearbus.runtime.keygroups import ChangeLog, Columns, KeyedDelta, chain_onto, collector_paused, keyed_share
 from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
 from gearbus.runtime.snapshots import Lineage, Link, TaskSnapshot
 from tests.support.backends import task_holding_state_in
@@ -326,13 +326,17 @@ def test_a_stateful_map_restores_a_chain_layer_by_layer_to_what_it_held(rounds, 
         whole_state = stored[at][0]
         held = {key: (op.states.values.get(key), op.states.written.get(key)) for key in op.states.values}
         added_up = chain_onto(whole_state, chain) if chain else whole_state
-        by_layers, by_groups, compacted = new_step(), new_step(), new_step()
+        by_layers, by_groups, compacted, shared = new_step(), new_step(), new_step(), new_step()
         by_layers.restore(added_up)
         by_groups.restore({**added_up, "groups": {group: added_up["groups"][group] for group in added_up["groups"]}})
         compacted.restore(pickle.loads(pickle.dumps(added_up)))  # what a compaction stores
-        for restored in (by_layers, by_groups, compacted):
+        shared.restore(keyed_share([added_up], 0, 1))  # a rescale's share: the chain's layers, restricted
+        for restored in (by_layers, by_groups, compacted, shared):
             assert {key: (restored.states.values.get(key), restored.states.written.get(key))
                     for key in restored.states.values} == held
+            if backend == "rocksdb":
+                restored.states.values.flush()
+            assert len(restored.states.values) == len(held)  # counted exactly, loaded at once or written out
 
 
 def test_the_collector_is_paused_while_any_pause_lasts_and_runs_again_after():
