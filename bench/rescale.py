@@ -65,7 +65,7 @@ async def flowing(client: Client, app_id: int, parallelism: int, after_epoch: in
         tasks = [t for t in status.tasks if step is not None and t.task.processor == step.processor]
         if status.state == AppState.ACTIVE and step is not None and epoch > after_epoch \
                 and len(tasks) == parallelism and all(t.epoch == epoch for t in tasks) \
-                and sum(t.records_in for t in tasks) > 0:  # (counters of the epoch before linger a heartbeat)
+                and sum(t.records_in for t in tasks) > 0:
             return status
         if status.state in AppState.TERMINAL or time.monotonic() > deadline:
             raise BenchError(f"app {app_id} is {status.state} (epoch {epoch}), not flowing at {parallelism}: "

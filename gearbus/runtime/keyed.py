@@ -19,8 +19,8 @@ from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group, key_groups
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, any_none,
-                                       detached, group_fields, grouped, in_layers, keyed_share)
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, OwnedGroups,
+                                       any_none, chain_onto, detached, group_fields, grouped, in_layers, keyed_share)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
@@ -210,6 +210,9 @@ class KeyedOp(Op):
         self.states = KeyedStates(step, ttl_ms, self.changes.changed)
         self.watermark = WATERMARK_MIN
         self._checkpoint: int | None = None
+        #: a rescale's share of the old tasks' snapshots, restored: what the first whole snapshot
+        #: after it is taken from (with the changes since), until one completes to build on
+        self._share: dict | None = None
 
     def open(self, task) -> None:
         """Hold the keyed state in the task's state backend."""
@@ -255,14 +258,21 @@ class KeyedOp(Op):
 
     def snapshot_since(self, base: int | None):
         """Every key's entry by key group, or (building on ``base``'s snapshot) a
-        :class:`KeyedDelta` of the keys changed since: its cost follows the changes."""
-        changed = self.changes.take(self._checkpoint, base, self._held())
+        :class:`KeyedDelta` of the keys changed since: its cost follows the changes. After
+        a rescale the first whole one is its share of the old tasks' snapshots with the
+        changes since (their stored bytes taken again as they are for the key groups not
+        changed, as a compaction does), not a pass over every key held."""
+        share = self._share if base is None else None
+        if base is not None:
+            self._share = None  # a snapshot completed since the restore: later ones build on it
+        changed = self.changes.take(self._checkpoint, 0 if share is not None else base, self._held())
         if changed is None:
             groups: dict[int, list] = {}
             for key, entry in self._entries():
                 groups.setdefault(key_group(key), []).append((key, *entry))
             return {"watermark": self.watermark, "groups": Groups(groups)}
-        return KeyedDelta(self.watermark, *self._delta(changed))
+        delta = KeyedDelta(self.watermark, *self._delta(changed))
+        return chain_onto(share, [delta]) if share is not None else delta
 
     def _delta(self, changed: Changes) -> tuple[Mapping[int, list[tuple]], dict[int, list]]:
         """The ``changed`` keys: (written entries, removed keys), by key group."""
@@ -275,6 +285,7 @@ class KeyedOp(Op):
         self.watermark = state["watermark"]
         self._restore_groups(state["groups"])
         self.changes.reset()
+        self._share = state if isinstance(state["groups"], OwnedGroups) else None
 
     def _restore_groups(self, groups: Mapping[int, list]) -> None:
         """Put back a snapshot's groups: a chain's layers one after another, straight into

@@ -924,9 +924,10 @@ class AppMaster(Service):
 
     async def _send_heartbeat(self) -> None:
         live = self.state.live_executors() if self.state else []
-        # the tasks each executor hosts now (a rescale moves and drops some: their counters go)
+        # the tasks each executor hosts now (a rescale moves and drops some: their counters go), as they
+        # counted in this epoch (a task's counters of the epoch before are not its records since)
         counters = [c for e in live for task in e.tasks
-                    if (c := self.counters.get(e.executor_id, {}).get(task)) is not None]
+                    if (c := self.counters.get(e.executor_id, {}).get(task)) is not None and c.epoch == self.epoch]
         clock, stalled = None, []
         if self.clock is not None:
             now = time.monotonic()

@@ -189,8 +189,10 @@ class TaskRunner:
 
     async def _restore(self) -> None:
         """Restore the task from its envelope, off the loop (a sink re-commits: it may
-        block), then let the envelope go: its chain's bytes are not kept past the restore.
-        Logged with its time: most of a recovery's, with millions of keys."""
+        block), then let the envelope go: its chain's bytes are not kept past the restore
+        (but for a rescale's new task, whose keyed steps keep their share of the old tasks'
+        until a snapshot of theirs completes: see KeyedOp.snapshot_since). Logged with its
+        time: most of a recovery's, with millions of keys."""
         envelope, self.restore_envelope = self.restore_envelope, None
         started = time.monotonic()
 
