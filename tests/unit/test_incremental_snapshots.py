@@ -302,8 +302,8 @@ def keep_or_append(state, value):
        ttl_ms=st.sampled_from([None, 1000]), backend=st.sampled_from(["memory", "rocksdb"]))
 def test_a_stateful_map_restores_a_chain_layer_by_layer_to_what_it_held(rounds, ttl_ms, backend):
     """A ``stateful_map`` step puts a chain back one layer after another, straight into
-    its state (a value None forgets the key), and a compaction adds it up key group by key
-    group: the same state, and the same TTL write times, as the step held, with keys
+    its state (a value None forgets the key; on disk, a key group at a time, added up),
+    and a compaction adds it up key group by key group: the same state, and the same TTL write times, as the step held, with keys
     written, removed, changed in place and written again across layers, and checkpoints
     that do not complete (the next snapshot builds on an older one). Each snapshot goes
     through pickle, as it is stored, and so does the state a compaction adds up."""
