@@ -17,9 +17,11 @@ tasks to ``--to`` and back to 2:
   the savepoint request until the new app's counting step takes records.
 
 Printed per direction: each pause, its median, the counting step's state (its estimated
-bytes: what was divided) per second of the live pause, and resubmit / live. Today a live
-rescale restarts every task from the rescale's checkpoint, so the processors not rescaled
-process nothing during the pause either.
+bytes: what was divided) per second of the live pause, resubmit / live, and the records the
+processors not rescaled (the source, the sink) processed during the live pause in the epoch
+that goes on (seen when the counting step flows). Today a live rescale restarts every task
+from the rescale's checkpoint, so those processors only take what their credit allows
+before the counting step takes records again.
 """
 
 from __future__ import annotations
@@ -82,11 +84,12 @@ async def holding_every_key(client: Client, app_id: int, opts):
     return status
 
 
-async def live(client: Client, opts) -> dict[int, list[tuple[float, float, int]]]:
-    """(pause, the request's time, state bytes) of each live rescale, by its new parallelism."""
+async def live(client: Client, opts) -> dict[int, list[tuple[float, float, int, int]]]:
+    """(pause, the request's time, state bytes, records the other processors took meanwhile)
+    of each live rescale, by its new parallelism."""
     app_id = await submit(client, opts, 2)
     status = await holding_every_key(client, app_id, opts)
-    found: dict[int, list[tuple[float, float, int]]] = {opts.to: [], 2: []}
+    found: dict[int, list[tuple[float, float, int, int]]] = {opts.to: [], 2: []}
     for trial in range(opts.trials):
         for parallelism in (opts.to, 2):
             await asyncio.sleep(opts.settle)
@@ -95,10 +98,13 @@ async def live(client: Client, opts) -> dict[int, list[tuple[float, float, int]]
             started = time.monotonic()
             await client.rescale(app_id, {"count": parallelism})
             answered = time.monotonic() - started
-            await flowing(client, app_id, parallelism, epoch, opts.timeout)
-            found[parallelism].append((time.monotonic() - started, answered, state))
+            status = await flowing(client, app_id, parallelism, epoch, opts.timeout)
+            step = counting(status)
+            others = sum(t.records_in for t in status.tasks if t.task.processor != step.processor)
+            found[parallelism].append((time.monotonic() - started, answered, state, others))
             print(f"live {trial + 1}: to {parallelism}: flowing after {found[parallelism][-1][0]:.2f} s (answered "
-                  f"after {answered:.2f} s), {state:,} bytes of state", file=sys.stderr, flush=True)
+                  f"after {answered:.2f} s), {state:,} bytes of state, {others:,} records taken by the others "
+                  "meanwhile", file=sys.stderr, flush=True)
     await client.kill(app_id)
     return found
 
@@ -148,15 +154,17 @@ async def bench(opts, tmp: str) -> int:
     print(f"rescale of a keyed running count over {opts.keys:,} keys ({opts.backend} backend, checkpoints every "
           f"{opts.interval_ms} ms), counting step 2 -> {opts.to} -> 2, {opts.trials} trials; seconds from the "
           "request until records flow at the new parallelism")
-    print(f"{'':14}{'live p50':>10}{'(answered)':>12}{'resubmit p50':>14}{'resubmit / live':>17}{'state MB/s live':>17}")
+    print(f"{'':14}{'live p50':>10}{'(answered)':>12}{'resubmit p50':>14}{'resubmit / live':>17}"
+          f"{'state MB/s live':>17}{'others took':>13}")
     for parallelism in (opts.to, 2):
-        pauses = [pause for pause, _, _ in rescaled[parallelism]]
+        pauses = [pause for pause, *_ in rescaled[parallelism]]
         live_p50, resubmit_p50 = statistics.median(pauses), statistics.median(restarted[parallelism])
-        answered = statistics.median(a for _, a, _ in rescaled[parallelism])
-        moved = statistics.median(state / pause for pause, _, state in rescaled[parallelism]) / 1e6
+        answered = statistics.median(a for _, a, *_ in rescaled[parallelism])
+        moved = statistics.median(state / pause for pause, _, state, _ in rescaled[parallelism]) / 1e6
+        others = statistics.median(took for *_, took in rescaled[parallelism])
         print(f"{f'to {parallelism} tasks':14}{live_p50:>10.2f}{answered:>12.2f}{resubmit_p50:>14.2f}"
-              f"{resubmit_p50 / live_p50:>17.2f}{moved:>17.1f}")
-    print("each live: " + "; ".join(f"to {p}: " + ", ".join(f"{pause:.2f}" for pause, _, _ in rescaled[p])
+              f"{resubmit_p50 / live_p50:>17.2f}{moved:>17.1f}{others:>13,.0f}")
+    print("each live: " + "; ".join(f"to {p}: " + ", ".join(f"{pause:.2f}" for pause, *_ in rescaled[p])
                                       for p in (opts.to, 2)))
     print("each resubmit: " + "; ".join(f"to {p}: " + ", ".join(f"{pause:.2f}" for pause in restarted[p])
                                           for p in (opts.to, 2)))

@@ -26,6 +26,7 @@ lookup.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
@@ -50,6 +51,7 @@ BLOCK_CACHE_BYTES = 64 << 20
 WRITE_BUFFER_BYTES = 32 << 20
 
 _REMOVED = object()
+_pickled = functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
 _MISSING = object()
 #: Each key group's first two bytes of a stored key; the end of the last group's range.
 _GROUP_PREFIXES = tuple(group.to_bytes(2, "big") for group in range(MAX_PARALLELISM))
@@ -529,10 +531,22 @@ class RocksDBTable(MutableMapping):
             return
         import rocksdict
 
-        batch, raw, prefix, exact = rocksdict.WriteBatch(raw_mode=True), self._raw, _GROUP_PREFIXES[group], exact_key
+        batch, prefix = rocksdict.WriteBatch(raw_mode=True), _GROUP_PREFIXES[group]
+        strings, put = prefix + b"s", batch.put
         try:
-            for key, value in zip(keys, values):
-                batch.put(prefix + _body(key) if exact(key) else encode_key(key), raw(key, value))
+            try:
+                pickled = list(map(_pickled, values))  # (the codec keeps values as they are)
+            except Exception:
+                for key, value in zip(keys, values):
+                    self._raw(key, value)  # names the entry pickle refuses
+                raise
+            for key, value, raw in zip(keys, values, pickled):
+                if type(key) is str:  # most keys: encoded as _body does, without a call
+                    put(strings + key.encode("utf-8", "surrogatepass"), raw)
+                elif exact_key(key):
+                    put(prefix + _body(key), raw)
+                else:
+                    put(encode_key(key), self._raw(key, value))
             self._db.write(batch)
         except (UnserialisableState, StateBackendError):
             raise
