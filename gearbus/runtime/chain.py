@@ -18,7 +18,7 @@ from gearbus.api.partitioners import Partitioner, key_group, owned_groups
 from gearbus.api.task import Record, Task, new_record, not_rescalable
 from gearbus.api.aggregators import Count
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.runtime.keygroups import Delta, WindowDelta
+from gearbus.runtime.keygroups import Delta, RescaleShare, WindowDelta
 from gearbus.runtime.state_backend import StateBackendError, open_backend
 from gearbus.runtime.windows import WindowOperator
 from shared.messages import AppError
@@ -378,6 +378,7 @@ class WindowAggregateOp(Op):
         self.operator: WindowOperator | None = None
         self.watermark = WATERMARK_MIN
         self._checkpoint: int | None = None
+        self._share = RescaleShare()
 
     keyed_state = True
 
@@ -422,10 +423,10 @@ class WindowAggregateOp(Op):
     def snapshot_since(self, base: int | None):
         """The whole state, or (building on ``base``'s snapshot) a WindowDelta of the
         panes changed since, the rest whole: its cost follows the panes changed."""
-        changes = self.operator.changes_since(self.step, self._checkpoint, base)
+        changes = self.operator.changes_since(self.step, self._checkpoint, self._share.base(base))
         if changes is None:
             return self.snapshot()
-        return WindowDelta(*changes, self._state(self.operator.snapshot_rest()))
+        return self._share.whole(WindowDelta(*changes, self._state(self.operator.snapshot_rest())))
 
     def _state(self, operator: dict) -> dict:
         """The step's state around the operator's."""
@@ -434,6 +435,7 @@ class WindowAggregateOp(Op):
 
     def restore(self, state) -> None:
         self.operator.restore(state["operator"])
+        self._share.restored(state, state["operator"]["groups"])
         self.watermark = state["watermark"]
         if self.late is not None:
             self.late.restore(state["late"])

@@ -22,7 +22,7 @@ from gearbus.api.task import Record, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError, WindowAggregateOp
 from gearbus.api.partitioners import key_group, owned_groups
-from gearbus.runtime.keygroups import ChangeLog, Groups, JoinDelta, estimated_bytes, inherited, keyed_share
+from gearbus.runtime.keygroups import ChangeLog, Groups, JoinDelta, RescaleShare, estimated_bytes, inherited, keyed_share
 from gearbus.runtime.state_backend import held_bytes, settle_of
 
 LEFT, RIGHT = 0, 1
@@ -154,6 +154,7 @@ class _IncrementalJoin(Op):
         super().__init__(step)
         self.changes = ChangeLog()
         self._checkpoint: int | None = None
+        self._share = RescaleShare()
 
     def prepare_checkpoint(self, checkpoint_id: int) -> None:
         self._checkpoint = checkpoint_id
@@ -164,7 +165,7 @@ class _IncrementalJoin(Op):
     def snapshot_since(self, base: int | None):
         """The whole state, or (building on ``base``'s snapshot) a JoinDelta: its cost
         follows what changed."""
-        changed = self.changes.take(self._checkpoint, base, self._identities_held())
+        changed = self.changes.take(self._checkpoint, self._share.base(base), self._identities_held())
         if changed is None:
             return {**self._rest(), "groups": Groups(self._groups())}
         written: dict[int, list[tuple]] = {}
@@ -176,7 +177,7 @@ class _IncrementalJoin(Op):
                 removed.setdefault(group, []).append(identity)
             else:
                 written.setdefault(group, []).append(entry)
-        return JoinDelta(written, removed, self.IDENTITY, self._rest())
+        return self._share.whole(JoinDelta(written, removed, self.IDENTITY, self._rest()))
 
     def _identities_held(self) -> int:
         raise NotImplementedError
@@ -302,6 +303,7 @@ class IntervalJoinOp(_IncrementalJoin):
     def restore(self, state) -> None:
         self._reset()
         self.changes.reset()
+        self._share.restored(state, state["groups"])
         self.watermark, self.late_records = state["watermark"], state["late"]
         for group in sorted(state["groups"]):
             for side, key, times, values in state["groups"][group]:
@@ -479,6 +481,7 @@ class TableJoinOp(_IncrementalJoin):
     def restore(self, state) -> None:
         self._reset()
         self.changes.reset()
+        self._share.restored(state, state["groups"])
         self.watermark, self.late_records = state["watermark"], state["late"]
         for group in sorted(state["groups"]):
             for key, times, values in state["groups"][group]:

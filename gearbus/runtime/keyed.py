@@ -19,8 +19,8 @@ from gearbus.api.task import Record, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.runtime.chain import Op, StepError
 from gearbus.api.partitioners import key_group, key_groups
-from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, OwnedGroups,
-                                       any_none, chain_onto, detached, group_fields, grouped, in_layers, keyed_share)
+from gearbus.runtime.keygroups import (IMMUTABLE_TYPES, ChangeLog, Changes, Columns, Groups, KeyedDelta, RescaleShare,
+                                       any_none, detached, group_fields, grouped, in_layers, keyed_share)
 from gearbus.runtime.state_backend import StateBackendError, held_bytes, settle_of
 
 
@@ -210,9 +210,7 @@ class KeyedOp(Op):
         self.states = KeyedStates(step, ttl_ms, self.changes.changed)
         self.watermark = WATERMARK_MIN
         self._checkpoint: int | None = None
-        #: a rescale's share of the old tasks' snapshots, restored: what the first whole snapshot
-        #: after it is taken from (with the changes since), until one completes to build on
-        self._share: dict | None = None
+        self._share = RescaleShare()
 
     def open(self, task) -> None:
         """Hold the keyed state in the task's state backend."""
@@ -262,17 +260,13 @@ class KeyedOp(Op):
         a rescale the first whole one is its share of the old tasks' snapshots with the
         changes since (their stored bytes taken again as they are for the key groups not
         changed, as a compaction does), not a pass over every key held."""
-        share = self._share if base is None else None
-        if base is not None:
-            self._share = None  # a snapshot completed since the restore: later ones build on it
-        changed = self.changes.take(self._checkpoint, 0 if share is not None else base, self._held())
+        changed = self.changes.take(self._checkpoint, self._share.base(base), self._held())
         if changed is None:
             groups: dict[int, list] = {}
             for key, entry in self._entries():
                 groups.setdefault(key_group(key), []).append((key, *entry))
             return {"watermark": self.watermark, "groups": Groups(groups)}
-        delta = KeyedDelta(self.watermark, *self._delta(changed))
-        return chain_onto(share, [delta]) if share is not None else delta
+        return self._share.whole(KeyedDelta(self.watermark, *self._delta(changed)))
 
     def _delta(self, changed: Changes) -> tuple[Mapping[int, list[tuple]], dict[int, list]]:
         """The ``changed`` keys: (written entries, removed keys), by key group."""
@@ -285,7 +279,7 @@ class KeyedOp(Op):
         self.watermark = state["watermark"]
         self._restore_groups(state["groups"])
         self.changes.reset()
-        self._share = state if isinstance(state["groups"], OwnedGroups) else None
+        self._share.restored(state, state["groups"])
 
     def _restore_groups(self, groups: Mapping[int, list]) -> None:
         """Put back a snapshot's groups: a chain's layers one after another, straight into

@@ -552,6 +552,33 @@ class OwnedGroups(LazyGroups):
                 yield OwnedGroups([removed], self._owned), OwnedGroups([written], self._owned)
 
 
+class RescaleShare:
+    """The share of the old tasks' snapshots (:class:`OwnedGroups`) a rescaled processor's
+    new task restored a step from: its first whole snapshot after the restore is that share
+    with the changes since (:func:`chain_onto`: the stored bytes of a key group nothing
+    changed go again as they are), not a pass over every entry held; kept until a snapshot
+    of the step's own completes, which later ones build on."""
+
+    def __init__(self):
+        self.state: dict | None = None
+
+    def restored(self, state: dict, groups: Mapping) -> None:
+        """The step restored ``state``, whose entries by key group are ``groups``."""
+        self.state = state if isinstance(groups, OwnedGroups) else None
+
+    def base(self, base: int | None) -> int | None:
+        """What a snapshot building on ``base`` holds the changes since: 0, the restore,
+        for a whole one while the share is kept (a ChangeLog's changes since it)."""
+        if base is not None:
+            self.state = None  # a snapshot of the step's own completed: later ones build on it
+            return base
+        return None if self.state is None else 0
+
+    def whole(self, delta: Delta) -> Any:
+        """The snapshot: ``delta`` (the changes since :meth:`base`) onto the share, or as it is."""
+        return delta if self.state is None else chain_onto(self.state, [delta])
+
+
 @dataclass(frozen=True)
 class KeyedDelta(Delta):
     """A keyed step's changes since the snapshot it builds on: the entries of the keys

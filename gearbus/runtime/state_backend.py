@@ -532,7 +532,7 @@ class RocksDBTable(MutableMapping):
         import rocksdict
 
         batch, prefix = rocksdict.WriteBatch(raw_mode=True), _GROUP_PREFIXES[group]
-        strings, put = prefix + b"s", batch.put
+        strings, ints, put = prefix + b"s", prefix + b"i", batch.put
         try:
             try:
                 pickled = list(map(_pickled, values))  # (the codec keeps values as they are)
@@ -541,8 +541,11 @@ class RocksDBTable(MutableMapping):
                     self._raw(key, value)  # names the entry pickle refuses
                 raise
             for key, value, raw in zip(keys, values, pickled):
-                if type(key) is str:  # most keys: encoded as _body does, without a call
+                kind = type(key)
+                if kind is str:  # most keys: encoded as _body does, without a call
                     put(strings + key.encode("utf-8", "surrogatepass"), raw)
+                elif kind is int:
+                    put(ints + str(key).encode(), raw)
                 elif exact_key(key):
                     put(prefix + _body(key), raw)
                 else:

@@ -314,6 +314,18 @@ def test_a_joins_state_divides_over_another_parallelism_by_key_group(inprocess, 
     assert Counter(map(tuple, read_jsonl(output))) == RECOVERING[kind][1](LEFT, RIGHT)
 
 
+@pytest.mark.parametrize("kind", RECOVERING)
+def test_a_join_rescaled_while_it_runs_then_recovered_is_exact(inprocess, tmp_path, kind):
+    """The new tasks divide the old ones' buffers as they restore; their first snapshots are
+    whole, built from that share, and the recoveries after restore from them."""
+    output = tmp_path / "pairs.jsonl"
+    engine = inprocess(recovering(kind, 3, output), seed=3, checkpoint_every=3, batch_records=5)
+    engine.run(rescale_after_frames={40: {"j": 3}}, kill_executor_after_frames=[90, 160])
+    assert [answer.error for answer in engine.rescales] == [""]
+    assert Counter(map(tuple, read_jsonl(output))) == RECOVERING[kind][1](LEFT, RIGHT)
+    engine.state.validate()
+
+
 # --- bad joins ---------------------------------------------------------------------------
 
 

@@ -143,4 +143,4 @@ def test_the_first_whole_snapshot_after_a_rescale_is_the_share_with_the_changes_
             op.process([(7, 2, key) for key in list(held)[:1]])
             op.prepare_checkpoint(10)
             later = op.snapshot_since(9)  # (whole when it holds no more keys than changed)
-            assert op._share is None and (isinstance(later, KeyedDelta) or len(op.states.values) <= 1)
+            assert op._share.state is None and (isinstance(later, KeyedDelta) or len(op.states.values) <= 1)
