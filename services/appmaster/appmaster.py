@@ -131,7 +131,6 @@ class AppMaster(Service):
         self.versions: AppVersions | None = None  # the app's code history (gearbus replace)
         self._running_versions: dict[int, int] = {}  # processor id -> the version it runs, where not 1
         self.plan: Application | None = None  # at the parallelism it runs (a rescale changes it)
-        self._rescaled: dict[int, int] = {}  # processor id -> parallelism, where the plan's differs from the app's
         self.state: st.AppMasterState | None = None
         self.counters: dict[int, dict[tuple[int, int], TaskCounters]] = {}  # by executor, then task
         self.stopped: set[int] = set()  # executors that exited once the app was ending
@@ -290,10 +289,15 @@ class AppMaster(Service):
         self._replan(parallelism or {})
         return self._plan_tasks()
 
+    def _rescaled(self) -> dict[int, int]:
+        """Each processor's parallelism in the plan, where it differs from the app's (a rescale's)."""
+        planned = self.app.graph.processors
+        return {p.id: p.parallelism for p in self.plan.graph.processors if p.parallelism != planned[p.id].parallelism}
+
     def _replan(self, parallelism: dict[int, int]) -> None:
         """The plan at the parallelism the app runs (a rescale changes it), and what follows
         it: the DAG reported, the metrics, the stalled-task clock."""
-        self.plan, self._rescaled = self.app.with_parallelism(parallelism), dict(parallelism)
+        self.plan = self.app.with_parallelism(parallelism)
         self.dag = dag_of(self.plan)
         self.metrics = ProcessorMetricsAggregator(self.dag.processors)
         self.clock = ClockService([self._task_name(t) for t in self._plan_tasks()],
@@ -429,7 +433,7 @@ class AppMaster(Service):
             self._running_versions = dict(deploy.versions)
             self.app = self.versions.plan(self._running_versions)
             self._replan(dict(deploy.parallelism))
-        elif dict(deploy.parallelism) != self._rescaled:
+        elif dict(deploy.parallelism) != self._rescaled():
             self._replan(dict(deploy.parallelism))  # a rescale's
         restore = deploy.restore
         launch_timeout = RESTORE_TIMEOUT_S if restore else DEFAULT_REQUEST_TIMEOUT_S
