@@ -611,9 +611,9 @@ class AppMasterState:
         changes = {p: n for p, n in parallelism.items() if self.parallelism[p] != n}
         if not changes:
             raise Refused(ErrorCode.BAD_REQUEST, f"already at {self._parallelisms(parallelism)}: nothing to change")
-        self._rescale = _Rescale(request_id, changes, self.coordinator.next_id)
-        return [Logged("rescale_requested", "info", (("parallelism", self._parallelisms(changes)),))] + \
-            self._checkpointing(self.coordinator.request(now))
+        first, checkpointing = self._change_checkpoint(now)
+        self._rescale = _Rescale(request_id, changes, first)
+        return [Logged("rescale_requested", "info", (("parallelism", self._parallelisms(changes)),))] + checkpointing
 
     @stimulus
     def replace_requested(self, request_id: int, processor: int, version: int, dropped: tuple[str, ...],
@@ -654,10 +654,19 @@ class AppMasterState:
                                                      f"{latest} already, ahead of its watermark: the old code "
                                                      f"would not count every record before {at_ms} alone; ask a "
                                                      "later time")
+        first, checkpointing = self._change_checkpoint(now)
         self._replace = _Replace(request_id, processor, version, self.versions.get(processor, 1), tuple(dropped),
-                                 same_state, self.coordinator.next_id, at_ms)
+                                 same_state, first, at_ms)
         return [Logged("replace_requested", "info", (("processor", self._named(processor)), ("version", version)))] + \
-            self._checkpointing(self.coordinator.request(now))
+            checkpointing
+
+    def _change_checkpoint(self, now: float) -> tuple[int, list[Instruction]]:
+        """The checkpoint a change goes on from (the first completed from this id on): the
+        one in flight, a consistent cut completed after the request all the same (one
+        checkpoint less to wait for), else one triggered now."""
+        if self.coordinator.in_flight is not None:
+            return self.coordinator.in_flight, []
+        return self.coordinator.next_id, self._checkpointing(self.coordinator.request(now))
 
     def _one_change_at_a_time(self) -> None:
         if self._rescale is not None:

@@ -461,6 +461,17 @@ def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_
     m.validate()
 
 
+def test_a_rescale_asked_while_a_checkpoint_is_in_flight_goes_on_from_that_one():
+    """A consistent cut completed after the request all the same: one checkpoint less to wait for."""
+    m = machine()
+    running(m)
+    [trigger] = of(cp.TriggerCheckpoint, m.tick(5))  # a periodic one
+    assert not of(cp.TriggerCheckpoint, m.rescale_requested(5, {1: 4}, 5.1))
+    [deploy] = of(Deploy, checkpoint_all(m, 5.5))
+    assert deploy.restore.checkpoint_id == trigger.checkpoint_id and deploy.parallelism == ((1, 4),)
+    m.validate()
+
+
 def rescaling(request_id: int, parallelism: dict[int, int]) -> tuple[AppMasterState, Deploy]:
     """A running app asked for a rescale at 1, whose checkpoint completed at 2: the
     deployment of its new tasks."""
