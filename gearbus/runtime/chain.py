@@ -435,7 +435,7 @@ class WindowAggregateOp(Op):
 
     def restore(self, state) -> None:
         self.operator.restore(state["operator"])
-        self._share.restored(state, state["operator"]["groups"])
+        self._share.restored(state, state["operator"]["groups"], self.operator.changes)
         self.watermark = state["watermark"]
         if self.late is not None:
             self.late.restore(state["late"])

@@ -303,7 +303,7 @@ class IntervalJoinOp(_IncrementalJoin):
     def restore(self, state) -> None:
         self._reset()
         self.changes.reset()
-        self._share.restored(state, state["groups"])
+        self._share.restored(state, state["groups"], self.changes)
         self.watermark, self.late_records = state["watermark"], state["late"]
         for group in sorted(state["groups"]):
             for side, key, times, values in state["groups"][group]:
@@ -481,7 +481,7 @@ class TableJoinOp(_IncrementalJoin):
     def restore(self, state) -> None:
         self._reset()
         self.changes.reset()
-        self._share.restored(state, state["groups"])
+        self._share.restored(state, state["groups"], self.changes)
         self.watermark, self.late_records = state["watermark"], state["late"]
         for group in sorted(state["groups"]):
             for key, times, values in state["groups"][group]:

@@ -279,7 +279,7 @@ class KeyedOp(Op):
         self.watermark = state["watermark"]
         self._restore_groups(state["groups"])
         self.changes.reset()
-        self._share.restored(state, state["groups"])
+        self._share.restored(state, state["groups"], self.changes)
 
     def _restore_groups(self, groups: Mapping[int, list]) -> None:
         """Put back a snapshot's groups: a chain's layers one after another, straight into

@@ -151,6 +151,8 @@ class ChangeLog:
         self._taken: dict[int, Changes] = {}
         self._forgot = False  # since the last snapshot
         self._whole_before = 0  # snapshots building on an older base than this are whole
+        #: the rescale's share the step restored from, which forgetting the changes since drops
+        self.share: RescaleShare | None = None
 
     def take(self, checkpoint_id: int | None, base: int | None, held: int | None = None) -> Changes | None:
         """The keys to snapshot for ``checkpoint_id`` building on ``base``'s snapshot, with
@@ -180,6 +182,8 @@ class ChangeLog:
             self.changed.clear()
             self._taken.clear()
             self._forgot = True
+            if self.share is not None:
+                self.share.state = None  # no snapshot can be built from it any more: its bytes go
 
     def reset(self) -> None:
         """The step was restored: nothing changed since."""
@@ -562,9 +566,11 @@ class RescaleShare:
     def __init__(self):
         self.state: dict | None = None
 
-    def restored(self, state: dict, groups: Mapping) -> None:
-        """The step restored ``state``, whose entries by key group are ``groups``."""
+    def restored(self, state: dict, groups: Mapping, changes: ChangeLog) -> None:
+        """The step restored ``state``, whose entries by key group are ``groups``, and
+        ``changes`` (reset) keeps its changes since (dropping the share if it forgets them)."""
         self.state = state if isinstance(groups, OwnedGroups) else None
+        changes.share = self
 
     def base(self, base: int | None) -> int | None:
         """What a snapshot building on ``base`` holds the changes since: 0, the restore,

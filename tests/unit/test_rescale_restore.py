@@ -144,3 +144,17 @@ def test_the_first_whole_snapshot_after_a_rescale_is_the_share_with_the_changes_
             op.prepare_checkpoint(10)
             later = op.snapshot_since(9)  # (whole when it holds no more keys than changed)
             assert op._share.state is None and (isinstance(later, KeyedDelta) or len(op.states.values) <= 1)
+
+
+def test_a_share_whose_changes_the_step_forgot_is_let_go():
+    """No checkpoint completing (or none taken), the keys changed since the restore
+    outgrow what the step remembers: no snapshot can be built from the share any more, and
+    its bytes go."""
+    counting, envelopes = _counting(_plan(1)), _old_envelopes({f"k{n}": n for n in range(50)}, 1, [0])
+    op = StatefulMapOp("count", lambda state, value: (value, None), None)
+    op.open(_Task())
+    op.restore(rescaled_snapshot(counting, 1, {0: envelopes[0]}, 0).state["count"])
+    assert op._share.state is not None
+    op.process([(n, 1, f"new{n}") for n in range(3000)] + [(None, 1, f"new{n}") for n in range(3000)])
+    op.on_watermark(1)
+    assert op._share.state is None and len(op.states.values) == 50
