@@ -702,6 +702,7 @@ class AppMaster(Service):
         error = await answer
         if error:
             raise RequestError(ErrorCode.CONFLICT, error)
+        await self._send_heartbeat()  # before the answer: the status it leads to shows the change's tasks
 
     async def _answer_change(self, answer: st.AnswerRescale | st.AnswerReplace) -> None:
         waiting = self._changes.pop(answer.request_id, None)
@@ -932,6 +933,11 @@ class AppMaster(Service):
         # counted in this epoch (a task's counters of the epoch before are not its records since)
         counters = [c for e in live for task in e.tasks
                     if (c := self.counters.get(e.executor_id, {}).get(task)) is not None and c.epoch == self.epoch]
+        # every task hosted is listed from the start of an epoch (status shows a change's tasks at once),
+        # at zero until its executor reports it; the clock and the metrics take only what was reported
+        reported = {(c.task.processor, c.task.index) for c in counters}
+        listed = counters + [TaskCounters(TaskId(*task), epoch=self.epoch, executor_id=e.executor_id)
+                             for e in live for task in e.tasks if task not in reported]
         clock, stalled = None, []
         if self.clock is not None:
             now = time.monotonic()
@@ -945,7 +951,7 @@ class AppMaster(Service):
             if self.metrics is not None else []
         restarts, blacklist = (self.state.restarts, sorted(self.state.blacklist)) if self.state else (0, [])
         await self.bus.publish(subjects.appmaster_heartbeat(self.app_id),
-                               AppMasterHeartbeat(self.app_id, len(live), counters, clock, stalled, restarts, blacklist,
+                               AppMasterHeartbeat(self.app_id, len(live), listed, clock, stalled, restarts, blacklist,
                                                   *self.guarantee, self._checkpoint_stats(), self.dag, processors,
                                                   self.launch.attempt,
                                                   self.versions.history if self.versions else []))
