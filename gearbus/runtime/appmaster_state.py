@@ -925,31 +925,39 @@ class AppMasterState:
         """The rescale's checkpoint completed: every task goes on from it in a new epoch,
         the rescaled processors' new tasks placed anew, each restoring the key groups it
         owns from the old tasks' snapshots (Deploy's ``restore_parallelism``)."""
-        change, latest = self._rescale, self.coordinator.latest()
-        if change is None or change.applied or latest is None or latest.checkpoint_id < change.first_checkpoint \
-                or self.phase is not Phase.RUNNING:
+        change = self._rescale
+        if change is None or change.applied or (latest := self._change_from(change)) is None:
             return []
         if latest.final:
             return self._rescale_dropped("the app's tasks have ended")
-        if self.coordinator.in_flight is not None:  # one asked for meanwhile (a savepoint) went at once
-            change.first_checkpoint = self.coordinator.in_flight  # the rescale goes on from that one
-            return []
         change.previous = {p: self.parallelism[p] for p in change.parallelism}
         logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch + 1),
                   ("from_checkpoint", latest.checkpoint_id))
-        actions = self._new_epoch(self.epoch + 1, latest, now)
         self._retask(change.parallelism)
+        actions = self._new_epoch(self.epoch + 1, latest, now)
         self._enter(Phase.DEPLOYING)
         return [Logged("rescaling", "info", logged)] + actions + [self._epoch_record(), self._deployment()]
 
+    def _change_from(self, change: _Rescale | _Replace) -> cp.CheckpointMeta | None:
+        """The completed checkpoint ``change`` goes on from, once due (None: not yet). One
+        asked for meanwhile (a savepoint) that went at once becomes the change's instead:
+        nothing may complete after the checkpoint it goes on from."""
+        latest = self.coordinator.latest()
+        if latest is None or not change.first_checkpoint or latest.checkpoint_id < change.first_checkpoint \
+                or self.phase is not Phase.RUNNING:
+            return None
+        if self.coordinator.in_flight is not None and not latest.final:
+            change.first_checkpoint = self.coordinator.in_flight
+            return None
+        return latest
+
     def _retask(self, parallelism: dict[int, int]) -> None:
-        """These processors run at this parallelism from now on (between a new epoch and
-        its deployment), their tasks placed anew; the others stay where they are."""
+        """These processors run at this parallelism from now on (a new epoch follows, before
+        their deployment), their tasks placed anew; the others stay where they are."""
         self.parallelism.update(parallelism)
         self.tasks = tuple((p, i) for p in sorted(self.parallelism) for i in range(self.parallelism[p]))
         sources = {p for p, _ in self.coordinator.sources}
         self.coordinator.retask(self.tasks, [t for t in self.tasks if t[0] in sources])
-        self.unfinished = set(self.tasks)
         self._place(parallelism)
 
     def input_watermarks(self, watermarks: dict[TaskKey, int], now: float,
@@ -974,15 +982,11 @@ class AppMasterState:
         """The replacement's checkpoint completed: every task goes on from it in a new epoch,
         the replaced processor's with the new code (nothing is placed anew); with an event
         time, first with the old code holding records from it (:meth:`input_watermarks`)."""
-        change, latest = self._replace, self.coordinator.latest()
-        if change is None or change.switched_at or latest is None or not change.first_checkpoint \
-                or latest.checkpoint_id < change.first_checkpoint or self.phase is not Phase.RUNNING:
+        change = self._replace
+        if change is None or change.switched_at or (latest := self._change_from(change)) is None:
             return []
         if latest.final:
             return self._replace_dropped("the app's tasks have ended")
-        if self.coordinator.in_flight is not None:  # one asked for meanwhile (a savepoint) went at once
-            change.first_checkpoint = self.coordinator.in_flight  # the new code takes over from that one
-            return []
         if change.at_ms and not change.holding:
             change.holding, change.first_checkpoint = True, 0
             event = "replace_holding"
