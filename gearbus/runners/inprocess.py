@@ -46,6 +46,7 @@ import itertools
 import logging
 import math
 import random
+import tempfile
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -277,6 +278,8 @@ class InProcessEngine:
     async def _run(self, restore: Checkpoint | None, crash_after_frames: int | None,
                    schedule: list[tuple[int, Callable[[], None]]]) -> None:
         meta = self._restored(*restore) if restore is not None else None
+        scratch = tempfile.TemporaryDirectory(prefix="gearbus-state-")
+        self._state_dir = scratch.name  # the tasks' state on disk and its local copies, removed at the end
         self.state = st.AppMasterState(self.tasks, self._coordinator(meta), self.settings, self.first_epoch,
                                        names={p.id: p.name for p in self.app.graph.processors})
         self.results = asyncio.Event()
@@ -295,6 +298,7 @@ class InProcessEngine:
         finally:
             for node in self.nodes.values():
                 self._stop(node)
+            scratch.cleanup()
 
     # --- the AppMaster's instructions, carried out in memory ----------------------------
 
@@ -383,7 +387,7 @@ class InProcessEngine:
             edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
             task = p.task_class(TaskContext(0, self.plan.name, p, index, 0, epoch=epoch, clock=self.now_ms,
                                             request_poll=functools.partial(self._request_poll, (p.id, index)),
-                                            state_backend=self.config.state_backend))
+                                            state_backend=self.config.state_backend, state_dir=self._state_dir))
             core = TaskCore(task, senders, self.config.credit_frames, epoch,
                             max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0,
                             hold_from=dict(self._deployment.hold_from).get(p.id))

@@ -535,7 +535,8 @@ class ChainTask(Task):
         context = self.context
         #: where the steps keep their keyed state (closed, and its files removed, on stop)
         self.state_backend = open_backend(context.state_backend, context.state_dir,
-                                          f"p{context.processor_id}-t{context.index}-e{context.epoch}")
+                                          f"p{context.processor_id}-t{context.index}-e{context.epoch}",
+                                          owned_groups(context.index, context.processor.parallelism))
         self.ops: list[Op] = copy.deepcopy(self.context.config["ops"])  # fresh state per task
         #: the ops that release output later, and those that ask for wakeups (by position)
         self.holding = [i for i, op in enumerate(self.ops) if op.holds_output]
@@ -623,9 +624,19 @@ class ChainTask(Task):
         for op in self.ops:
             op.prepare_checkpoint(checkpoint_id)
 
+    def keep_copy(self, checkpoint_id: int) -> tuple[str, ...]:
+        """A local copy of the state on disk at ``checkpoint_id``'s snapshot, just taken
+        (see gearbus/runtime/local_copies.py): its locator, if the backend keeps one."""
+        return self.state_backend.keep_copy(checkpoint_id)
+
+    def offer_copies(self, locators: tuple[str, ...]) -> None:
+        """The local copies the restore that follows may take state from."""
+        self.state_backend.offer(locators)
+
     def checkpoint_complete(self, checkpoint_id):
         for op in self.ops:
             op.checkpoint_complete(checkpoint_id)
+        self.state_backend.completed(checkpoint_id)
 
     def on_stop(self):
         try:

@@ -277,6 +277,8 @@ class TaskCore:
     def restore(self, snapshot: TaskSnapshot) -> None:
         """Resume from a snapshot (see :meth:`_snapshot`) holding the whole state."""
         if snapshot.state is not None:  # None: a savepoint held nothing for this task
+            if snapshot.copies and (offer := getattr(self.task, "offer_copies", None)) is not None:
+                offer(snapshot.copies)
             self.task.restore(snapshot.state)
         self.lineage.restored(snapshot.link)
         self.ended = self.input_ended = snapshot.ended
@@ -414,9 +416,10 @@ class TaskCore:
         if base is not None and (since is None or not self.task.builds_on_base(taken)):
             link, base = self.lineage.taken_whole(checkpoint_id), None
         held = (self.hold_from, tuple(self.held)) if self.hold_from is not None else None
+        keep_copy = getattr(self.task, "keep_copy", None)
         state = TaskSnapshot(checkpoint_id, taken, self.ended, self.watermark, self.epoch,
                              (base.checkpoint_id, base.epoch) if base is not None else None, link.depth, link.root,
-                             held)
+                             held, keep_copy(checkpoint_id) if keep_copy is not None else ())
         return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark, self.records_in)
 
 

@@ -202,6 +202,9 @@ class KeyedOp(Op):
     """A step with per-key state (and, in subclasses, timers), after a ``group_by``."""
 
     state_by_owner = True
+    #: whether a restore may take the table from local copies (gearbus/runtime/local_copies.py):
+    #: not with a TTL, whose write times come from each entry
+    adopts_copies = True
 
     def __init__(self, step: str, ttl_ms: int | None):
         super().__init__(step)
@@ -277,20 +280,25 @@ class KeyedOp(Op):
         values.clear()
         self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, values)
         self.watermark = state["watermark"]
-        self._restore_groups(state["groups"])
+        adopt = getattr(values, "adopt", None)
+        adopted = adopt() if adopt is not None and self.adopts_copies and self.ttl_ms is None else frozenset()
+        self._restore_groups(state["groups"], adopted)
         self.changes.reset()
         self._share.restored(state, state["groups"], self.changes)
 
-    def _restore_groups(self, groups: Mapping[int, list]) -> None:
+    def _restore_groups(self, groups: Mapping[int, list], adopted: frozenset[int]) -> None:
         """Put back a snapshot's groups: a chain's layers one after another, straight into
         the state (its dict is the only index they need), a key group at a time (one in
         memory at a time), a delta's columns as they are. A table on disk takes each group
         added up instead (a column at a time), each key loaded once: a layer's keys written
         again would each cost a lookup in a store being written (over half a restore's time
-        with a chain of eight changes of 30,000 keys over 200,000)."""
+        with a chain of eight changes of 30,000 keys over 200,000); the groups it
+        ``adopted`` from local copies are not read."""
         states = self.states
         if states.load is not None:
             for group in sorted(groups):
+                if group in adopted:
+                    continue
                 if fields := group_fields(groups, group):
                     states.restore_columns(*fields, self.watermark, group)
                 states.settle()
@@ -495,7 +503,9 @@ class KeyedProcessOp(KeyedOp):
         self.event_timers, self.processing_timers = Timers(self.changes.changed), Timers(self.changes.changed)
         super().restore(state)
 
-    def _restore_groups(self, groups: Mapping[int, list]) -> None:
+    adopts_copies = False  # each entry's timers are read anyway
+
+    def _restore_groups(self, groups: Mapping[int, list], adopted: frozenset[int]) -> None:
         """Each key group added up first: a later layer's timers replace a key's, not add to them."""
         for group in sorted(groups):
             for key, *entry in groups[group]:

@@ -193,8 +193,9 @@ def rescaled_snapshot(processor: Processor, taken_at: int, old: dict[int, TaskSn
     ``old``: the whole snapshots of one checkpoint by the tasks of parallelism
     ``taken_at`` that it reads (:func:`restored_from`), by their index. Each step's state
     is divided as a savepoint's is (by key group, read as the task restores it); the
-    watermark is the lowest. Nothing builds on it: the task's next snapshot is whole.
-    Raises SavepointMismatch when a step's state cannot be divided."""
+    watermark is the lowest, and the old tasks' local copies go with it. Nothing builds on
+    it: the task's next snapshot is whole. Raises SavepointMismatch when a step's state
+    cannot be divided."""
     read = list(old.values())
     saved: dict[str, list] = {}
     for at, envelope in old.items():
@@ -202,7 +203,8 @@ def rescaled_snapshot(processor: Processor, taken_at: int, old: dict[int, TaskSn
             saved.setdefault(step, [None] * taken_at)[at] = state
     steps = {step: rescaled_state(processor, step, states, index) for step, states in saved.items()}
     return TaskSnapshot(read[0].checkpoint_id, join_task_state(processor, steps) if steps else None,
-                        all(envelope.ended for envelope in read), min(envelope.watermark for envelope in read))
+                        all(envelope.ended for envelope in read), min(envelope.watermark for envelope in read),
+                        copies=tuple(copy for envelope in read for copy in envelope.copies))
 
 
 def task_states(processor: Processor, saved: dict[str, list], layout: int = KEY_LAYOUT) -> list[Any]:

@@ -23,12 +23,13 @@ from typing import Any
 
 from gearbus.api.watermarks import WATERMARK_MIN
 
+#: 6: the envelope names the task's local copies of its state on disk (``copies``);
 #: 5: the envelope carries the records a task held for another version's code (``held``);
 #: 4: a keyed step's changes may be columns with a key group per entry
 #: (gearbus.runtime.keygroups.Columns), and a group's entries are pickled as columns;
 #: 3: entries by key group pickled a group at a time (gearbus.runtime.keygroups.Groups);
 #: 2: the same tuple, groups as dicts (all still read, as is 1).
-FORMAT = 5
+FORMAT = 6
 #: The longest chain of snapshots building on each other; a restore reads at most this
 #: many plus one per task (and, by the compaction's rule, about one and a half times the
 #: whole state's bytes: see gearbus.runtime.checkpoints).
@@ -53,7 +54,11 @@ class TaskSnapshot:
 
     ``held``: (T, records) when the task held back its input records of event time T and
     later for a replacement's new code (``gearbus replace --at T``): the task restoring it
-    processes them first (and its steps saw the watermark only up to T - 1)."""
+    processes them first (and its steps saw the watermark only up to T - 1).
+
+    ``copies``: where local copies of the state on disk are (gearbus/runtime/local_copies.py):
+    the one the task kept as it took this snapshot; in an envelope to restore, those a
+    restoring task may take state from (after a rescale, the old tasks' it reads)."""
 
     checkpoint_id: int
     state: Any
@@ -64,6 +69,7 @@ class TaskSnapshot:
     depth: int = 0
     root: int = 0
     held: tuple[int, tuple] | None = None
+    copies: tuple[str, ...] = ()
 
     @classmethod
     def seeded(cls, checkpoint_id: int, state: Any) -> TaskSnapshot:
@@ -80,7 +86,7 @@ class TaskSnapshot:
     def encode(self) -> bytes:
         """Bytes to store; raises whatever pickle raises when the state cannot be serialised."""
         return pickle.dumps((FORMAT, self.checkpoint_id, self.state, self.ended, self.watermark, self.epoch,
-                             self.base, self.depth, self.root, self.held), pickle.HIGHEST_PROTOCOL)
+                             self.base, self.depth, self.root, self.held, self.copies), pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def decode(cls, data: bytes) -> TaskSnapshot:
@@ -94,11 +100,13 @@ class TaskSnapshot:
             return cls(checkpoint_id, state, ended, watermark)
         if type(loaded) is tuple and len(loaded) == 9 and loaded[0] in (2, 3, 4):
             loaded = (*loaded, None)
-        if type(loaded) is not tuple or len(loaded) != 10 or loaded[0] not in (2, 3, 4, FORMAT):
+        if type(loaded) is tuple and len(loaded) == 10 and loaded[0] in (2, 3, 4, 5):
+            loaded = (*loaded, ())
+        if type(loaded) is not tuple or len(loaded) != 11 or loaded[0] not in (2, 3, 4, 5, FORMAT):
             raise ValueError(f"not a task snapshot of format {FORMAT}")
-        _, checkpoint_id, state, ended, watermark, epoch, base, depth, root, held = loaded
+        _, checkpoint_id, state, ended, watermark, epoch, base, depth, root, held, copies = loaded
         return cls(checkpoint_id, state, ended, watermark, epoch, tuple(base) if base is not None else None,
-                   depth, root, held)
+                   depth, root, held, tuple(copies))
 
     def whole(self, state: Any) -> TaskSnapshot:
         """This envelope holding ``state``, the whole state its chain adds up to (its lineage

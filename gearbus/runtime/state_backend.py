@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gearbus.api.partitioners import MAX_PARALLELISM, stable_hash
+from gearbus.runtime import local_copies
 from gearbus.runtime.keygroups import IMMUTABLE_TYPES, UnserialisableState, estimated_bytes
 
 #: The backends an app may name in ``config={"state_backend": ...}``.
@@ -49,13 +50,15 @@ SCAN_WAITING = 1024
 #: The block cache the steps of a task share, and each step's memtable.
 BLOCK_CACHE_BYTES = 64 << 20
 WRITE_BUFFER_BYTES = 32 << 20
+#: Entries copied from another task's local copy per write batch.
+COPY_BATCH = 65536
 
 _REMOVED = object()
 _pickled = functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
 _MISSING = object()
-#: Each key group's first two bytes of a stored key; the end of the last group's range.
-_GROUP_PREFIXES = tuple(group.to_bytes(2, "big") for group in range(MAX_PARALLELISM))
-_END_OF_GROUPS = MAX_PARALLELISM.to_bytes(2, "big")
+#: Each key group's first two bytes of a stored key, then the end of the last group's range.
+_GROUP_PREFIXES = tuple(group.to_bytes(2, "big") for group in range(MAX_PARALLELISM + 1))
+_END_OF_GROUPS = _GROUP_PREFIXES[MAX_PARALLELISM]
 
 
 class StateBackendError(OSError):
@@ -84,23 +87,43 @@ class MemoryBackend:
         quarter more)."""
         return {}
 
+    def keep_copy(self, checkpoint_id: int) -> tuple[str, ...]:
+        """No local copy: the state is in the heap."""
+        return ()
+
+    def completed(self, checkpoint_id: int) -> None:
+        """No copies to prune."""
+
+    def offer(self, locators: tuple[str, ...]) -> None:
+        """Copies are for tables on disk."""
+
     def close(self) -> None:
         """Nothing to remove."""
 
 
 class RocksDBBackend:
     """A directory per task under ``root`` (made when the first table opens, removed by
-    :meth:`close`), a RocksDB database per step in it, one block cache for them all."""
+    :meth:`close`), a RocksDB database per step in it, one block cache for them all.
+
+    With a ``root`` and the key groups the task ``owned``, each checkpoint's snapshot
+    also keeps a local copy of the tables stored by key group (:meth:`keep_copy`), and a
+    restore takes what the copies offered hold (:meth:`offer`, :meth:`adopt`): see
+    gearbus/runtime/local_copies.py."""
 
     name = "rocksdb"
 
-    def __init__(self, root: str | None, label: str, flush_entries: int = FLUSH_ENTRIES):
+    def __init__(self, root: str | None, label: str, flush_entries: int = FLUSH_ENTRIES, owned: range | None = None):
         self.root = root
         self.label = label
         self.flush_entries = flush_entries
+        self.owned = owned
         self.directory: str | None = None
         self.tables: list[RocksDBTable] = []
         self._cache = None
+        self._offered: tuple[str, ...] = ()
+        self._kept: list[str] = []  # the paths of this task's copies, oldest first
+        #: the key groups the tables took from local copies as they restored, by step
+        self.adopted: dict[str, int] = {}
 
     def table(self, step: str, codec: type[Keys] | None = None) -> RocksDBTable:
         """Step ``step``'s table, its keys stored as ``codec`` says (by key group by default)."""
@@ -112,17 +135,77 @@ class RocksDBBackend:
                     os.makedirs(self.root, exist_ok=True)
                 self.directory = tempfile.mkdtemp(prefix=f"{self.label}-", dir=self.root)
                 self._cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
-            db = rocksdict.Rdict(os.path.join(self.directory, f"step{len(self.tables)}"), self._options())
-            no_wal = rocksdict.WriteOptions()
-            no_wal.disable_wal = True  # a failure restores from a checkpoint, never from these files
-            db.set_write_options(no_wal)
+            path = os.path.join(self.directory, f"step{len(self.tables)}")
+            db = self.open_db(path)
         except Exception as exc:
             raise StateBackendError(f"the rocksdb state backend cannot open its files under "
                                     f"{self.directory or self.root or tempfile.gettempdir()}: "
                                     f"{type(exc).__name__}: {exc}") from exc
-        table = RocksDBTable(self, step, db, codec or Keys)
+        table = RocksDBTable(self, step, db, codec or Keys, path)
         self.tables.append(table)
         return table
+
+    def open_db(self, path: str, read_only: bool = False):
+        """The database at ``path`` (made if missing), written without a write-ahead log."""
+        import rocksdict
+
+        if read_only:
+            return rocksdict.Rdict(path, self._options(), access_type=rocksdict.AccessType.read_only())
+        db = rocksdict.Rdict(path, self._options())
+        no_wal = rocksdict.WriteOptions()
+        no_wal.disable_wal = True  # a failure restores from a checkpoint, never from these files
+        db.set_write_options(no_wal)
+        return db
+
+    def keep_copy(self, checkpoint_id: int) -> tuple[str, ...]:
+        """Keep a local copy of the tables stored by key group as they are at checkpoint
+        ``checkpoint_id``'s barrier; its locator (none without a root, or when the copy
+        cannot be made: restores then read the store, as without copies). The task's copies
+        past :data:`local_copies.COPIES_KEPT` are removed, oldest first."""
+        tables = [table for table in self.tables if table.group_counts is not None]
+        if self.root is None or self.owned is None or not tables:
+            return ()
+        for table in tables:
+            table.flush()
+        try:
+            locator = local_copies.keep(self.root, self.label, checkpoint_id, self.owned,
+                                        [(table.step, table.db, table.group_counts) for table in tables])
+        except Exception:  # noqa: BLE001 - a copy only speeds a restore up
+            return ()
+        self._kept.append(local_copies.path_of(locator))
+        while len(self._kept) > local_copies.COPIES_KEPT:
+            shutil.rmtree(self._kept.pop(0), ignore_errors=True)
+        return (locator,)
+
+    def completed(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: the copies of older ones (any task's
+        under the root) are removed."""
+        local_copies.prune(self.root, checkpoint_id)
+        self._kept = [path for path in self._kept if os.path.isdir(path)]
+
+    def offer(self, locators: tuple[str, ...]) -> None:
+        """The local copies the restore that follows may take state from."""
+        self._offered = locators
+
+    def adopt(self, table: RocksDBTable) -> frozenset[int]:
+        """Fill ``table`` (empty) with what the offered copies on this host hold of the key
+        groups the task owns; the groups it now holds (the restore loads the others). A
+        copy that cannot be taken leaves the table empty, as if none had been offered."""
+        if not self._offered or self.owned is None or table.group_counts is None:
+            return frozenset()
+        step, owned = table.step, self.owned
+        copies = [(copy, overlap) for copy in local_copies.found(self._offered)
+                  if step in copy.tables and (overlap := copy.overlap(owned))]
+        copies.sort(key=lambda found: -sum(found[0].tables[step][1][group] for group in found[1]))
+        if not copies:
+            return frozenset()
+        try:
+            groups = table.take_copies(copies, owned)
+        except Exception:  # noqa: BLE001 - loaded from the store instead
+            table.reopen(None)
+            return frozenset()
+        self.adopted[step] = len(groups)
+        return groups
 
     def _options(self):
         import rocksdict
@@ -143,7 +226,8 @@ class RocksDBBackend:
                                  f"{type(exc).__name__}: {exc}")
 
     def close(self) -> None:
-        """Close every step's database and remove the task's files."""
+        """Close every step's database and remove the task's files (not its local copies:
+        the next epoch's tasks may take them)."""
         for table in self.tables:
             table.close()
         self.tables.clear()
@@ -171,13 +255,14 @@ def held_bytes(tables, values: Callable[[], Iterator], count: int) -> int:
     return sum(table.size()[1] for table in tables)
 
 
-def open_backend(name: str, root: str | None, label: str):
+def open_backend(name: str, root: str | None, label: str, owned: range | None = None):
     """A task's backend: ``root`` is the directory its files go under (None: the system's
-    temporary directory), ``label`` names its own directory there."""
+    temporary directory, and no local copies), ``label`` names its own directory there,
+    ``owned`` the key groups the task owns."""
     if name == "memory":
         return MemoryBackend()
     if name == "rocksdb":
-        return RocksDBBackend(root, label)
+        return RocksDBBackend(root, label, owned=owned)
     raise ValueError(f"unknown state backend {name!r} (one of {', '.join(BACKENDS)})")
 
 
@@ -295,11 +380,15 @@ class RocksDBTable(MutableMapping):
     it writes were stored, unless a read already told (a scope removed with
     :meth:`remove_scope` is not counted out: a table of scopes counts by scope)."""
 
-    def __init__(self, backend: RocksDBBackend, step: str, db, codec: type[Keys] = Keys):
+    def __init__(self, backend: RocksDBBackend, step: str, db, codec: type[Keys] = Keys, path: str | None = None):
         self.backend = backend
         self.step = step
         self._db = db
+        self.path = path
         self.codec = codec
+        #: the keys stored in each key group, kept for a table stored by key group (what a
+        #: local copy's manifest records, so that a restore taking it counts without a pass)
+        self.group_counts: list[int] | None = [0] * MAX_PARALLELISM if codec is Keys else None
         self._encode = codec.encode
         self._pending: dict[Any, Any] = {}  # key -> value, or _REMOVED
         #: keys read since the last write-out: (encoded, whether stored)
@@ -486,6 +575,8 @@ class RocksDBTable(MutableMapping):
         except Exception as exc:
             raise self.backend.failed(f"clearing the state of step {self.step!r}", exc) from exc
         self._count = 0
+        if self.group_counts is not None:
+            self.group_counts = [0] * MAX_PARALLELISM
 
     def settle(self) -> None:
         """Between batches: write the waiting entries out once there are many (or many
@@ -503,6 +594,7 @@ class RocksDBTable(MutableMapping):
         import rocksdict
 
         batch, stored, raw = rocksdict.WriteBatch(raw_mode=True), self._count, self._raw
+        counts = self.group_counts[:] if self.group_counts is not None else None  # kept if the write fails
         try:
             for key, value in self._pending.items():
                 encoded, was_stored = read.get(key) or self._lookup(key)
@@ -510,9 +602,14 @@ class RocksDBTable(MutableMapping):
                     if was_stored:
                         batch.delete(encoded)
                         stored -= 1
+                        if counts is not None:
+                            counts[encoded[0] << 8 | encoded[1]] -= 1
                     continue
                 batch.put(encoded, raw(key, value))
-                stored += not was_stored
+                if not was_stored:
+                    stored += 1
+                    if counts is not None:
+                        counts[encoded[0] << 8 | encoded[1]] += 1
             self._db.write(batch)
         except (UnserialisableState, StateBackendError):
             raise
@@ -520,6 +617,8 @@ class RocksDBTable(MutableMapping):
             raise self.backend.failed(f"writing the state of step {self.step!r}", exc) from exc
         self._pending.clear()
         self._count = stored
+        if counts is not None:
+            self.group_counts = counts
 
     def load(self, group: int, keys: list, values: list) -> None:
         """Put back key group ``group``'s entries into a table that holds none of its keys
@@ -556,6 +655,7 @@ class RocksDBTable(MutableMapping):
         except Exception as exc:
             raise self.backend.failed(f"writing the state of step {self.step!r}", exc) from exc
         self._count += len(keys)
+        self.group_counts[group] += len(keys)
 
     def _raw(self, key, value) -> bytes:
         """A value as stored (beside its key when the key does not decode as itself); one
@@ -573,6 +673,66 @@ class RocksDBTable(MutableMapping):
         """A key written without being read first: its encoding, and whether it is stored."""
         encoded = self._encode(key)
         return encoded, self._stored(encoded) is not None
+
+    @property
+    def db(self):
+        """The open database (what a local copy is made of)."""
+        return self._db
+
+    def adopt(self) -> frozenset[int]:
+        """Take what the local copies offered to the task hold of its key groups (the table
+        empty); the key groups it then holds (see RocksDBBackend.adopt)."""
+        return self.backend.adopt(self)
+
+    def take_copies(self, copies: list, owned: range) -> frozenset[int]:
+        """Become the first copy's database (cloned: hard links) less the key groups
+        outside ``owned``, then take the other copies' entries of their groups (``copies``:
+        (local_copies.Copy, the groups of ``owned`` it holds), the first holding most),
+        raw, as stored; the groups taken."""
+        (first, _), step = copies[0], self.step
+        self.reopen(os.path.join(first.path, first.tables[step][0]))
+        self._db.delete_range(_GROUP_PREFIXES[0], _GROUP_PREFIXES[owned.start])
+        self._db.delete_range(_GROUP_PREFIXES[owned.stop], _END_OF_GROUPS)
+        for copy, groups in copies[1:]:
+            self._copy_entries(os.path.join(copy.path, copy.tables[step][0]), groups)
+        counts = [0] * MAX_PARALLELISM
+        for copy, groups in copies:
+            for group in groups:
+                counts[group] = copy.tables[step][1][group]
+        self.group_counts, self._count = counts, sum(counts)
+        return frozenset(group for _, groups in copies for group in groups)
+
+    def _copy_entries(self, path: str, groups: range) -> None:
+        """Write the entries of ``groups`` the database at ``path`` holds, as stored."""
+        import rocksdict
+
+        source, end = self.backend.open_db(path, read_only=True), _GROUP_PREFIXES[groups.stop]
+        try:
+            batch, count = rocksdict.WriteBatch(raw_mode=True), 0
+            for key, value in source.items(from_key=_GROUP_PREFIXES[groups.start]):
+                if key >= end:
+                    break
+                batch.put(key, value)
+                count += 1
+                if count % COPY_BATCH == 0:
+                    self._db.write(batch)
+                    batch = rocksdict.WriteBatch(raw_mode=True)
+            self._db.write(batch)
+        finally:
+            source.close()
+
+    def reopen(self, clone_of: str | None) -> None:
+        """Replace the table's database with a clone of the one at ``clone_of`` (None: an
+        empty one), nothing waiting."""
+        self._pending.clear()
+        self._read.clear()
+        self._db.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        if clone_of is not None:
+            local_copies.clone(clone_of, self.path)
+        self._db = self.backend.open_db(self.path)
+        self._count = 0
+        self.group_counts = [0] * MAX_PARALLELISM
 
     def close(self) -> None:
         """Close the database, whose files are about to be removed: what closing it fails

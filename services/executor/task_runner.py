@@ -200,7 +200,9 @@ class TaskRunner:
             with collector_paused():
                 self.core.restore(envelope)
         await asyncio.to_thread(restore)
-        log.info("task_restored", checkpoint_id=envelope.checkpoint_id, seconds=round(time.monotonic() - started, 3))
+        backend = getattr(self.task, "state_backend", None)
+        log.info("task_restored", checkpoint_id=envelope.checkpoint_id, seconds=round(time.monotonic() - started, 3),
+                 groups_from_local_copies=getattr(backend, "adopted", None) or None)
 
     async def run(self) -> None:
         """Run the task until it is stopped (its final checkpoint committed, or it is

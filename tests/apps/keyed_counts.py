@@ -1,7 +1,7 @@
-"""A test app that never ends: numbers counted per key (n % KEYS) with stateful_map, so
-its keyed state holds KEYS keys for as long as it runs; with PARALLELISM (default 1) the
-counting runs in that many tasks, one executor each; STATE_BACKEND names the app's state
-backend (default: the cluster's).
+"""A test app that never ends: numbers counted per key (n % KEYS) with stateful_map, each
+written with its key's count so far, so its keyed state holds KEYS keys for as long as it
+runs; with PARALLELISM (default 1) the counting runs in that many tasks, one executor
+each; STATE_BACKEND names the app's state backend (default: the cluster's).
 
     keyed_counts.py KEYS OUTPUT.jsonl [PARALLELISM [STATE_BACKEND]]
 """
@@ -17,6 +17,6 @@ def application(args):
     p = Pipeline("keyed_counts", config={"executors": parallelism, **backend}, parallelism=parallelism)
     (p.source(RateSource(rate=500), name="numbers", parallelism=1)
       .group_by(lambda n: n % keys, name="by_key")
-      .stateful_map(lambda count, n: ((count or 0) + 1, n), name="count")
+      .stateful_map(lambda count, n: ((count or 0) + 1, {"n": n, "count": (count or 0) + 1}), name="count")
       .write_jsonl(output, name="write"))
     return p

@@ -16,6 +16,7 @@ from shared.bus import RequestError
 from shared.messages import AppState
 from tests.support.cli import gearbus
 from tests.support.cluster import wait_until
+from tests.support import keyed_counts
 from tests.support.user_counts import APP, EVENTS, args, counts, expected_counts, publish, read_at_least, start_counting
 
 pytestmark = pytest.mark.timeout(150)
@@ -89,3 +90,22 @@ async def test_the_source_rescaled_spreads_its_subjects_anew_and_reads_each_on_e
     final = await client.wait(app, timeout=90)
     assert final.state == AppState.SUCCEEDED, final.error
     assert counts(output) == expected_counts()
+
+
+async def test_on_disk_a_rescale_takes_the_key_groups_from_local_copies_and_every_count_goes_on_exactly(
+        cluster, client, tmp_path):
+    """A running count per key in the rocksdb backend, rescaled 2 -> 3 -> 1 while numbers
+    flow: the new tasks take their key groups from the old tasks' local copies of the
+    rescale's checkpoint (their executors log it), and, stopped with a savepoint, every
+    number committed was counted once."""
+    output = tmp_path / "counts.jsonl"
+    app = await client.submit(pack(keyed_counts.APP), ["40", str(output), "2", "rocksdb"])
+    first = await read_at_least(client, app, 300)
+    assert (await client.rescale(app, {"count": 3})).epoch == 1
+    await read_at_least(client, app, 300, after_checkpoint=first + 1)
+    assert (await client.rescale(app, {"count": 1})).epoch == 2
+    await read_at_least(client, app, 300, after_checkpoint=first + 2)
+    await client.savepoint(app, stop=True)
+    assert keyed_counts.assert_counted_once(output, 40) > 900
+    adopted = keyed_counts.groups_from_local_copies(cluster.log_dir)
+    assert sum(groups["count"] for groups in adopted) >= 2 * 128, adopted  # both rescales, every group

@@ -74,6 +74,19 @@ def test_a_rescale_beside_executor_kills_stays_exact(inprocess, tmp_path):
     engine.state.validate()
 
 
+def test_on_disk_the_new_tasks_take_their_key_groups_from_the_old_tasks_local_copies_and_stay_exact(inprocess,
+                                                                                                      tmp_path):
+    out = tmp_path / "counts.jsonl"
+    pipeline = running_count_pipeline(out, LINES, {**CONFIG, "state_backend": "rocksdb"}, 2, 2, "count")
+    engine = inprocess(pipeline, seed=3, checkpoint_every=2)
+    engine.run(rescale_after_frames={40: {"count": 3}, 160: {"count": 1}}, kill_executor_after_frames=[100])
+    assert committed(out) == EXPECTED
+    assert engine.rescales == [AnswerRescale(1), AnswerRescale(2)] and engine.state.restarts == 1
+    [counting] = [node for node in engine.nodes.values() if node.name.startswith("count")]
+    assert counting.task.state_backend.adopted == {"count": 128}  # every group from the three old tasks' copies
+    engine.state.validate()
+
+
 def test_a_rescale_asked_wrongly_is_refused_with_the_reason(inprocess, tmp_path):
     engine = inprocess(running_counts(tmp_path / "counts.jsonl"), seed=1, checkpoint_every=2)
     with pytest.raises(RescaleError, match="no step named 'nope'"):
