@@ -387,7 +387,8 @@ class InProcessEngine:
             edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
             task = p.task_class(TaskContext(0, self.plan.name, p, index, 0, epoch=epoch, clock=self.now_ms,
                                             request_poll=functools.partial(self._request_poll, (p.id, index)),
-                                            state_backend=self.config.state_backend, state_dir=self._state_dir))
+                                            state_backend=self.config.state_backend, state_dir=self._state_dir,
+                                            local_copies=self.config.local_copies))
             core = TaskCore(task, senders, self.config.credit_frames, epoch,
                             max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0,
                             hold_from=dict(self._deployment.hold_from).get(p.id))

@@ -536,7 +536,8 @@ class ChainTask(Task):
         #: where the steps keep their keyed state (closed, and its files removed, on stop)
         self.state_backend = open_backend(context.state_backend, context.state_dir,
                                           f"p{context.processor_id}-t{context.index}-e{context.epoch}",
-                                          owned_groups(context.index, context.processor.parallelism))
+                                          owned_groups(context.index, context.processor.parallelism)
+                                          if context.local_copies else None)
         self.ops: list[Op] = copy.deepcopy(self.context.config["ops"])  # fresh state per task
         #: the ops that release output later, and those that ask for wakeups (by position)
         self.holding = [i for i, op in enumerate(self.ops) if op.holds_output]

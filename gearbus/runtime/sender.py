@@ -53,6 +53,9 @@ class DataPlaneConfig:
     task_metrics: bool = True  # time each batch (the latency histogram); off saves its updates
     incremental_checkpoints: bool = True  # keyed state snapshots hold what changed; off: every one whole
     state_backend: str = "memory"  # where keyed state lives (gearbus/runtime/state_backend.py)
+    #: state on disk kept as a local copy at each checkpoint, and restored from one where it
+    #: can (gearbus/runtime/local_copies.py); off: every restore reads the checkpoint store
+    local_copies: bool = True
 
     @classmethod
     def from_config(cls, config: dict) -> DataPlaneConfig:
@@ -61,7 +64,7 @@ class DataPlaneConfig:
         for key, value in values.items():
             if key == "state_backend":
                 continue
-            if key in ("task_metrics", "incremental_checkpoints"):
+            if key in ("task_metrics", "incremental_checkpoints", "local_copies"):
                 if not isinstance(value, bool):
                     raise ValueError(f"application config {key} must be true or false, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:

@@ -258,7 +258,7 @@ def held_bytes(tables, values: Callable[[], Iterator], count: int) -> int:
 def open_backend(name: str, root: str | None, label: str, owned: range | None = None):
     """A task's backend: ``root`` is the directory its files go under (None: the system's
     temporary directory, and no local copies), ``label`` names its own directory there,
-    ``owned`` the key groups the task owns."""
+    ``owned`` the key groups the task owns (None: no local copies)."""
     if name == "memory":
         return MemoryBackend()
     if name == "rocksdb":

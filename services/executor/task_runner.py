@@ -89,7 +89,8 @@ class TaskRunner:
         self.restore_envelope = restore
         self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id, start_ms,
                                    epoch=epoch, nats_servers=servers, request_poll=self._request_poll,
-                                   state_backend=config.state_backend, state_dir=state_directory())
+                                   state_backend=config.state_backend, state_dir=state_directory(),
+                                   local_copies=config.local_copies)
         self.name = self.context.task_name
         self.task = self.processor.task_class(self.context)
         senders = [(edge.upstream.id, i) for edge in graph.inputs_of(self.processor)

@@ -87,6 +87,18 @@ def test_on_disk_the_new_tasks_take_their_key_groups_from_the_old_tasks_local_co
     engine.state.validate()
 
 
+def test_with_local_copies_off_a_rescale_on_disk_reads_the_store_alone_and_stays_exact(inprocess, tmp_path):
+    out = tmp_path / "counts.jsonl"
+    config = {**CONFIG, "state_backend": "rocksdb", "local_copies": False}
+    engine = inprocess(running_count_pipeline(out, LINES, config, 2, 2, "count"), seed=3, checkpoint_every=2)
+    engine.run(rescale_after_frames={40: {"count": 3}})
+    assert committed(out) == EXPECTED and engine.rescales == [AnswerRescale(1)]
+    assert all(not node.task.state_backend.adopted for node in engine.nodes.values()
+               if hasattr(node.task, "state_backend"))
+    with pytest.raises(ValueError, match="local_copies must be true or false"):
+        inprocess(running_count_pipeline(out, LINES, {**CONFIG, "local_copies": "no"}, 2, 2, "count"))
+
+
 def test_a_rescale_asked_wrongly_is_refused_with_the_reason(inprocess, tmp_path):
     engine = inprocess(running_counts(tmp_path / "counts.jsonl"), seed=1, checkpoint_every=2)
     with pytest.raises(RescaleError, match="no step named 'nope'"):
