@@ -422,14 +422,22 @@ class InProcessEngine:
         return executor_id, self.executors[executor_id]
 
     def _retire(self, executor_id: int, retire: lifecycle.RetireTasks) -> None:
+        """Stop an older epoch's tasks (a task placed on another executor in the new epoch
+        may have opened there already: that one stays)."""
         for task in retire.tasks:
-            node = self.nodes.pop((task.processor, task.index), None)
-            if node is not None:
-                self._stop(node)
+            key = (task.processor, task.index)
+            if key in self.nodes and self.nodes[key].core.epoch < self.epoch:
+                self._stop(self.nodes.pop(key))
 
     def _open(self, executor_id: int, open_tasks: lifecycle.OpenTasks) -> None:
+        """Build the launch's tasks; an older epoch's task of the same key on another
+        executor that has not retired it yet stops first."""
         launch = open_tasks.launch
-        self.nodes.update(self._build(launch.epoch, [(task.processor, task.index) for task in launch.tasks]))
+        keys = [(task.processor, task.index) for task in launch.tasks]
+        for key in keys:
+            if key in self.nodes and self.nodes[key].core.epoch < launch.epoch:
+                self._stop(self.nodes.pop(key))
+        self.nodes.update(self._build(launch.epoch, keys))
         self.executors[executor_id].opened(launch.epoch)
 
     def _start(self, executor_id: int, start: lifecycle.StartTasks) -> None:

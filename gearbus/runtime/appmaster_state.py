@@ -45,7 +45,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gearbus.api.partitioners import MAX_PARALLELISM
+from gearbus.api.partitioners import MAX_PARALLELISM, owned_groups
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.state_backend import backend_name
 from gearbus.runtime.stimuli import StimulusLog, stimulus
@@ -304,6 +304,13 @@ class Settings:
                    blacklist_after=int(config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)),
                    heartbeat_interval_s=heartbeat_interval_s,
                    state_backend=backend_name(config))  # an unknown one is refused here, not by every executor
+
+
+def _most_groups_of(index: int, parallelism: int, old_parallelism: int) -> int:
+    """The task of ``old_parallelism`` that owned most of the key groups task ``index`` of
+    ``parallelism`` owns (the first of those that owned as many)."""
+    groups = set(owned_groups(index, parallelism))
+    return max(range(old_parallelism), key=lambda old: len(groups.intersection(owned_groups(old, old_parallelism))))
 
 
 class AppMasterState:
@@ -954,11 +961,12 @@ class AppMasterState:
     def _retask(self, parallelism: dict[int, int]) -> None:
         """These processors run at this parallelism from now on (a new epoch follows, before
         their deployment), their tasks placed anew; the others stay where they are."""
+        before = {processor: self.parallelism[processor] for processor in parallelism}
         self.parallelism.update(parallelism)
         self.tasks = tuple((p, i) for p in sorted(self.parallelism) for i in range(self.parallelism[p]))
         sources = {p for p, _ in self.coordinator.sources}
         self.coordinator.retask(self.tasks, [t for t in self.tasks if t[0] in sources])
-        self._place(parallelism)
+        self._place(parallelism, before)
 
     def input_watermarks(self, watermarks: dict[TaskKey, int], now: float,
                          latest_events: dict[TaskKey, int] | None = None) -> list[Instruction]:
@@ -1023,16 +1031,25 @@ class AppMasterState:
                 AnswerReplace(change.request_id, f"version {change.version} rolled back to version "
                                                  f"{change.previous}: {why}", rolled_back=True)]
 
-    def _place(self, changed: dict[int, int]) -> None:
-        """The rescaled processors' tasks, placed anew on the live executors (the others stay)."""
+    def _place(self, changed: dict[int, int], before: dict[int, int]) -> None:
+        """The rescaled processors' tasks (at ``before`` until now), placed anew on the live
+        executors (the others stay): each where the old task that owned most of its key
+        groups ran, whose local copies of the state on disk it can then take (see
+        gearbus/runtime/local_copies.py), while that executor holds less than its share of
+        the processor's tasks; else by the placement rule."""
         live = sorted(self.live_executors(), key=lambda e: e.executor_id)
+        hosts = {task: executor for executor in live for task in executor.tasks if task[0] in changed}
         for executor in live:
             executor.tasks = [t for t in executor.tasks if t[0] not in changed]
         for processor in sorted(changed):
-            for index in range(changed[processor]):
-                target = live[index % len(live)] if self.settings.placement == "by_index" else \
-                    min(live, key=lambda e: (len(e.tasks), e.executor_id))
+            count, placed = changed[processor], collections.Counter()
+            for index in range(count):
+                target = hosts.get((processor, _most_groups_of(index, count, before[processor])))
+                if target is None or placed[target.executor_id] >= -(-count // len(live)):
+                    target = live[index % len(live)] if self.settings.placement == "by_index" else \
+                        min(live, key=lambda e: (len(e.tasks), e.executor_id))
                 target.tasks.append((processor, index))
+                placed[target.executor_id] += 1
 
     def _named(self, processor: int) -> str:
         return self.names.get(processor) or f"processor {processor}"

@@ -431,6 +431,24 @@ def checkpoint_all(m: AppMasterState, now: float) -> list:
     return out + m.checkpoint_stored(checkpoint_id, now)
 
 
+@pytest.mark.parametrize("placement", ["by_index", "round_robin"])
+def test_a_rescaled_task_goes_where_the_old_task_owning_most_of_its_key_groups_ran_within_its_share(placement):
+    m = machine(placement=placement)
+    running(m)
+    hosted = {task: e.executor_id for e in m.executors.values() for task in e.tasks}
+    m.rescale_requested(5, {1: 3}, 1)
+    [deploy] = of(Deploy, checkpoint_all(m, 2))
+    placed = {task: executor for executor, tasks in deploy.assignments for task in tasks}
+    # groups 0-42 were old task 0's; 43-85 mostly old task 1's (64-85); 86-127 old task 1's
+    assert [placed[(1, i)] for i in range(3)] == [hosted[(1, 0)], hosted[(1, 1)], hosted[(1, 1)]]
+    m.deployed(deploy.epoch, 2)
+    m.rescale_requested(6, {1: 1}, 2)
+    out = checkpoint_all(m, 3)
+    [deploy] = of(Deploy, out)
+    assert {task: executor for executor, tasks in deploy.assignments for task in tasks}[(1, 0)] == hosted[(1, 0)]
+    m.validate()
+
+
 def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_with_the_new_tasks():
     m = machine()
     running(m)
@@ -442,7 +460,8 @@ def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_
     assert notify.checkpoint_id == trigger.checkpoint_id == deploy.restore.checkpoint_id and deploy.epoch == 1
     # the new tasks divide the old ones' snapshots, taken by 2 tasks, as they restore
     assert deploy.parallelism == ((1, 4),) and deploy.restore_parallelism == ((1, 2),)
-    assert deploy.assignments == ((0, (SRC0, SINK0, (1, 2))), (1, (SRC1, SINK1, (1, 3))))  # task i on executor i mod 2
+    # each new task where the old task owning most of its key groups ran (its local copies are there)
+    assert deploy.assignments == ((0, (SRC0, SINK0, (1, 1))), (1, (SRC1, (1, 2), (1, 3))))
     assert of(StoreEpoch, out) == [StoreEpoch(1, 0, ((1, 4),))] and m.restarts == 0  # not a failure
     assert m.phase is Phase.DEPLOYING and not of(AnswerRescale, out)
     m.validate()
