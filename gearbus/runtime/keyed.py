@@ -216,8 +216,10 @@ class KeyedOp(Op):
         self._share = RescaleShare()
 
     def open(self, task) -> None:
-        """Hold the keyed state in the task's state backend."""
-        self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, task.state_backend.table(self.step))
+        """Hold the keyed state in the task's state backend (kept in local copies when a
+        restore can take it from them)."""
+        table = task.state_backend.table(self.step, copied=self.adopts_copies and self.ttl_ms is None)
+        self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, table)
 
     def on_watermark(self, watermark: int) -> list[Record]:
         self.watermark = watermark
@@ -281,7 +283,7 @@ class KeyedOp(Op):
         self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, values)
         self.watermark = state["watermark"]
         adopt = getattr(values, "adopt", None)
-        adopted = adopt() if adopt is not None and self.adopts_copies and self.ttl_ms is None else frozenset()
+        adopted = adopt() if adopt is not None else frozenset()
         self._restore_groups(state["groups"], adopted)
         self.changes.reset()
         self._share.restored(state, state["groups"], self.changes)

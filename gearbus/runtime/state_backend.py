@@ -82,7 +82,7 @@ class MemoryBackend:
 
     name = "memory"
 
-    def table(self, step: str, codec=None) -> dict:
+    def table(self, step: str, codec=None, copied: bool = False) -> dict:
         """A dict: the hot path costs what it always did (a dict subclass's lookups cost a
         quarter more)."""
         return {}
@@ -125,8 +125,10 @@ class RocksDBBackend:
         #: the key groups the tables took from local copies as they restored, by step
         self.adopted: dict[str, int] = {}
 
-    def table(self, step: str, codec: type[Keys] | None = None) -> RocksDBTable:
-        """Step ``step``'s table, its keys stored as ``codec`` says (by key group by default)."""
+    def table(self, step: str, codec: type[Keys] | None = None, copied: bool = False) -> RocksDBTable:
+        """Step ``step``'s table, its keys stored as ``codec`` says (by key group by default);
+        ``copied``: kept in the local copies, and taken from them on restore (:meth:`adopt`),
+        for a step whose restore needs nothing else of each entry (stored by key group)."""
         import rocksdict  # here, not at import: only processes holding state on disk load RocksDB
 
         try:
@@ -141,7 +143,7 @@ class RocksDBBackend:
             raise StateBackendError(f"the rocksdb state backend cannot open its files under "
                                     f"{self.directory or self.root or tempfile.gettempdir()}: "
                                     f"{type(exc).__name__}: {exc}") from exc
-        table = RocksDBTable(self, step, db, codec or Keys, path)
+        table = RocksDBTable(self, step, db, codec or Keys, path, copied)
         self.tables.append(table)
         return table
 
@@ -162,7 +164,7 @@ class RocksDBBackend:
         ``checkpoint_id``'s barrier; its locator (none without a root, or when the copy
         cannot be made: restores then read the store, as without copies). The task's copies
         past :data:`local_copies.COPIES_KEPT` are removed, oldest first."""
-        tables = [table for table in self.tables if table.group_counts is not None]
+        tables = [table for table in self.tables if table.copied]
         if self.root is None or self.owned is None or not tables:
             return ()
         for table in tables:
@@ -191,7 +193,7 @@ class RocksDBBackend:
         """Fill ``table`` (empty) with what the offered copies on this host hold of the key
         groups the task owns; the groups it now holds (the restore loads the others). A
         copy that cannot be taken leaves the table empty, as if none had been offered."""
-        if not self._offered or self.owned is None or table.group_counts is None:
+        if not self._offered or self.owned is None or not table.copied:
             return frozenset()
         step, owned = table.step, self.owned
         copies = [(copy, overlap) for copy in local_copies.found(self._offered)
@@ -380,7 +382,8 @@ class RocksDBTable(MutableMapping):
     it writes were stored, unless a read already told (a scope removed with
     :meth:`remove_scope` is not counted out: a table of scopes counts by scope)."""
 
-    def __init__(self, backend: RocksDBBackend, step: str, db, codec: type[Keys] = Keys, path: str | None = None):
+    def __init__(self, backend: RocksDBBackend, step: str, db, codec: type[Keys] = Keys, path: str | None = None,
+                 copied: bool = False):
         self.backend = backend
         self.step = step
         self._db = db
@@ -389,6 +392,8 @@ class RocksDBTable(MutableMapping):
         #: the keys stored in each key group, kept for a table stored by key group (what a
         #: local copy's manifest records, so that a restore taking it counts without a pass)
         self.group_counts: list[int] | None = [0] * MAX_PARALLELISM if codec is Keys else None
+        #: kept in the task's local copies and taken from them (see RocksDBBackend.table)
+        self.copied = copied and codec is Keys
         self._encode = codec.encode
         self._pending: dict[Any, Any] = {}  # key -> value, or _REMOVED
         #: keys read since the last write-out: (encoded, whether stored)

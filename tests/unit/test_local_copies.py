@@ -32,7 +32,7 @@ def old_tasks(root, state: dict, parallelism: int, checkpoint_id: int = 7, after
     for index in range(parallelism):
         owned = owned_groups(index, parallelism)
         backend = RocksDBBackend(str(root), f"p1-t{index}-e1", owned=owned)
-        table = backend.table("count")
+        table = backend.table("count", copied=True)
         for key, value in state.items():
             if key_group(key) in owned:
                 table[key] = value
@@ -47,7 +47,7 @@ def old_tasks(root, state: dict, parallelism: int, checkpoint_id: int = 7, after
 
 def restored(root, locators, parallelism: int, index: int):
     backend = RocksDBBackend(str(root), f"p1-t{index}-e2", owned=owned_groups(index, parallelism))
-    table = backend.table("count")
+    table = backend.table("count", copied=True)
     backend.offer(tuple(locators))
     return backend, table, table.adopt()
 
@@ -109,7 +109,7 @@ def test_a_copy_that_cannot_be_taken_leaves_the_table_empty_to_load_from_the_sto
 
 def test_a_task_keeps_its_newest_copies_and_completion_prunes_the_older_ones(tmp_path):
     backend = RocksDBBackend(str(tmp_path), "p1-t0-e1", owned=range(0, MAX_PARALLELISM))
-    table = backend.table("count")
+    table = backend.table("count", copied=True)
     kept = []
     for checkpoint_id in range(1, 6):
         table[f"k{checkpoint_id}"] = checkpoint_id
@@ -124,9 +124,13 @@ def test_a_task_keeps_its_newest_copies_and_completion_prunes_the_older_ones(tmp
     assert os.listdir(tmp_path / local_copies.COPIES_DIR)  # a copy outlives its task: the next epoch's take it
 
 
-def test_no_copy_without_a_directory_that_is_cleaned_up_or_with_state_in_memory(tmp_path):
+def test_no_copy_without_a_directory_that_is_cleaned_up_or_of_tables_not_asked_or_in_memory(tmp_path):
     backend = RocksDBBackend(None, "t", owned=range(0, 4))
-    backend.table("count")["a"] = 1
+    backend.table("count", copied=True)["a"] = 1
+    assert backend.keep_copy(1) == ()
+    backend.close()
+    backend = RocksDBBackend(str(tmp_path), "t", owned=range(0, 4))
+    backend.table("join (left)")["a"] = 1  # a step whose restore reads each entry anyway
     assert backend.keep_copy(1) == ()
     backend.close()
     memory = open_backend("memory", str(tmp_path), "t")
