@@ -43,21 +43,23 @@ _IMMUTABLE_SUFFIX = ".sst"
 @dataclass(frozen=True)
 class Copy:
     """A copy found on this host: where it is, the key groups its task owned, and each
-    step's database in it (``{step: (directory, keys in each key group)}``)."""
+    step's databases in it (``{step: (their directories, which one holds each key group,
+    the keys in each key group)}``)."""
 
     path: str
     owned: range
-    tables: dict[str, tuple[str, list[int]]]
+    tables: dict[str, tuple[list[str], list[int], list[int]]]
 
     def overlap(self, groups: range) -> range:
         return range(max(self.owned.start, groups.start), min(self.owned.stop, groups.stop))
 
 
-def keep(root: str, label: str, checkpoint_id: int, owned: range, tables: Iterable[tuple[str, object, list[int]]]
-         ) -> str:
-    """Keep a copy of a task's ``tables`` ((step, open database with nothing waiting, keys
-    in each key group)) for checkpoint ``checkpoint_id``; its locator (``host:path``). The
-    manifest is written last (a copy without one is not used); a copy that fails is removed."""
+def keep(root: str, label: str, checkpoint_id: int, owned: range,
+         tables: Iterable[tuple[str, list, list[int], list[int]]]) -> str:
+    """Keep a copy of a task's ``tables`` ((step, its open databases with nothing waiting,
+    which one holds each key group, the keys in each key group)) for checkpoint
+    ``checkpoint_id``; its locator (``host:path``). The manifest is written last (a copy
+    without one is not used); a copy that fails is removed."""
     import rocksdict
 
     parent = os.path.join(root, COPIES_DIR)
@@ -65,10 +67,11 @@ def keep(root: str, label: str, checkpoint_id: int, owned: range, tables: Iterab
     path = tempfile.mkdtemp(prefix=f"c{checkpoint_id}-{label}-", dir=parent)
     try:
         steps = {}
-        for number, (step, db, counts) in enumerate(tables):
-            directory = f"step{number}"
-            rocksdict.Checkpoint(db).create_checkpoint(os.path.join(path, directory))
-            steps[step] = [directory, list(counts)]
+        for number, (step, databases, part_index, counts) in enumerate(tables):
+            directories = [f"step{number}.{part}" for part in range(len(databases))]
+            for db, directory in zip(databases, directories):
+                rocksdict.Checkpoint(db).create_checkpoint(os.path.join(path, directory))
+            steps[step] = [directories, list(part_index), list(counts)]
         written = os.path.join(path, MANIFEST + ".new")
         with open(written, "w") as file:
             json.dump({"owned": [owned.start, owned.stop], "tables": steps}, file)
@@ -93,8 +96,7 @@ def found(locators: Iterable[str]) -> list[Copy]:
         except (OSError, ValueError):
             continue
         start, stop = manifest["owned"]
-        copies.append(Copy(path, range(start, stop),
-                           {step: (directory, counts) for step, (directory, counts) in manifest["tables"].items()}))
+        copies.append(Copy(path, range(start, stop), {step: tuple(table) for step, table in manifest["tables"].items()}))
     return copies
 
 
@@ -120,6 +122,17 @@ def prune(root: str | None, completed: int) -> None:
         number = name[1:].split("-", 1)[0]
         if number.isdigit() and int(number) < completed:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def runs(groups: list[int]) -> list[tuple[int, int]]:
+    """Sorted key groups as ranges (start, stop) of consecutive ones."""
+    found: list[tuple[int, int]] = []
+    for group in groups:
+        if found and found[-1][1] == group:
+            found[-1] = (found[-1][0], group + 1)
+        else:
+            found.append((group, group + 1))
+    return found
 
 
 def path_of(locator: str) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import os
 import pickle
 import shutil
@@ -52,6 +53,10 @@ BLOCK_CACHE_BYTES = 64 << 20
 WRITE_BUFFER_BYTES = 32 << 20
 #: Entries copied from another task's local copy per write batch.
 COPY_BATCH = 65536
+#: The databases a table taking local copies keeps at most (one per copy whose key groups
+#: it took, cloned; the groups of any further copies are copied into the first): each has
+#: a memtable of its own.
+MAX_PARTS = 4
 
 _REMOVED = object()
 _pickled = functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
@@ -171,7 +176,8 @@ class RocksDBBackend:
             table.flush()
         try:
             locator = local_copies.keep(self.root, self.label, checkpoint_id, self.owned,
-                                        [(table.step, table.db, table.group_counts) for table in tables])
+                                        [(table.step, [db for db, _ in table.parts], table.part_index,
+                                          table.group_counts) for table in tables])
         except Exception:  # noqa: BLE001 - a copy only speeds a restore up
             return ()
         self._kept.append(local_copies.path_of(locator))
@@ -198,13 +204,12 @@ class RocksDBBackend:
         step, owned = table.step, self.owned
         copies = [(copy, overlap) for copy in local_copies.found(self._offered)
                   if step in copy.tables and (overlap := copy.overlap(owned))]
-        copies.sort(key=lambda found: -sum(found[0].tables[step][1][group] for group in found[1]))
         if not copies:
             return frozenset()
         try:
             groups = table.take_copies(copies, owned)
         except Exception:  # noqa: BLE001 - loaded from the store instead
-            table.reopen(None)
+            table.reopen()
             return frozenset()
         self.adopted[step] = len(groups)
         return groups
@@ -380,14 +385,22 @@ class RocksDBTable(MutableMapping):
     """One step's entries in its RocksDB database, written back (see the module
     docstring). ``len`` is exact after :meth:`flush`: a write-out looks up whether the keys
     it writes were stored, unless a read already told (a scope removed with
-    :meth:`remove_scope` is not counted out: a table of scopes counts by scope)."""
+    :meth:`remove_scope` is not counted out: a table of scopes counts by scope).
+
+    A table that took the key groups of several local copies (:meth:`take_copies`) keeps
+    up to MAX_PARTS databases, each holding some key groups (``part_index``); its keys go
+    to their group's."""
 
     def __init__(self, backend: RocksDBBackend, step: str, db, codec: type[Keys] = Keys, path: str | None = None,
                  copied: bool = False):
         self.backend = backend
         self.step = step
-        self._db = db
         self.path = path
+        #: the databases (and their directories), and which one holds each key group
+        self.parts: list[tuple[Any, str | None]] = [(db, path)]
+        self.part_index = [0] * MAX_PARALLELISM
+        self._db = db  # the database, when there is one (else None: each key's group's, _part_of)
+        self._part_of: list | None = None
         self.codec = codec
         #: the keys stored in each key group, kept for a table stored by key group (what a
         #: local copy's manifest records, so that a restore taking it counts without a pass)
@@ -424,7 +437,7 @@ class RocksDBTable(MutableMapping):
             return
         encoded = list(map(self._encode, wanted))
         try:
-            stored = self._db.get(encoded)
+            stored = self._db.get(encoded) if self._db is not None else self._parts_get(encoded)
         except Exception as exc:
             raise self.backend.failed(f"reading the state of step {self.step!r}", exc) from exc
         read = self._read
@@ -434,6 +447,17 @@ class RocksDBTable(MutableMapping):
                 pending[key] = _REMOVED
             else:
                 pending[key] = self._value(raw)
+
+    def _parts_get(self, encoded: list[bytes]) -> list[bytes | None]:
+        """A multi-get over the table's databases: each key read from its group's."""
+        by_part: dict[int, list[int]] = {}
+        for at, key in enumerate(encoded):
+            by_part.setdefault(self.part_index[key[0] << 8 | key[1]], []).append(at)
+        stored: list[bytes | None] = [None] * len(encoded)
+        for part, places in by_part.items():
+            for at, raw in zip(places, self.parts[part][0].get([encoded[at] for at in places])):
+                stored[at] = raw
+        return stored
 
     def peek(self, key, default=None):
         """:meth:`get` for a snapshot: what it reads from the store is not kept in memory
@@ -462,7 +486,8 @@ class RocksDBTable(MutableMapping):
     def _stored(self, encoded: bytes) -> bytes | None:
         """The stored value of a key (encoded), pickled; None when it holds none."""
         try:
-            return self._db.get(encoded)
+            db = self._db if self._db is not None else self._part_of[encoded[0] << 8 | encoded[1]]
+            return db.get(encoded)
         except Exception as exc:
             raise self.backend.failed(f"reading the state of step {self.step!r}", exc) from exc
 
@@ -510,7 +535,7 @@ class RocksDBTable(MutableMapping):
                 yield key, value
         try:
             decode = self.codec.decode
-            for encoded, raw in self._db.items():
+            for encoded, raw in itertools.chain.from_iterable(db.items() for db, _ in self.parts):
                 key = decode(encoded)
                 if key not in waiting:
                     yield self._entry(key, raw)
@@ -563,10 +588,10 @@ class RocksDBTable(MutableMapping):
         """(keys, bytes) for the metrics, without writing anything out: RocksDB's estimate
         of its live data and its memtables, and the pickled size of the entries waiting,
         estimated. Nothing once the task closed its backend (the metrics may still ask)."""
-        if self._db is None:
+        if not self.parts:
             return 0, 0
         try:
-            stored = sum(self._db.property_int_value(name) or 0
+            stored = sum(db.property_int_value(name) or 0 for db, _ in self.parts
                          for name in ("rocksdb.estimate-live-data-size", "rocksdb.cur-size-all-mem-tables"))
         except Exception as exc:
             raise self.backend.failed(f"reading the size of step {self.step!r}", exc) from exc
@@ -576,7 +601,8 @@ class RocksDBTable(MutableMapping):
         self._pending.clear()
         self._read.clear()
         try:
-            self._db.delete_range(*self.codec.span)
+            for db, _ in self.parts:
+                db.delete_range(*self.codec.span)
         except Exception as exc:
             raise self.backend.failed(f"clearing the state of step {self.step!r}", exc) from exc
         self._count = 0
@@ -600,9 +626,13 @@ class RocksDBTable(MutableMapping):
 
         batch, stored, raw = rocksdict.WriteBatch(raw_mode=True), self._count, self._raw
         counts = self.group_counts[:] if self.group_counts is not None else None  # kept if the write fails
+        batches = [batch] + [rocksdict.WriteBatch(raw_mode=True) for _ in self.parts[1:]]
+        index = self.part_index if len(batches) > 1 else None
         try:
             for key, value in self._pending.items():
                 encoded, was_stored = read.get(key) or self._lookup(key)
+                if index is not None:
+                    batch = batches[index[encoded[0] << 8 | encoded[1]]]
                 if value is _REMOVED:
                     if was_stored:
                         batch.delete(encoded)
@@ -615,7 +645,8 @@ class RocksDBTable(MutableMapping):
                     stored += 1
                     if counts is not None:
                         counts[encoded[0] << 8 | encoded[1]] += 1
-            self._db.write(batch)
+            for (db, _), written in zip(self.parts, batches):
+                db.write(written)
         except (UnserialisableState, StateBackendError):
             raise
         except Exception as exc:
@@ -654,7 +685,7 @@ class RocksDBTable(MutableMapping):
                     put(prefix + _body(key), raw)
                 else:
                     put(encode_key(key), self._raw(key, value))
-            self._db.write(batch)
+            self.parts[self.part_index[group]][0].write(batch)
         except (UnserialisableState, StateBackendError):
             raise
         except Exception as exc:
@@ -679,39 +710,54 @@ class RocksDBTable(MutableMapping):
         encoded = self._encode(key)
         return encoded, self._stored(encoded) is not None
 
-    @property
-    def db(self):
-        """The open database (what a local copy is made of)."""
-        return self._db
-
     def adopt(self) -> frozenset[int]:
         """Take what the local copies offered to the task hold of its key groups (the table
         empty); the key groups it then holds (see RocksDBBackend.adopt)."""
         return self.backend.adopt(self)
 
     def take_copies(self, copies: list, owned: range) -> frozenset[int]:
-        """Become the first copy's database (cloned: hard links) less the key groups
-        outside ``owned``, then take the other copies' entries of their groups (``copies``:
-        (local_copies.Copy, the groups of ``owned`` it holds), the first holding most),
-        raw, as stored; the groups taken."""
-        (first, _), step = copies[0], self.step
-        self.reopen(os.path.join(first.path, first.tables[step][0]))
-        self._db.delete_range(_GROUP_PREFIXES[0], _GROUP_PREFIXES[owned.start])
-        self._db.delete_range(_GROUP_PREFIXES[owned.stop], _END_OF_GROUPS)
-        for copy, groups in copies[1:]:
-            self._copy_entries(os.path.join(copy.path, copy.tables[step][0]), groups)
-        counts = [0] * MAX_PARALLELISM
+        """Take the key groups of ``owned`` that ``copies`` hold ((local_copies.Copy, the
+        groups of ``owned`` its task owned)): each of the copies' databases holding some is
+        cloned (hard links) less every other group, for the MAX_PARTS holding most keys;
+        the groups of any others are copied into the first, raw, as stored. The groups
+        taken; nothing may wait."""
+        pieces: dict[str, tuple[list[int], list[int]]] = {}  # database -> (its groups taken, its copy's counts)
         for copy, groups in copies:
+            directories, index, counts = copy.tables[self.step]
             for group in groups:
-                counts[group] = copy.tables[step][1][group]
-        self.group_counts, self._count = counts, sum(counts)
-        return frozenset(group for _, groups in copies for group in groups)
+                pieces.setdefault(os.path.join(copy.path, directories[index[group]]), ([], counts))[0].append(group)
+        ranked = sorted(pieces.items(), key=lambda piece: -sum(map(piece[1][1].__getitem__, piece[1][0])))
+        self._remove_parts()
+        parts, part_index, group_counts = [], [0] * MAX_PARALLELISM, [0] * MAX_PARALLELISM
+        try:
+            for number, (source, (groups, counts)) in enumerate(ranked[:MAX_PARTS]):
+                path = self._part_path(number)
+                local_copies.clone(source, path)
+                parts.append((self.backend.open_db(path), path))
+                for start, stop in local_copies.runs(sorted(set(range(MAX_PARALLELISM)).difference(groups))):
+                    parts[-1][0].delete_range(_GROUP_PREFIXES[start], _GROUP_PREFIXES[stop])
+                for group in groups:
+                    part_index[group], group_counts[group] = number, counts[group]
+        except BaseException:
+            for db, _ in parts:
+                db.close()
+            raise
+        self._set_parts(parts, part_index)
+        for source, (groups, counts) in ranked[MAX_PARTS:]:
+            for start, stop in local_copies.runs(groups):
+                self._copy_entries(source, range(start, stop))
+            for group in groups:
+                group_counts[group] = counts[group]
+        self.group_counts, self._count = group_counts, sum(group_counts)
+        return frozenset(group for groups, _ in pieces.values() for group in groups)
 
     def _copy_entries(self, path: str, groups: range) -> None:
-        """Write the entries of ``groups`` the database at ``path`` holds, as stored."""
+        """Write the entries of ``groups`` the database at ``path`` holds, as stored, into
+        the database holding the first of them."""
         import rocksdict
 
         source, end = self.backend.open_db(path, read_only=True), _GROUP_PREFIXES[groups.stop]
+        target = self.parts[self.part_index[groups.start]][0]
         try:
             batch, count = rocksdict.WriteBatch(raw_mode=True), 0
             for key, value in source.items(from_key=_GROUP_PREFIXES[groups.start]):
@@ -720,30 +766,41 @@ class RocksDBTable(MutableMapping):
                 batch.put(key, value)
                 count += 1
                 if count % COPY_BATCH == 0:
-                    self._db.write(batch)
+                    target.write(batch)
                     batch = rocksdict.WriteBatch(raw_mode=True)
-            self._db.write(batch)
+            target.write(batch)
         finally:
             source.close()
 
-    def reopen(self, clone_of: str | None) -> None:
-        """Replace the table's database with a clone of the one at ``clone_of`` (None: an
-        empty one), nothing waiting."""
-        self._pending.clear()
-        self._read.clear()
-        self._db.close()
-        shutil.rmtree(self.path, ignore_errors=True)
-        if clone_of is not None:
-            local_copies.clone(clone_of, self.path)
-        self._db = self.backend.open_db(self.path)
+    def reopen(self) -> None:
+        """The table empty, in one new database (a restore that could not take the copies
+        offered loads the store's instead)."""
+        self._remove_parts()
+        self._set_parts([(self.backend.open_db(self.path), self.path)], [0] * MAX_PARALLELISM)
         self._count = 0
         self.group_counts = [0] * MAX_PARALLELISM
 
+    def _part_path(self, number: int) -> str:
+        return self.path if number == 0 else f"{self.path}.{number}"
+
+    def _set_parts(self, parts: list[tuple[Any, str]], part_index: list[int]) -> None:
+        self.parts, self.part_index = parts, part_index
+        self._db = parts[0][0] if len(parts) == 1 else None
+        self._part_of = None if len(parts) == 1 else [parts[number][0] for number in part_index]
+
+    def _remove_parts(self) -> None:
+        """Close the databases and remove their files, nothing waiting."""
+        self._pending.clear()
+        self._read.clear()
+        self.close()
+        for number in range(MAX_PARTS):
+            shutil.rmtree(self._part_path(number), ignore_errors=True)
+
     def close(self) -> None:
-        """Close the database, whose files are about to be removed: what closing it fails
+        """Close the databases, whose files are about to be removed: what closing one fails
         on (a full disk as it writes its memtable out) loses nothing."""
-        if self._db is not None:
-            db, self._db = self._db, None
+        parts, self.parts, self._db, self._part_of = self.parts, [], None, None
+        for db, _ in parts:
             try:
                 db.close()
             except Exception:  # noqa: BLE001 - see above

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gearbus.api.partitioners import MAX_PARALLELISM, key_group, owned_groups
 from gearbus.runtime import local_copies
 from gearbus.runtime.snapshots import TaskSnapshot
-from gearbus.runtime.state_backend import RocksDBBackend, open_backend
+from gearbus.runtime.state_backend import MAX_PARTS, RocksDBBackend, open_backend
 
 KEYS = st.one_of(st.text(max_size=6), st.integers(-10**6, 10**6), st.tuples(st.text(max_size=3), st.integers(0, 9)))
 
@@ -45,35 +45,68 @@ def old_tasks(root, state: dict, parallelism: int, checkpoint_id: int = 7, after
     return locators
 
 
-def restored(root, locators, parallelism: int, index: int):
-    backend = RocksDBBackend(str(root), f"p1-t{index}-e2", owned=owned_groups(index, parallelism))
+def restored(root, locators, parallelism: int, index: int, epoch: int = 2):
+    backend = RocksDBBackend(str(root), f"p1-t{index}-e{epoch}", owned=owned_groups(index, parallelism))
     table = backend.table("count", copied=True)
     backend.offer(tuple(locators))
     return backend, table, table.adopt()
 
 
+def check_restored(table, adopted, state: dict, owned: range) -> None:
+    assert adopted == frozenset(owned)
+    expected = {key: value for key, value in state.items() if key_group(key) in owned}
+    assert dict(table.items()) == expected
+    assert len(table) == len(expected)  # counted from the manifests, no pass over the keys
+    assert table.group_counts == [sum(key_group(k) == g for k in expected) for g in range(MAX_PARALLELISM)]
+    assert len(table.parts) <= MAX_PARTS
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(state=st.dictionaries(KEYS, st.integers(), max_size=300), old=st.integers(1, 5), new=st.integers(1, 6),
-       after=st.dictionaries(KEYS, st.integers(), max_size=30))
-def test_a_task_takes_exactly_its_groups_of_the_checkpoint_from_the_old_tasks_copies(tmp_path_factory, state, old,
-                                                                                        new, after):
+@given(state=st.dictionaries(KEYS, st.integers(), max_size=300), parallelisms=st.lists(st.integers(1, 9), min_size=2,
+                                                                                        max_size=4),
+       changes=st.lists(st.dictionaries(KEYS, st.one_of(st.integers(), st.none()), max_size=40), min_size=3,
+                        max_size=3))
+def test_rescaled_again_and_again_a_task_takes_exactly_its_groups_of_the_checkpoint_from_the_copies(
+        tmp_path_factory, state, parallelisms, changes):
+    """Each rescale's new tasks take their groups from the last tasks' copies (clones of up
+    to MAX_PARTS of their databases, the rest copied in), write on (their keys then go to
+    their group's database), keep copies of their own, and the next ones take from those."""
     root = tmp_path_factory.mktemp("copies")
-    locators = old_tasks(root, state, old, after={key: "later" for key in after})
-    assert len(locators) == old
-    for index in range(new):
-        owned = owned_groups(index, new)
-        backend, table, adopted = restored(root, locators, new, index)
-        try:
-            assert adopted == frozenset(owned)
-            expected = {key: value for key, value in state.items() if key_group(key) in owned}
-            assert dict(table.items()) == expected
-            assert len(table) == len(expected)  # counted from the manifests, no pass over the keys
-            assert table.group_counts == [sum(key_group(k) == g for k in expected) for g in range(MAX_PARALLELISM)]
-            table["fresh"], table[next(iter(expected), "other")] = 1, 2
-            table.flush()  # the counts go on from there
-            assert len(table) == len(dict(table.items()))
-        finally:
-            backend.close()
+    state = dict(state)
+    locators = old_tasks(root, state, parallelisms[0], after={key: "later" for key in changes[0]})
+    for step, parallelism in enumerate(parallelisms[1:], start=1):
+        checkpoint_id, written = 7 + step, changes[step % len(changes)]
+        kept = []
+        for index in range(parallelism):
+            owned = owned_groups(index, parallelism)
+            backend, table, adopted = restored(root, locators, parallelism, index, epoch=1 + step)
+            try:
+                check_restored(table, adopted, state, owned)
+                for key, value in written.items():
+                    if key_group(key) in owned:
+                        table.pop(key, None) if value is None else table.__setitem__(key, value)
+                table.flush()  # into the databases holding their groups, counted
+                assert len(table) == len(dict(table.items()))
+                kept += backend.keep_copy(checkpoint_id)
+            finally:
+                backend.close()
+        for key, value in written.items():
+            state.pop(key, None) if value is None else state.__setitem__(key, value)
+        locators = kept
+    backend, table, adopted = restored(root, locators, 1, 0, epoch=9)
+    check_restored(table, adopted, state, range(MAX_PARALLELISM))
+    backend.close()
+
+
+def test_from_more_copies_than_a_table_keeps_databases_the_rest_is_copied_in(tmp_path):
+    state = {f"k{i}": i for i in range(3000)}
+    locators = old_tasks(tmp_path, state, MAX_PARTS + 3)
+    backend, table, adopted = restored(tmp_path, locators, 1, 0)
+    check_restored(table, adopted, state, range(MAX_PARALLELISM))
+    assert len(table.parts) == MAX_PARTS
+    table.prefetch(list(state))  # a multi-get over the databases
+    assert all(table.get(key) == value for key, value in state.items())
+    backend.close()
 
 
 def test_a_copy_on_another_host_or_unfinished_or_pruned_is_not_taken(tmp_path):
@@ -94,7 +127,7 @@ def test_a_copy_on_another_host_or_unfinished_or_pruned_is_not_taken(tmp_path):
 def test_a_copy_that_cannot_be_taken_leaves_the_table_empty_to_load_from_the_store(tmp_path):
     state = {f"k{i}": i for i in range(2000)}
     locators = old_tasks(tmp_path, state, 2)
-    damaged = os.path.join(local_copies.path_of(locators[1]), "step0")
+    damaged = os.path.join(local_copies.path_of(locators[1]), "step0.0")
     for name in os.listdir(damaged):
         if name.endswith(".sst"):
             with open(os.path.join(damaged, name), "wb") as file:
@@ -119,7 +152,7 @@ def test_a_task_keeps_its_newest_copies_and_completion_prunes_the_older_ones(tmp
     backend.completed(5)
     assert [name.split("-")[0] for name in os.listdir(tmp_path / local_copies.COPIES_DIR)] == ["c5"]
     manifest = json.loads(open(os.path.join(local_copies.path_of(kept[-1]), local_copies.MANIFEST)).read())
-    assert sum(manifest["tables"]["count"][1]) == 5 and manifest["owned"] == [0, MAX_PARALLELISM]
+    assert sum(manifest["tables"]["count"][2]) == 5 and manifest["owned"] == [0, MAX_PARALLELISM]
     backend.close()
     assert os.listdir(tmp_path / local_copies.COPIES_DIR)  # a copy outlives its task: the next epoch's take it
 
@@ -146,7 +179,7 @@ def test_the_envelope_carries_its_copies_and_older_envelopes_read_without(tmp_pa
 
 def test_a_clone_links_the_tables_files_and_copies_the_rest(tmp_path):
     locators = old_tasks(tmp_path, {f"k{i}": i for i in range(3000)}, 1)
-    source = os.path.join(local_copies.path_of(locators[0]), "step0")
+    source = os.path.join(local_copies.path_of(locators[0]), "step0.0")
     local_copies.clone(source, str(tmp_path / "clone"))
     linked = collections.Counter(os.stat(tmp_path / "clone" / name).st_nlink > 1 for name in os.listdir(source)
                                  if name.endswith(".sst"))
