@@ -8,9 +8,10 @@ files hard-linked, not copied), under its process's scratch directory, with a ma
 the key groups it owned and how many keys each held. The stored snapshot names the copy
 (``TaskSnapshot.copies``: host and path). A task restoring that checkpoint on the same host
 (its own after a failure, or the old tasks' whose key groups it takes after a rescale)
-clones the copy holding most of its groups (hard links again), removes the groups it does
-not own (a range delete on each side), and copies the raw entries of its other groups from
-the other copies, unpickling nothing. Whatever no copy holds (another host, a copy pruned or
+clones each copied database holding some of its groups (hard links again) and removes the
+groups it does not take from it (range deletes): it then keeps one database per old task
+(up to RocksDBTable's MAX_PARTS; further ones' groups are copied in raw), and no entry
+moves or is unpickled. Whatever no copy holds (another host, a copy pruned or
 never kept, a step that cannot take one) is loaded from the store as before: copies make a
 restore faster, never different.
 
