@@ -207,7 +207,7 @@ class RocksDBBackend:
         if not copies:
             return frozenset()
         try:
-            groups = table.take_copies(copies, owned)
+            groups = table.take_copies(copies)
         except Exception:  # noqa: BLE001 - loaded from the store instead
             table.reopen()
             return frozenset()
@@ -715,9 +715,9 @@ class RocksDBTable(MutableMapping):
         empty); the key groups it then holds (see RocksDBBackend.adopt)."""
         return self.backend.adopt(self)
 
-    def take_copies(self, copies: list, owned: range) -> frozenset[int]:
-        """Take the key groups of ``owned`` that ``copies`` hold ((local_copies.Copy, the
-        groups of ``owned`` its task owned)): each of the copies' databases holding some is
+    def take_copies(self, copies: list) -> frozenset[int]:
+        """Take the key groups ``copies`` hold for the task ((local_copies.Copy, the groups
+        it owns that the copy's task owned)): each of the copies' databases holding some is
         cloned (hard links) less every other group, for the MAX_PARTS holding most keys;
         the groups of any others are copied into the first, raw, as stored. The groups
         taken; nothing may wait."""
