@@ -61,7 +61,7 @@ def check_restored(table, adopted, state: dict, owned: range) -> None:
     assert len(table.parts) <= MAX_PARTS
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(state=st.dictionaries(KEYS, st.integers(), max_size=300), parallelisms=st.lists(st.integers(1, 9), min_size=2,
                                                                                         max_size=4),
        changes=st.lists(st.dictionaries(KEYS, st.one_of(st.integers(), st.none()), max_size=40), min_size=3,
