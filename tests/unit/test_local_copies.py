@@ -62,8 +62,8 @@ def check_restored(table, adopted, state: dict, owned: range) -> None:
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(state=st.dictionaries(KEYS, st.integers(), max_size=300), parallelisms=st.lists(st.integers(1, 9), min_size=2,
-                                                                                        max_size=4),
+@given(state=st.dictionaries(KEYS, st.integers(), max_size=300), parallelisms=st.lists(st.integers(1, 6), min_size=2,
+                                                                                        max_size=3),
        changes=st.lists(st.dictionaries(KEYS, st.one_of(st.integers(), st.none()), max_size=40), min_size=3,
                         max_size=3))
 def test_rescaled_again_and_again_a_task_takes_exactly_its_groups_of_the_checkpoint_from_the_copies(
