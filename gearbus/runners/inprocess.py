@@ -422,23 +422,23 @@ class InProcessEngine:
         return executor_id, self.executors[executor_id]
 
     def _retire(self, executor_id: int, retire: lifecycle.RetireTasks) -> None:
-        """Stop an older epoch's tasks (a task placed on another executor in the new epoch
-        may have opened there already: that one stays)."""
         for task in retire.tasks:
-            key = (task.processor, task.index)
-            if key in self.nodes and self.nodes[key].core.epoch < self.epoch:
-                self._stop(self.nodes.pop(key))
+            self._stop_before((task.processor, task.index), self.epoch)
 
     def _open(self, executor_id: int, open_tasks: lifecycle.OpenTasks) -> None:
-        """Build the launch's tasks; an older epoch's task of the same key on another
-        executor that has not retired it yet stops first."""
         launch = open_tasks.launch
         keys = [(task.processor, task.index) for task in launch.tasks]
         for key in keys:
-            if key in self.nodes and self.nodes[key].core.epoch < launch.epoch:
-                self._stop(self.nodes.pop(key))
+            self._stop_before(key, launch.epoch)
         self.nodes.update(self._build(launch.epoch, keys))
         self.executors[executor_id].opened(launch.epoch)
+
+    def _stop_before(self, key: TaskKey, epoch: int) -> None:
+        """Stop the task of ``key`` if it runs an epoch before ``epoch``: one executor may
+        open a task moved to it (a rescale places tasks anew) before another retires the
+        task's older epoch, and that retirement must not stop the new one."""
+        if key in self.nodes and self.nodes[key].core.epoch < epoch:
+            self._stop(self.nodes.pop(key))
 
     def _start(self, executor_id: int, start: lifecycle.StartTasks) -> None:
         """Each task starts, as an executor's task loop does: on_start, then its restore."""

@@ -46,6 +46,8 @@ class KeyedStates:
         #: a table on disk reads a batch's keys in one go
         self.prefetch = getattr(self.values, "prefetch", None)
         self.load = getattr(self.values, "load", None)  # puts back a group's entries at once (see restore_columns)
+        #: takes key groups from local copies on restore (a table on disk that keeps them)
+        self.adopt = getattr(self.values, "adopt", None)
         #: reads for a snapshot: a table that writes back does not keep what they read
         self._peek = getattr(self.values, "peek", self.values.get)
         self.written: dict[Any, int] = {}  # key -> event time of its last write (with a TTL)
@@ -202,8 +204,8 @@ class KeyedOp(Op):
     """A step with per-key state (and, in subclasses, timers), after a ``group_by``."""
 
     state_by_owner = True
-    #: whether a restore may take the table from local copies (gearbus/runtime/local_copies.py):
-    #: not with a TTL, whose write times come from each entry
+    #: whether a restore may take the table from local copies (gearbus/runtime/local_copies.py),
+    #: as it may without a TTL (whose write times come from each entry): see :meth:`open`
     adopts_copies = True
 
     def __init__(self, step: str, ttl_ms: int | None):
@@ -282,9 +284,7 @@ class KeyedOp(Op):
         values.clear()
         self.states = KeyedStates(self.step, self.ttl_ms, self.changes.changed, values)
         self.watermark = state["watermark"]
-        adopt = getattr(values, "adopt", None)
-        adopted = adopt() if adopt is not None else frozenset()
-        self._restore_groups(state["groups"], adopted)
+        self._restore_groups(state["groups"], self.states.adopt() if self.states.adopt is not None else frozenset())
         self.changes.reset()
         self._share.restored(state, state["groups"], self.changes)
 

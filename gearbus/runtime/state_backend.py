@@ -112,7 +112,7 @@ class RocksDBBackend:
 
     With a ``root`` and the key groups the task ``owned``, each checkpoint's snapshot
     also keeps a local copy of the tables stored by key group (:meth:`keep_copy`), and a
-    restore takes what the copies offered hold (:meth:`offer`, :meth:`adopt`): see
+    restore takes what the copies offered hold (:meth:`offer`, RocksDBTable.adopt): see
     gearbus/runtime/local_copies.py."""
 
     name = "rocksdb"
@@ -126,13 +126,14 @@ class RocksDBBackend:
         self.tables: list[RocksDBTable] = []
         self._cache = None
         self._offered: tuple[str, ...] = ()
+        self._found: list[local_copies.Copy] | None = None  # the offered copies on this host, once read
         self._kept: list[str] = []  # the paths of this task's copies, oldest first
         #: the key groups the tables took from local copies as they restored, by step
         self.adopted: dict[str, int] = {}
 
     def table(self, step: str, codec: type[Keys] | None = None, copied: bool = False) -> RocksDBTable:
         """Step ``step``'s table, its keys stored as ``codec`` says (by key group by default);
-        ``copied``: kept in the local copies, and taken from them on restore (:meth:`adopt`),
+        ``copied``: kept in the local copies, and taken from them on restore (RocksDBTable.adopt),
         for a step whose restore needs nothing else of each entry (stored by key group)."""
         import rocksdict  # here, not at import: only processes holding state on disk load RocksDB
 
@@ -193,26 +194,16 @@ class RocksDBBackend:
 
     def offer(self, locators: tuple[str, ...]) -> None:
         """The local copies the restore that follows may take state from."""
-        self._offered = locators
+        self._offered, self._found = locators, None
 
-    def adopt(self, table: RocksDBTable) -> frozenset[int]:
-        """Fill ``table`` (empty) with what the offered copies on this host hold of the key
-        groups the task owns; the groups it now holds (the restore loads the others). A
-        copy that cannot be taken leaves the table empty, as if none had been offered."""
-        if not self._offered or self.owned is None or not table.copied:
-            return frozenset()
-        step, owned = table.step, self.owned
-        copies = [(copy, overlap) for copy in local_copies.found(self._offered)
-                  if step in copy.tables and (overlap := copy.overlap(owned))]
-        if not copies:
-            return frozenset()
-        try:
-            groups = table.take_copies(copies)
-        except Exception:  # noqa: BLE001 - loaded from the store instead
-            table.reopen()
-            return frozenset()
-        self.adopted[step] = len(groups)
-        return groups
+    def copies_of(self, step: str) -> list[tuple[local_copies.Copy, range]]:
+        """The offered copies on this host holding some of the task's key groups of
+        ``step``, with those groups (their manifests read once per restore)."""
+        if not self._offered or self.owned is None:
+            return []
+        if self._found is None:
+            self._found = local_copies.found(self._offered)
+        return [(copy, overlap) for copy in self._found if step in copy.tables and (overlap := copy.overlap(self.owned))]
 
     def _options(self):
         import rocksdict
@@ -711,9 +702,19 @@ class RocksDBTable(MutableMapping):
         return encoded, self._stored(encoded) is not None
 
     def adopt(self) -> frozenset[int]:
-        """Take what the local copies offered to the task hold of its key groups (the table
-        empty); the key groups it then holds (see RocksDBBackend.adopt)."""
-        return self.backend.adopt(self)
+        """Fill the table (empty) with what the local copies offered to the task hold of
+        its key groups (:meth:`take_copies`); the groups it now holds (the restore loads
+        the others). Copies that cannot be taken leave it empty, as if none were offered."""
+        copies = self.backend.copies_of(self.step) if self.copied else []
+        if not copies:
+            return frozenset()
+        try:
+            groups = self.take_copies(copies)
+        except Exception:  # noqa: BLE001 - loaded from the store instead
+            self.reopen()
+            return frozenset()
+        self.backend.adopted[self.step] = len(groups)
+        return groups
 
     def take_copies(self, copies: list) -> frozenset[int]:
         """Take the key groups ``copies`` hold for the task ((local_copies.Copy, the groups
