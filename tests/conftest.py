@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from hypothesis import settings
+from xdist.scheduler import LoadGroupScheduling
 
 from gearbus.api.dsl import BasePipeline
 from gearbus.api.graph import Application
@@ -49,16 +50,37 @@ SLOWEST_FILES = [
 assert all((TESTS / name).is_file() for name in SLOWEST_FILES), "SLOWEST_FILES names a file that is gone"
 
 
+#: The files of the Spark tests (marked ``spark``): one worker runs them all, in one JVM.
+SPARK_FILES = {
+    "integration/test_backfill.py", "integration/test_nexmark_spark.py", "integration/test_spark_jetstream.py",
+    "integration/test_spark_jetstream_pipeline.py", "integration/test_spark_joins.py", "integration/test_spark_runner.py",
+}
+
+
+class SparkOnOneWorker(LoadGroupScheduling):
+    """.ci/run's ``--dist loadgroup``, with every Spark test in one group: xdist 3.8 groups
+    tests by suffixing their node ids, which pytest 9.2's structured ids no longer take
+    (pytest-xdist#1386), so each Spark test went to whichever worker was free and both
+    started a JVM. This picks the group by file instead."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::")[0].removeprefix("tests/")
+        return "spark" if path in SPARK_FILES else super()._split_scope(nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return SparkOnOneWorker(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark each test by its folder: tests/unit -> unit, tests/integration -> integration,
-    tests/chaos -> chaos; the Spark tests go to one worker (.ci/run's loadgroup); run the
-    slowest files first (the rest keep their order)."""
+    tests/chaos -> chaos; run the slowest files first (the rest keep their order)."""
     for item in items:
-        folder = item.path.relative_to(TESTS).parts[0]
-        if folder in FOLDER_MARKERS:
-            item.add_marker(folder)
-        if item.get_closest_marker("spark"):  # one worker starts a JVM for them all, not each
-            item.add_marker(pytest.mark.xdist_group("spark"))
+        path = item.path.relative_to(TESTS)
+        if path.parts[0] in FOLDER_MARKERS:
+            item.add_marker(path.parts[0])
+        assert (path.as_posix() in SPARK_FILES) == bool(item.get_closest_marker("spark")), \
+            f"{item.nodeid}: a Spark test goes in a file of SPARK_FILES, and only Spark tests do"
     rank = {name: n for n, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
 
