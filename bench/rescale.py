@@ -18,10 +18,10 @@ tasks to ``--to`` and back to 2:
 
 Printed per direction: each pause, its median, the counting step's state (its estimated
 bytes: what was divided) per second of the live pause, resubmit / live, and the records the
-processors not rescaled (the source, the sink) processed during the live pause in the epoch
-that goes on (seen when the counting step flows). Today a live rescale restarts every task
-from the rescale's checkpoint, so those processors only take what their credit allows
-before the counting step takes records again.
+processors not rescaled (the source, the sink) processed from the request until the counting
+step flows, as their tasks' counters went up (the status before the request lags by up to a
+heartbeat). Those tasks park at the rescale's checkpoint and go on in place once the new
+tasks run, so they take little more than what their credit allows meanwhile.
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ POLL_S = 0.05
 def counting(status):
     """The processor holding the counts (the one with keyed state)."""
     return next((p for p in status.processors if p.name.startswith("count")), None)
+
+
+def taken_by_others(status) -> int:
+    """The records the tasks of the processors other than the counting one took so far."""
+    step = counting(status)
+    return sum(t.records_in for t in status.tasks if t.task.processor != step.processor)
 
 
 async def submit(client: Client, opts, counters: int, config: dict | None = None) -> int:
@@ -95,12 +101,12 @@ async def live(client: Client, opts) -> dict[int, list[tuple[float, float, int, 
             await asyncio.sleep(opts.settle)
             status = await client.status(app_id)
             epoch, state = status.checkpoints.epoch, counting(status).state_bytes
+            others_before = taken_by_others(status)
             started = time.monotonic()
             await client.rescale(app_id, {"count": parallelism})
             answered = time.monotonic() - started
             status = await flowing(client, app_id, parallelism, epoch, opts.timeout)
-            step = counting(status)
-            others = sum(t.records_in for t in status.tasks if t.task.processor != step.processor)
+            others = taken_by_others(status) - others_before
             found[parallelism].append((time.monotonic() - started, answered, state, others))
             print(f"live {trial + 1}: to {parallelism}: flowing after {found[parallelism][-1][0]:.2f} s (answered "
                   f"after {answered:.2f} s), {state:,} bytes of state, {others:,} records taken by the others "

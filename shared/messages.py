@@ -871,6 +871,9 @@ class LaunchTasks(Message):
     drop_state: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     #: processor id -> an event time from which its tasks hold input records back for new code (replace --at)
     hold_from: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: tasks among ``tasks`` that run here, parked at restore_checkpoint (a rescale of other processors): they go
+    #: on in place in this epoch, their channels rewired, not restored; the launch is refused if one is not so
+    keep_running: list[TaskId] = dataclasses.field(default_factory=list)
 
 
 class TaskRegistered(Message):
@@ -912,10 +915,13 @@ class TaskEnded(Message):
 
 
 class TriggerCheckpoint(Message):
-    """Broadcast to the app's executors: source tasks of ``epoch`` inject the barrier."""
+    """Broadcast to the app's executors: source tasks of ``epoch`` inject the barrier.
+    ``park``: every task parks after its snapshot (the barrier says so downstream) until a
+    launch of the next epoch keeps it running or replaces it (a rescale's checkpoint)."""
 
     checkpoint_id: int
     epoch: int
+    park: bool = False
 
 
 class TaskCheckpointed(Message):

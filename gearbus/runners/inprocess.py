@@ -60,7 +60,7 @@ from gearbus.runtime import executor_tasks as lifecycle
 from gearbus.runtime.chain import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
-from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender
+from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender, edges_of, senders_of
 from gearbus.runtime.replace import carried_over, check_replacement, compose
 from gearbus.runtime.rescale import processors_of
 from gearbus.runtime.savepoints import SavepointMismatch, compacted, rescaled_snapshot, restored_from, whole_snapshot
@@ -137,6 +137,7 @@ class InProcessEngine:
         #: how each executor's instruction is carried out: one handler per kind, as the executor's
         self._instructions = {
             lifecycle.RetireTasks: self._retire, lifecycle.OpenTasks: self._open, lifecycle.StartTasks: self._start,
+            lifecycle.RewireTasks: self._rewire, lifecycle.ResumeTasks: self._resume,
             lifecycle.InjectBarrier: self._inject, lifecycle.StoreSnapshot: self._store_snapshot,
             lifecycle.AckCheckpoint: self._ack, lifecycle.DeclineCheckpoint: self._decline,
             lifecycle.Commit: self._commit, lifecycle.StopTask: self._stop_task,
@@ -360,14 +361,16 @@ class InProcessEngine:
         old: dict[TaskKey, TaskSnapshot] = {}
         try:  # as an executor opens its tasks: one whose share cannot be divided refuses the launch
             self._restoring = {key: self._restore_snapshot(restore.checkpoint_id, key, old)
-                               for _, tasks in deploy.assignments for key in tasks} if restore else {}
+                               for _, tasks in deploy.assignments for key in tasks
+                               if key not in deploy.kept} if restore else {}
         except SavepointMismatch as exc:
             self._carry_out(self.state.deploy_failed(deploy.epoch, str(exc), self.clock, refused=True))
             return
         for executor_id, tasks in deploy.assignments:
             launch = LaunchTasks([TaskId(*task) for task in tasks], self.app.graph.digest(), 0, deploy.epoch,
                                  restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
-                                 dict(deploy.parallelism), dict(deploy.restore_parallelism))
+                                 dict(deploy.parallelism), dict(deploy.restore_parallelism),
+                                 keep_running=[TaskId(*task) for task in tasks if task in deploy.kept])
             machine = self.executors.setdefault(executor_id, lifecycle.ExecutorTasks())
             self._do(executor_id, machine.launch(launch, [TaskId(*task) for task in tasks
                                                           if self.plan.graph.processors[task[0]].is_source]))
@@ -383,17 +386,16 @@ class InProcessEngine:
         graph, nodes = self.plan.graph, {}
         for processor_id, index in keys:
             p = graph.processors[processor_id]
-            senders = [(e.upstream.id, i) for e in graph.inputs_of(p) for i in range(e.upstream.parallelism)]
-            edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(p)]
             task = p.task_class(TaskContext(0, self.plan.name, p, index, 0, epoch=epoch, clock=self.now_ms,
                                             request_poll=functools.partial(self._request_poll, (p.id, index)),
                                             state_backend=self.config.state_backend, state_dir=self._state_dir,
                                             local_copies=self.config.local_copies))
-            core = TaskCore(task, senders, self.config.credit_frames, epoch,
+            core = TaskCore(task, senders_of(graph, p), self.config.credit_frames, epoch,
                             max_depth=MAX_DEPTH if self.config.incremental_checkpoints else 0,
                             hold_from=dict(self._deployment.hold_from).get(p.id))
             source = SourceLoop(core, self.config.batch_records) if isinstance(task, DataSourceTask) else None
-            nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges, self.config),
+            nodes[(p.id, index)] = _Node((p.id, index), task, core, Sender(p.id, index, epoch, edges_of(graph, p),
+                                                                           self.config),
                                          source, collections.deque())
         return nodes
 
@@ -427,11 +429,32 @@ class InProcessEngine:
 
     def _open(self, executor_id: int, open_tasks: lifecycle.OpenTasks) -> None:
         launch = open_tasks.launch
-        keys = [(task.processor, task.index) for task in launch.tasks]
+        keys = [(task.processor, task.index) for task in launch.tasks if task not in launch.keep_running]
         for key in keys:
             self._stop_before(key, launch.epoch)
         self.nodes.update(self._build(launch.epoch, keys))
         self.executors[executor_id].opened(launch.epoch)
+
+    def _rewire(self, executor_id: int, rewire: lifecycle.RewireTasks) -> None:
+        """Parked tasks go on in the new epoch, on the channels of the plan deployed."""
+        graph = self.plan.graph
+        for task in rewire.tasks:
+            node = self.nodes[(task.processor, task.index)]
+            processor = graph.processors[task.processor]
+            self._guard(node, node.core.rewire, senders_of(graph, processor), rewire.epoch)
+            node.sender.rewire(rewire.epoch, edges_of(graph, processor))
+
+    def _resume(self, executor_id: int, resume: lifecycle.ResumeTasks) -> None:
+        """As a task loop resumes: what came meanwhile, results that came, then the end again
+        (it had ended) or its watermark, on its new channels."""
+        for task in resume.tasks:
+            node = self.nodes[(task.processor, task.index)]
+            self._act(node, self._guard(node, node.core.resume))
+            self.polls.add(node.key)
+            if node.core.ended:
+                self._send(node, node.sender.finish(WATERMARK_MAX))
+            else:
+                self._act(node, [node.core.flush()])
 
     def _stop_before(self, key: TaskKey, epoch: int) -> None:
         """Stop the task of ``key`` if it runs an epoch before ``epoch``: one executor may
@@ -458,7 +481,7 @@ class InProcessEngine:
     def _inject(self, executor_id: int, inject: lifecycle.InjectBarrier) -> None:
         for task in inject.tasks:
             node = self.nodes[(task.processor, task.index)]
-            node.source.inject(inject.checkpoint_id)
+            node.source.inject(inject.checkpoint_id, inject.park)
             self._act(node, self._guard(node, node.source.pending_barriers))
 
     def _store_snapshot(self, executor_id: int, store: lifecycle.StoreSnapshot) -> None:
@@ -570,7 +593,7 @@ class InProcessEngine:
                 return True
             self._deliver(*ready[self.random.randrange(len(ready))])
             return True
-        readable = [node for node in self.nodes.values() if node.source is not None
+        readable = [node for node in self.nodes.values() if node.source is not None and not node.core.parked
                     and not node.core.input_ended and not node.waiting and node.core.accepting]
         if not readable:
             if not any(node.core.pending for node in self.nodes.values()):
@@ -685,7 +708,7 @@ class InProcessEngine:
     def _trigger(self, trigger: cp.TriggerCheckpoint | cp.RetriggerCheckpoint) -> None:
         """Sources inject the barrier; a repeated trigger gets the acks again."""
         for executor_id, machine in list(self.executors.items()):
-            self._do(executor_id, machine.trigger(trigger.epoch, trigger.checkpoint_id))
+            self._do(executor_id, machine.trigger(trigger.epoch, trigger.checkpoint_id, trigger.park))
 
     def _store_checkpoint(self, store: cp.StoreCheckpoint) -> None:
         self.completed[store.meta.checkpoint_id] = self._taken.pop(store.meta.checkpoint_id)
@@ -709,7 +732,7 @@ class InProcessEngine:
         snapshots = self.completed[compact.checkpoint_id]
         for key in compact.tasks:
             snapshots[key] = self._compacted(compact.checkpoint_id, key)
-        self._carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, True,
+        self._carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, True, self.clock,
                                                         {key: len(snapshots[key]) for key in compact.tasks}))
 
     def _prune(self, prune: cp.PruneCheckpoints) -> None:

@@ -24,6 +24,7 @@ The app moves through these phases (``_ALLOWED`` enforces the table)::
     ROLLING_BACK  every lost task has a registered executor  DEPLOYING     Deploy(epoch)
     RUNNING       a rescale's (or replacement's) checkpoint  DEPLOYING     StoreEpoch, Deploy(epoch + 1) (the new
                     completed                                                tasks divide the old ones' state)
+    RUNNING       a rescale's parking checkpoint failed      ROLLING_BACK  AnswerRescale (not done), as a failure
     DEPLOYING     an executor refused a rescale's tasks      ROLLING_BACK  AnswerRescale (undone: the old
                                                                or DEPLOYING  parallelism), as a failure
     RUNNING       every task finished                        ENDING        EndApp(SUCCEEDED), ReportState
@@ -36,6 +37,12 @@ Every loss counts against the restart budget (``max_restarts``) and against its 
 under way join it; a loss while a deployment is under way starts a new epoch at once
 (the tasks of the older epoch are replaced, and its ``deployed`` report is ignored).
 Reports of an older epoch change nothing.
+
+A rescale's checkpoint parks the tasks after their snapshots (``TriggerCheckpoint.park``):
+nothing runs past it, so the tasks of the processors not rescaled go on in place in the
+next epoch (``Deploy.kept``: their channels rewired, their state neither stored again nor
+restored), beside the rescaled processors' new tasks restored from it. Any failure before
+they run falls back to the global rollback.
 """
 
 from __future__ import annotations
@@ -127,6 +134,8 @@ class Deploy:
     drop_state: tuple[tuple[int, tuple[str, ...]], ...] = ()
     #: (processor id, the event time from which its tasks hold input back for a replacement's code)
     hold_from: tuple[tuple[int, int], ...] = ()
+    #: tasks parked at ``restore`` on their executor that go on there in ``epoch``, rewired, not restored
+    kept: tuple[TaskKey, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -351,6 +360,8 @@ class AppMasterState:
         self._final_announced: tuple[int, float] | None = None  # the final checkpoint, when last announced
         self._report_failing_since: dict[str, float] = {}  # state -> when its report first went unanswered
         self._rescale: _Rescale | None = None  # the change in flight
+        self._parked_at = 0  # the parking checkpoint the tasks stop at (a rescale's), until the next epoch
+        self._kept: tuple[TaskKey, ...] = ()  # the tasks the next deployment keeps running (as Deploy's)
         #: processor id -> the version whose code it runs, where not the app as submitted (version 1)
         self.versions: dict[int, int] = dict(versions or {})
         self._drop_state: dict[int, tuple[str, ...]] = dict(drop_state or {})  # as Deploy's
@@ -504,7 +515,7 @@ class AppMasterState:
             actions += [Logged("rescaled", "info", (("parallelism", self._parallelisms(self._rescale.parallelism)),)),
                         AnswerRescale(self._rescale.request_id)]
             self._rescale = None
-        return actions + self._checkpointing(self.coordinator.start(now))
+        return actions + self._checkpointing(self.coordinator.start(now), now)
 
     @stimulus
     def deploy_failed(self, epoch: int, reason: str, now: float, refused: bool = False) -> list[Instruction]:
@@ -551,7 +562,7 @@ class AppMasterState:
     def task_ended(self, task: TaskKey, epoch: int, now: float) -> list[Instruction]:
         if not self._deployed_epoch(epoch):
             return []
-        return self._checkpointing(self.coordinator.task_ended(task, now))
+        return self._checkpointing(self.coordinator.task_ended(task, now), now)
 
     # -- checkpoints and savepoints --------------------------------------------------------
 
@@ -566,26 +577,26 @@ class AppMasterState:
                 and task[0] == trial.processor and records_in > 0:
             trial.proven_at = checkpoint_id
         return self._checkpointing(self.coordinator.ack(checkpoint_id, epoch, task, size_bytes, ended, now,
-                                                        alignment_s, root, depth))
+                                                        alignment_s, root, depth), now)
 
     @stimulus
-    def checkpoint_compacted(self, checkpoint_id: int, ok: bool, sizes: dict[TaskKey, int] | None = None
+    def checkpoint_compacted(self, checkpoint_id: int, ok: bool, now: float, sizes: dict[TaskKey, int] | None = None
                              ) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.compacted(checkpoint_id, ok, sizes))
+        return self._checkpointing(self.coordinator.compacted(checkpoint_id, ok, sizes), now)
 
     @stimulus
     def checkpoint_declined(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
                             now: float) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.decline(checkpoint_id, epoch, task, reason, now))
+        return self._checkpointing(self.coordinator.decline(checkpoint_id, epoch, task, reason, now), now)
 
     @stimulus
     def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.stored(checkpoint_id, now)) + self._rescale_if_due(now) + \
+        return self._checkpointing(self.coordinator.stored(checkpoint_id, now), now) + self._rescale_if_due(now) + \
             self._switch_if_due(now)
 
     @stimulus
     def checkpoint_store_failed(self, checkpoint_id: int, reason: str, now: float) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.store_failed(checkpoint_id, reason, now))
+        return self._checkpointing(self.coordinator.store_failed(checkpoint_id, reason, now), now)
 
     @stimulus
     def savepoint_requested(self, request_id: int, stop: bool, now: float) -> list[Instruction]:
@@ -597,13 +608,14 @@ class AppMasterState:
             raise Refused(ErrorCode.CONFLICT, "tasks hold records for a replacement's new code (replace --at): "
                                               "take the savepoint once it took over")
         self._savepoints[request_id] = (self.coordinator.next_id, stop)
-        return self._checkpointing(self.coordinator.request(now))
+        return self._checkpointing(self.coordinator.request(now), now)
 
     @stimulus
     def rescale_requested(self, request_id: int, parallelism: dict[int, int], now: float) -> list[Instruction]:
-        """Run processors at another parallelism: a checkpoint now, then every task goes on
-        from it in a new epoch, the rescaled processors' state divided anew by key group
-        (``rescaled`` answers). Raises Refused, the app untouched, when it cannot be done."""
+        """Run processors at another parallelism: a checkpoint that parks the tasks (the next
+        one), then they go on from it in a new epoch: the rescaled processors' new tasks
+        restore their key groups of it, the others go on in place (``rescaled`` answers).
+        Raises Refused, the app untouched, when it cannot be done."""
         if self.phase is not Phase.RUNNING:
             raise Refused(ErrorCode.CONFLICT, f"the app is {self.phase.value if self.phase else 'starting'}: "
                                               "rescale it once it runs")
@@ -618,7 +630,8 @@ class AppMasterState:
         changes = {p: n for p, n in parallelism.items() if self.parallelism[p] != n}
         if not changes:
             raise Refused(ErrorCode.BAD_REQUEST, f"already at {self._parallelisms(parallelism)}: nothing to change")
-        first, checkpointing = self._change_checkpoint(now)
+        first = self.coordinator.next_id  # not one in flight: its barriers may have passed without parking
+        checkpointing = self._checkpointing(self.coordinator.request(now, park=True), now)
         self._rescale = _Rescale(request_id, changes, first)
         return [Logged("rescale_requested", "info", (("parallelism", self._parallelisms(changes)),))] + checkpointing
 
@@ -673,7 +686,7 @@ class AppMasterState:
         checkpoint less to wait for), else one triggered now."""
         if self.coordinator.in_flight is not None:
             return self.coordinator.in_flight, []
-        return self.coordinator.next_id, self._checkpointing(self.coordinator.request(now))
+        return self.coordinator.next_id, self._checkpointing(self.coordinator.request(now), now)
 
     def _one_change_at_a_time(self) -> None:
         if self._rescale is not None:
@@ -747,7 +760,7 @@ class AppMasterState:
         if self.phase is Phase.ADOPTING and now >= self._adopt_until:
             actions += self._adopted(now)
         if self.phase is Phase.RUNNING:
-            actions += self._checkpointing(self.coordinator.tick(now)) + self._final_again(now)
+            actions += self._checkpointing(self.coordinator.tick(now), now) + self._final_again(now)
         return actions
 
     def _final_again(self, now: float) -> list[Instruction]:
@@ -786,6 +799,10 @@ class AppMasterState:
         assert all(v > 1 for v in self.versions.values()), self.versions
         assert self._replace is None or not (self._replace.holding and self._replace.switched_at), self._replace
         assert (self.outcome is not None) == (self.phase is Phase.ENDING)
+        assert not self._parked_at or self.phase in (Phase.RUNNING, Phase.ENDING) and (
+            self._rescale is not None or self.phase is Phase.ENDING or self.coordinator.latest() is not None
+            and self.coordinator.latest().final), "tasks parked with no change to take them on"
+        assert set(self._kept) <= set(self.tasks) and not (self._kept and self._parked_at), self._kept
 
     # -- transitions ----------------------------------------------------------------------
 
@@ -876,7 +893,8 @@ class AppMasterState:
         """Every task goes on from ``restore`` in ``epoch`` (a rollback, a rescale, a
         replacement): what was in flight is dropped, and no task has finished yet."""
         self.epoch = epoch
-        actions = self._checkpointing(self.coordinator.restart(epoch, now))
+        self._parked_at, self._kept = 0, ()
+        actions = self._checkpointing(self.coordinator.restart(epoch, now), now)
         self._restore, self.unfinished, self.watermarks = restore, set(self.tasks), {}
         return actions
 
@@ -920,7 +938,7 @@ class AppMasterState:
 
     def _deployment(self) -> Deploy:
         return Deploy(self.epoch, self._restore, tuple((e.executor_id, tuple(e.tasks)) for e in self.live_executors()),
-                      self._rescaled(), self._restore_parallelism(), *self._code(), self._holding())
+                      self._rescaled(), self._restore_parallelism(), *self._code(), self._holding(), self._kept)
 
     def _holding(self) -> tuple[tuple[int, int], ...]:
         """(processor id, the event time its tasks hold records from), for a replacement
@@ -938,10 +956,13 @@ class AppMasterState:
         if latest.final:
             return self._rescale_dropped("the app's tasks have ended")
         change.previous = {p: self.parallelism[p] for p in change.parallelism}
-        logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch + 1),
-                  ("from_checkpoint", latest.checkpoint_id))
+        parked = self._parked_at == latest.checkpoint_id
         self._retask(change.parallelism)
         actions = self._new_epoch(self.epoch + 1, latest, now)
+        if parked:
+            self._kept = tuple(task for task in self.tasks if task[0] not in change.parallelism)
+        logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch),
+                  ("from_checkpoint", latest.checkpoint_id), ("tasks_kept_running", len(self._kept)))
         self._enter(Phase.DEPLOYING)
         return [Logged("rescaling", "info", logged)] + actions + [self._epoch_record(), self._deployment()]
 
@@ -984,7 +1005,7 @@ class AppMasterState:
         change.first_checkpoint = self.coordinator.next_id
         return [Logged("replace_watermark_passed", "info", (("processor", self._named(change.processor)),
                                                            ("at_ms", change.at_ms)))] + \
-            self._checkpointing(self.coordinator.request(now))
+            self._checkpointing(self.coordinator.request(now), now)
 
     def _switch_if_due(self, now: float) -> list[Instruction]:
         """The replacement's checkpoint completed: every task goes on from it in a new epoch,
@@ -1080,11 +1101,14 @@ class AppMasterState:
         return [AnswerRescale(change.request_id, f"rescale to {self._parallelisms(change.parallelism)} undone, "
                                                  f"back to {self._parallelisms(change.previous)}: {why}")]
 
-    def _checkpointing(self, actions: list[cp.Action]) -> list[Instruction]:
+    def _checkpointing(self, actions: list[cp.Action], now: float) -> list[Instruction]:
         """Pass the coordinator's actions on; answer savepoints whose checkpoint ended, and
-        end the app when checkpoints keep failing."""
+        end the app when checkpoints keep failing. A parking checkpoint that failed leaves
+        the tasks parked: the app rolls back."""
         out: list[Instruction] = []
         for action in actions:
+            if isinstance(action, cp.TriggerCheckpoint) and action.park:
+                self._parked_at = action.checkpoint_id
             if isinstance(action, cp.FailApplication):  # taken here: the app ends
                 out += self._end(AppState.FAILED, AppError("CheckpointsFailing", action.reason,
                                                            "checkpoint coordinator"))
@@ -1105,6 +1129,9 @@ class AppMasterState:
                 out += self._savepoints_ended(action.checkpoint_id, None, action.reason)
                 if self._rescale is not None and action.checkpoint_id >= self._rescale.first_checkpoint:
                     out += self._rescale_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
+                if action.checkpoint_id == self._parked_at and self.phase is Phase.RUNNING:
+                    out += self._rollback(f"the tasks parked at checkpoint {action.checkpoint_id}, which failed: "
+                                          f"{action.reason}", "", "recovery", now)
                 change = self._replace
                 if change is not None and not change.switched_at and change.first_checkpoint \
                         and action.checkpoint_id >= change.first_checkpoint:

@@ -22,6 +22,11 @@ enforces it)::
     STORING    store_failed                         IDLE        AbandonCheckpoint [+ FailApplication]
     any        restart (global recovery)            IDLE        AbandonCheckpoint("recovery") if one was in flight
 
+A checkpoint asked for with ``park`` (a change's: :meth:`CheckpointCoordinator.request`)
+triggers with it: the tasks park after their snapshot, so nothing more is triggered until
+the next epoch (:meth:`CheckpointCoordinator.restart`), which the change, or the rollback
+when that checkpoint fails, begins.
+
 Beside that table, one compaction at a time, sized like a tiered LSM's. A chain's depth
 counts here at most the checkpoints since the last compaction (the acks of those taken
 before the tasks heard of it still count the chains it cut). A stored checkpoint whose
@@ -153,6 +158,7 @@ class TriggerCheckpoint:
     checkpoint_id: int
     epoch: int
     sources: tuple[TaskKey, ...]  # sorted
+    park: bool = False  # the tasks park after their snapshot (a change's checkpoint)
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,7 @@ class RetriggerCheckpoint:
     trigger it again (sources ignore a barrier they passed, executors repeat their acks)."""
     checkpoint_id: int
     epoch: int
+    park: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,6 +250,7 @@ class _Pending:
     root: int = 0  # the oldest root among the acks so far (0: none yet)
     chained: list[TaskKey] = dataclasses.field(default_factory=list)  # tasks whose snapshot builds on another
     depth: int = 0  # the deepest of their chains
+    park: bool = False  # the tasks park after it
 
 
 @dataclass(frozen=True)
@@ -318,6 +326,8 @@ class CheckpointCoordinator:
         self._ended: set[TaskKey] = set()
         self._finished = False  # a final checkpoint completed: nothing more to checkpoint
         self._requested = False  # a checkpoint was asked for (a savepoint): trigger when idle
+        self._park_requested = False  # the next checkpoint parks the tasks (a change's)
+        self._parked = False  # a parking checkpoint was triggered: nothing more until restart()
         self._failed = False  # FailApplication was emitted: terminal
         self._consecutive_failures = 0
         self._completed_count = 0
@@ -385,11 +395,11 @@ class CheckpointCoordinator:
                         + self._final_if_due(now))
             if self._phase is Phase.IN_FLIGHT and now - p.triggered_at >= REPEAT_AFTER_S:
                 p.triggered_at = now
-                return [RetriggerCheckpoint(p.checkpoint_id, p.epoch)]
+                return [RetriggerCheckpoint(p.checkpoint_id, p.epoch, p.park)]
             return []
         if self._final_due():
             return self._trigger(now)  # regardless of the interval
-        if self.interval_s > 0 and not self._finished and now - self._timer_from >= self.interval_s:
+        if self.interval_s > 0 and not self._finished and not self._parked and now - self._timer_from >= self.interval_s:
             return self._trigger(now)
         return []
 
@@ -519,12 +529,15 @@ class CheckpointCoordinator:
             return []
         return self._abandon(f"store failed: {reason}", failure=True, now=now) + self._final_if_due(now)
 
-    def request(self, now: float) -> list[Action]:
+    def request(self, now: float, park: bool = False) -> list[Action]:
         """Checkpoint as soon as possible (a savepoint): at once when none is in flight,
-        else right after the one in flight completes or is abandoned."""
+        else right after the one in flight completes or is abandoned. ``park``: the tasks
+        park after its snapshot (a change's; not the final checkpoint's, after which the
+        app ends)."""
         if self._failed or self._finished:
             return []
         self._requested = True
+        self._park_requested = self._park_requested or park
         return self._final_if_due(now)
 
     def task_ended(self, task: TaskKey, now: float) -> list[Action]:
@@ -550,6 +563,7 @@ class CheckpointCoordinator:
         self.epoch = epoch
         self._ended.clear()
         self._finished = False
+        self._parked = self._park_requested = False
         self._timer_from = now
         return actions
 
@@ -605,7 +619,7 @@ class CheckpointCoordinator:
 
     def _final_due(self) -> bool:
         """The final checkpoint, or a requested one, is due (and nothing is in flight)."""
-        return (not self._failed and not self._finished and self._pending is None
+        return (not self._failed and not self._finished and self._pending is None and not self._parked
                 and (self._ended == self.tasks or self._requested))
 
     def _final_if_due(self, now: float) -> list[Action]:
@@ -614,12 +628,14 @@ class CheckpointCoordinator:
 
     def _trigger(self, now: float) -> list[Action]:
         self._enter(Phase.IN_FLIGHT)
-        self._pending = _Pending(self._next_id, self.epoch, now, {}, triggered_at=now)
+        park = self._park_requested and self._ended != self.tasks
+        self._pending = _Pending(self._next_id, self.epoch, now, {}, triggered_at=now, park=park)
         self._history.append(CheckpointRecord(self._next_id, self.epoch, Outcome.IN_PROGRESS, now))
         self._next_id += 1
-        self._requested = False
+        self._requested = self._park_requested = False
+        self._parked = park
         self._timer_from = now
-        return [TriggerCheckpoint(self._pending.checkpoint_id, self.epoch, self.sources)]
+        return [TriggerCheckpoint(self._pending.checkpoint_id, self.epoch, self.sources, park)]
 
     def _record(self, p: _Pending, outcome: Outcome, ended_at: float | None, failure: str = "") -> None:
         """The history's entry for the pending checkpoint (always the newest) brought up to date."""

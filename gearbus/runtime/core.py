@@ -22,6 +22,11 @@ The rules, in one place:
   uncredited, so the credit window bounds them) until every input's barrier arrived;
   then the task snapshots, the barrier goes downstream, and the held frames are
   processed in order.
+- A barrier may ask the tasks to park after their snapshot (a change's checkpoint: a
+  rescale): a parked task takes no input (every frame is held, uncredited), reads no
+  source, fires no wakeup and polls no results, so it stays where the checkpoint cut it.
+  It goes on in place once its channels are rewired for the next epoch
+  (:meth:`TaskCore.rewire`, then :meth:`TaskCore.resume`): its state is never restored.
 - A task that ended (every input delivered end-of-stream) keeps answering barriers, so
   the checkpoint after the end holds every task's final state (Flink's FLIP-147).
 - A task whose results come later (``Task.pending``) holds its output watermark back
@@ -73,6 +78,7 @@ class Frame(NamedTuple):
     eos: bool
     barrier: int  # a checkpoint id, or NO_BARRIER
     records: list[Record]
+    park: bool = False  # with a barrier: its receivers park after their snapshot
 
 
 class Grant(NamedTuple):
@@ -103,6 +109,7 @@ class Snapshot(NamedTuple):
     records: list[Record]
     watermark: int
     records_in: int = 0  # what the task processed in its epoch before the barrier
+    park: bool = False  # the task parked after it (its barrier asks its receivers to)
 
 
 class End(NamedTuple):
@@ -156,6 +163,7 @@ class TaskCore:
         self.ended = False
         self.aligning = NO_BARRIER  # the checkpoint whose barriers are arriving
         self.arrived = 0
+        self.parked = False  # since a parking barrier's snapshot, until resume()
         self.last_checkpoint = NO_BARRIER
         self.lineage = Lineage(max_depth)
         self.records_in = 0
@@ -184,11 +192,33 @@ class TaskCore:
         self._process(sender, state, frame, actions)
         return actions
 
-    def inject_barrier(self, checkpoint_id: int) -> list:
-        """A source task's turn: the AppMaster asked for checkpoint ``checkpoint_id``."""
+    def inject_barrier(self, checkpoint_id: int, park: bool = False) -> list:
+        """A source task's turn: the AppMaster asked for checkpoint ``checkpoint_id``
+        (``park``: the task parks after its snapshot)."""
         if checkpoint_id <= self.last_checkpoint:
             return []
-        return [self._snapshot(checkpoint_id)]
+        return [self._snapshot(checkpoint_id, park)]
+
+    def rewire(self, senders: Iterable[TaskKey], epoch: int) -> None:
+        """A parked task goes on in ``epoch`` with these senders (another processor was
+        rescaled): every channel starts anew, held until :meth:`resume`; its state,
+        watermark and snapshot lineage stay. Only a parked task can be rewired: nothing
+        after the checkpoint it parked at reached it, so no input is lost."""
+        if not self.parked:
+            raise DataPlaneError(f"{self.task.context.task_name}: rewired while not parked at a checkpoint")
+        self.epoch = epoch
+        self.inputs = {s: _Input(self.credit_frames) for s in senders}
+        for state in self.inputs.values():
+            state.held = []
+        self.open_inputs = len(self.inputs)
+        self.aligning, self.arrived = NO_BARRIER, 0
+
+    def resume(self) -> list:
+        """A parked task goes on: what came meanwhile (of its rewired epoch) first."""
+        self.parked = False
+        actions: list = []
+        self._release_held(actions)
+        return actions
 
     def advance_source(self, watermark: int) -> list:
         """A source task's watermark moved (after the batch it just read)."""
@@ -212,7 +242,7 @@ class TaskCore:
         """Results came in without input (the task asked through ``request_poll``): they go
         out with the watermark they release; so does the end, once every input ended and
         no result is still to come. Raises the error of a call that failed."""
-        if self.ended:
+        if self.ended or self.parked:
             return []
         self.task.poll()
         if self.input_ended and not self.task.pending():
@@ -223,15 +253,15 @@ class TaskCore:
 
     def wakeup(self, now_ms: int) -> list:
         """Processing time reached the task's wakeup: what it emits goes out."""
-        if self.input_ended:
+        if self.input_ended or self.parked:
             return []
         self.task.on_wakeup(now_ms)
         return [self.flush()]
 
     def next_wakeup_ms(self) -> int | None:
         """When the task wants :meth:`wakeup` (epoch ms); None: never, and never once every
-        input ended (pending wakeups are not waited for)."""
-        return None if self.input_ended else self.task.next_wakeup_ms()
+        input ended (pending wakeups are not waited for), nor while parked."""
+        return None if self.input_ended or self.parked else self.task.next_wakeup_ms()
 
     @property
     def accepting(self) -> bool:
@@ -321,7 +351,7 @@ class TaskCore:
             state.watermark = frame.watermark
             self._advance(min(s.watermark for s in self.inputs.values()), actions)
         if frame.barrier:
-            self._barrier(sender, state, frame.barrier, actions)
+            self._barrier(sender, state, frame.barrier, actions, frame.park)
         if frame.eos and not state.ended:
             state.ended = True
             self.open_inputs -= 1
@@ -376,7 +406,7 @@ class TaskCore:
         output, self.task.output = self.task.output, []
         return output
 
-    def _barrier(self, sender: TaskKey, state: _Input, checkpoint_id: int, actions: list) -> None:
+    def _barrier(self, sender: TaskKey, state: _Input, checkpoint_id: int, actions: list, park: bool) -> None:
         if checkpoint_id != self.aligning:
             if self.aligning != NO_BARRIER:
                 raise DataPlaneError(
@@ -388,7 +418,12 @@ class TaskCore:
             state.held = []
             return
         self.aligning = NO_BARRIER
-        actions.append(self._snapshot(checkpoint_id))
+        actions.append(self._snapshot(checkpoint_id, park))
+        if not self.parked:
+            self._release_held(actions)
+
+    def _release_held(self, actions: list) -> None:
+        """Process the frames held behind a barrier (or while parked), in order."""
         for held_sender, held_state in self.inputs.items():
             held, held_state.held = held_state.held, None
             for frame in held or ():
@@ -405,9 +440,10 @@ class TaskCore:
         """The AppMaster made the snapshots of ``checkpoint_id`` whole: later chains are shorter."""
         self.lineage.compacted(checkpoint_id)
 
-    def _snapshot(self, checkpoint_id: int) -> Snapshot:
+    def _snapshot(self, checkpoint_id: int, park: bool = False) -> Snapshot:
         """The task's state for ``checkpoint_id``: as what changed since the base
-        :class:`Lineage` picks, where the task keeps track (``snapshot_since``)."""
+        :class:`Lineage` picks, where the task keeps track (``snapshot_since``). ``park``:
+        from now on every input is held (see :meth:`rewire`)."""
         self.task.prepare_checkpoint(checkpoint_id)
         self.last_checkpoint = checkpoint_id
         link, base = self.lineage.plan(checkpoint_id, self.epoch)
@@ -420,7 +456,13 @@ class TaskCore:
         state = TaskSnapshot(checkpoint_id, taken, self.ended, self.watermark, self.epoch,
                              (base.checkpoint_id, base.epoch) if base is not None else None, link.depth, link.root,
                              held, keep_copy(checkpoint_id) if keep_copy is not None else ())
-        return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark, self.records_in)
+        if park:
+            self.parked = True
+            for held_state in self.inputs.values():
+                if held_state.held is None:
+                    held_state.held = []
+        return Snapshot(checkpoint_id, state, self.ended, self._take_output(), self.output_watermark, self.records_in,
+                        park)
 
 
 def debloated_window(records: int, frames: int, seconds: float, target_s: float, inputs: int, most: int) -> int:

@@ -13,11 +13,16 @@ reads a clock or touches NATS, so every ordering of events is tested without a n
 
 An executor runs the tasks of one epoch (one attempt of the app) at a time: a launch of a
 newer epoch retires every task of the older one, whose later events change nothing and
-are never reported. Each task of the current epoch is in one phase; ``_ALLOWED`` enforces
+are never reported, but those it keeps running (a rescale of other processors): each must
+have parked here at the checkpoint the launch goes on from (it snapshotted with ``park``);
+it is rewired for the new epoch (RewireTasks), commits that checkpoint if not asked yet,
+and resumes when the tasks start (ResumeTasks; one that had ended reports it again). Each task of the current epoch is in one phase; ``_ALLOWED`` enforces
 the moves::
 
     phase      event                                    -> phase      instructions
-    (new)      launch tasks of a newer epoch            OPENING    RetireTasks(older), OpenTasks
+    (new)      launch tasks of a newer epoch            OPENING    RetireTasks(older), RewireTasks, OpenTasks
+    RUNNING,   launch keeps it running (parked)         (same)     RewireTasks [+ Commit]; at start all,
+    ENDED                                                            ResumeTasks [+ ReportEnded]
     OPENING    opened                                   LAUNCHED
     LAUNCHED   start all                                RUNNING    StartTasks
     RUNNING    end of stream passed (or restored ended) ENDED      ReportEnded
@@ -108,15 +113,31 @@ class OpenTasks:
 
 
 @dataclass(frozen=True)
+class RewireTasks:
+    """These parked tasks go on in ``epoch``: rewire their channels for the launch's
+    plan (before its new tasks open), keeping their state."""
+    tasks: tuple[TaskId, ...]
+    epoch: int
+
+
+@dataclass(frozen=True)
 class StartTasks:
     tasks: tuple[TaskId, ...]
 
 
 @dataclass(frozen=True)
+class ResumeTasks:
+    """These rewired tasks take input again (what came meanwhile first)."""
+    tasks: tuple[TaskId, ...]
+
+
+@dataclass(frozen=True)
 class InjectBarrier:
-    """Sources inject the barrier of ``checkpoint_id`` (again is harmless)."""
+    """Sources inject the barrier of ``checkpoint_id`` (again is harmless); ``park``: every
+    task parks after its snapshot."""
     tasks: tuple[TaskId, ...]
     checkpoint_id: int
+    park: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,7 +212,8 @@ class Exit:
     reason: str
 
 
-Instruction = (RetireTasks | OpenTasks | StartTasks | InjectBarrier | StoreSnapshot | AckCheckpoint
+Instruction = (RetireTasks | RewireTasks | OpenTasks | StartTasks | ResumeTasks | InjectBarrier | StoreSnapshot
+               | AckCheckpoint
                | DeclineCheckpoint | Commit | StopTask | ReportEnded | ReportFinished | ReportFailed | Exit)
 
 
@@ -208,6 +230,8 @@ class _Task:
     commit_asked: int = 0  # the last checkpoint it was told to commit
     committed: int = 0  # the last checkpoint it committed
     final_committed: bool = False
+    parked: int = 0  # the checkpoint it parked after (0: not parked)
+    resuming: bool = False  # kept running by a launch: resumes when the tasks start
 
 
 class ExecutorTasks:
@@ -247,11 +271,27 @@ class ExecutorTasks:
             raise LaunchRefused(f"already runs attempt {self.epoch}; launch of attempt {launch.epoch} refused")
         if launch.epoch == self.epoch:
             return []
-        retire = self._retire()
+        kept = tuple(launch.keep_running)
+        unparked = [f"{t.processor}.{t.index}" for t in kept if t not in launch.tasks or t not in self._tasks
+                    or self._tasks[t].phase not in (Phase.RUNNING, Phase.ENDED)
+                    or self._tasks[t].parked != launch.restore_checkpoint]
+        if unparked:
+            raise LaunchRefused(f"does not run tasks {', '.join(unparked)} parked at checkpoint "
+                                f"{launch.restore_checkpoint}: it cannot keep them running")
+        retire = self._retire(keep=set(kept))
         sources = set(sources)
         self.epoch = launch.epoch
-        self._tasks = {task: _Task(source=task in sources) for task in launch.tasks}
-        return retire + [OpenTasks(launch)]
+        self._tasks = {task: self._tasks[task] if task in kept else _Task(source=task in sources)
+                       for task in launch.tasks}
+        commits: list[Instruction] = []
+        for task in kept:
+            state = self._tasks[task]
+            state.parked, state.resuming = 0, True
+            if state.commit_asked < launch.restore_checkpoint <= state.acked:  # its CheckpointComplete may be late
+                state.commit_asked = launch.restore_checkpoint
+                commits.append(Commit(task, launch.restore_checkpoint, False))
+        rewire: list[Instruction] = [RewireTasks(kept, launch.epoch)] if kept else []
+        return retire + rewire + [OpenTasks(launch)] + commits
 
     def opened(self, epoch: int) -> None:
         """The runners of ``epoch`` are open: they can start."""
@@ -269,15 +309,20 @@ class ExecutorTasks:
         starting = [task for task, state in self._tasks.items() if state.phase is Phase.LAUNCHED]
         for task in starting:
             self._enter(self._tasks[task], Phase.RUNNING)
-        return [StartTasks(tuple(starting))] if starting else []
+        resuming = [task for task, state in self._tasks.items() if state.resuming and state.phase in _LOOPING]
+        for task in resuming:
+            self._tasks[task].resuming = False
+        actions: list[Instruction] = [StartTasks(tuple(starting))] if starting else []
+        actions += [ResumeTasks(tuple(resuming))] if resuming else []
+        return actions + [ReportEnded(task, self.epoch) for task in resuming if self._tasks[task].phase is Phase.ENDED]
 
-    def trigger(self, epoch: int, checkpoint_id: int) -> list[Instruction]:
+    def trigger(self, epoch: int, checkpoint_id: int, park: bool = False) -> list[Instruction]:
         """A checkpoint is triggered (again, if acks went missing: they are repeated)."""
         if epoch != self.epoch:
             return []
         sources = tuple(task for task, state in self._tasks.items()
                         if state.source and state.phase in (Phase.LAUNCHED, Phase.RUNNING, Phase.ENDED))
-        inject: list[Instruction] = [InjectBarrier(sources, checkpoint_id)] if sources else []
+        inject: list[Instruction] = [InjectBarrier(sources, checkpoint_id, park)] if sources else []
         return inject + list(self._acks.get(checkpoint_id, ()))
 
     def snapshot_taken(self, task: TaskId, epoch: int, snapshot: Snapshot, alignment_s: float = 0.0
@@ -286,6 +331,8 @@ class ExecutorTasks:
         if state is None:
             return []
         state.snapshotted = max(state.snapshotted, snapshot.checkpoint_id)
+        if snapshot.park:
+            state.parked = snapshot.checkpoint_id
         return [StoreSnapshot(task, epoch, snapshot, alignment_s)]
 
     def snapshot_stored(self, task: TaskId, epoch: int, checkpoint_id: int, size_bytes: int,
@@ -376,6 +423,7 @@ class ExecutorTasks:
         assert self.epoch > NO_EPOCH or not self._tasks, self._tasks
         for task, state in self._tasks.items():
             assert state.committed <= state.commit_asked <= state.acked <= state.snapshotted, (task, state)
+            assert state.parked <= state.snapshotted and not (state.parked and state.resuming), (task, state)
             assert state.final_committed == (state.phase in (Phase.FINISHING, Phase.FINISHED)) \
                 or state.phase in (Phase.FAILED, Phase.STOPPED), (task, state)
         assert len(self._acks) <= ACKS_KEPT
@@ -398,9 +446,10 @@ class ExecutorTasks:
             raise AssertionError(f"task phase {state.phase} -> {phase} is not a transition")
         state.phase = phase
 
-    def _retire(self) -> list[Instruction]:
+    def _retire(self, keep: set[TaskId] = frozenset()) -> list[Instruction]:
         self._acks.clear()
-        retiring = tuple(task for task, state in self._tasks.items() if state.phase is not Phase.STOPPED)
+        retiring = tuple(task for task, state in self._tasks.items()
+                         if state.phase is not Phase.STOPPED and task not in keep)
         for task in retiring:
             self._enter(self._tasks[task], Phase.STOPPED)
         return [RetireTasks(retiring)] if retiring else []

@@ -2,7 +2,9 @@
 
 A frame is the msgpack array ``[src_processor, src_index, epoch, seq, watermark, eos,
 barrier, values, timestamps, keys]``: the records column by column (``keys`` is nil when
-no record has a key), values encoded by :mod:`shared.values` so tuples stay tuples.
+no record has a key), values encoded by :mod:`shared.values` so tuples stay tuples. A
+barrier that asks its receivers to park after their snapshot (a change's checkpoint) has
+an eleventh element, ``true``.
 Control travels in band, in this order after the records: the watermark (which holds
 after them), a checkpoint barrier (0 for none), end-of-stream. ``epoch`` is the sender's
 attempt: receivers drop frames of any other. Every NATS message starts with one byte:
@@ -41,13 +43,15 @@ _packer = msgpack.Packer(use_bin_type=True)
 _value, _timestamp, _key = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
-def encode_frame(src_processor, src_index, epoch, seq, watermark, eos, barrier, records) -> bytes:
+def encode_frame(src_processor, src_index, epoch, seq, watermark, eos, barrier, records, park=False) -> bytes:
     """Encode a frame; a value that cannot travel raises shared.values.ValueTypeError."""
     keys = list(map(_key, records))
     if keys.count(None) == len(keys):
         keys = None
     columns = [src_processor, src_index, epoch, seq, watermark, eos, barrier,
                list(map(_value, records)), list(map(_timestamp, records)), keys]
+    if park:
+        columns.append(True)
     return _WHOLE_PREFIX + values.pack(columns)
 
 
@@ -144,7 +148,10 @@ class FrameReader:
     @staticmethod
     def _decode(buffer) -> Frame:
         try:
-            src_processor, src_index, epoch, seq, watermark, eos, barrier, vals, stamps, keys = values.unpack(buffer)
+            src_processor, src_index, epoch, seq, watermark, eos, barrier, vals, stamps, keys, *park = \
+                values.unpack(buffer)
+            if len(park) > 1 or park and (park[0] is not True or not barrier):
+                raise ValueError("only a barrier may carry an eleventh element, true (park)")
             if not all(type(v) is int for v in (src_processor, src_index, epoch, seq, watermark, barrier)):
                 raise ValueError("its processor, index, epoch, sequence, watermark and barrier must be integers")
             if type(eos) is not bool or type(vals) is not list or type(stamps) is not list or \
@@ -156,6 +163,6 @@ class FrameReader:
                 records = [new_record(Record, (v, t, None)) for v, t in zip(vals, stamps)]
             else:
                 records = [new_record(Record, r) for r in zip(vals, stamps, keys)]
-            return Frame(src_processor, src_index, epoch, seq, watermark, eos, barrier, records)
+            return Frame(src_processor, src_index, epoch, seq, watermark, eos, barrier, records, bool(park))
         except Exception as exc:
             raise MalformedFrame(f"malformed data frame: {type(exc).__name__}: {exc}") from None

@@ -76,6 +76,16 @@ class DataPlaneConfig:
         return made
 
 
+def senders_of(graph, processor) -> list[TaskKey]:
+    """The tasks that send to each task of ``processor`` in ``graph`` (a plan's)."""
+    return [(edge.upstream.id, i) for edge in graph.inputs_of(processor) for i in range(edge.upstream.parallelism)]
+
+
+def edges_of(graph, processor) -> list[tuple[Partitioner, int, int]]:
+    """Each out edge of ``processor`` in ``graph`` as a :class:`Sender` takes it."""
+    return [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(processor)]
+
+
 class Channel:
     """One sender -> receiver pair: its sequence numbers, last watermark and credit."""
 
@@ -122,18 +132,28 @@ class Sender:
         self.index = index
         self.epoch = epoch
         self.config = config
-        self.ports: list[tuple[Partitioner, list[Channel]]] = []
-        self.channels: dict[TaskKey, Channel] = {}
-        for partitioner, downstream, parallelism in edges:
-            # A partitioner of its own, as every task runs its own copy of its steps: a
-            # round-robin's position, the steps a ChainedEdge runs here.
-            partitioner = copy.deepcopy(partitioner)
-            port = [Channel((downstream, i), config.credit_frames) for i in range(parallelism)]
-            self.channels.update((channel.receiver, channel) for channel in port)
-            self.ports.append((partitioner, port))
+        # A partitioner of its own, as every task runs its own copy of its steps: a
+        # round-robin's position, the steps a ChainedEdge runs here.
+        self._wire([(copy.deepcopy(partitioner), downstream, n) for partitioner, downstream, n in edges])
         self.records_out = 0
         self.frames_out = 0
         self.bytes_out = 0
+
+    def _wire(self, edges: list[tuple[Partitioner, int, int]]) -> None:
+        self.ports: list[tuple[Partitioner, list[Channel]]] = []
+        self.channels: dict[TaskKey, Channel] = {}
+        for partitioner, downstream, parallelism in edges:
+            port = [Channel((downstream, i), self.config.credit_frames) for i in range(parallelism)]
+            self.channels.update((channel.receiver, channel) for channel in port)
+            self.ports.append((partitioner, port))
+
+    def rewire(self, epoch: int, edges: list[tuple[Partitioner, int, int]]) -> None:
+        """Go on in ``epoch`` over these edges (a downstream processor was rescaled): every
+        channel starts anew; each edge keeps its partitioner (and what its steps hold)."""
+        if [downstream for _, downstream, _ in edges] != [port[0].receiver[0] for _, port in self.ports]:
+            raise ValueError(f"task {self.processor}.{self.index} rewired to other downstream processors")
+        self.epoch = epoch
+        self._wire([(partitioner, downstream, n) for (partitioner, _), (_, downstream, n) in zip(self.ports, edges)])
 
     def act(self, action: Flush | End | Snapshot) -> list[Outgoing]:
         """The frames a core's sending action asks for (a Snapshot's barrier follows its output)."""
@@ -143,7 +163,7 @@ class Sender:
         if kind is End:
             return self.send(action.records, WATERMARK_MAX) + self.finish(WATERMARK_MAX)
         if kind is Snapshot:
-            return self.send(action.records, action.watermark) + self.barrier(action.checkpoint_id)
+            return self.send(action.records, action.watermark) + self.barrier(action.checkpoint_id, action.park)
         raise TypeError(f"not a sending action: {action!r}")
 
     def grant(self, processor: int, index: int, epoch: int, consumed: int, window: int) -> Channel | None:
@@ -189,11 +209,12 @@ class Sender:
             self._frame(out, channel, watermark, True, NO_BARRIER, [])
         return out
 
-    def barrier(self, checkpoint_id: int) -> list[Outgoing]:
-        """Checkpoint ``checkpoint_id``'s barrier to every receiver, behind everything sent."""
+    def barrier(self, checkpoint_id: int, park: bool = False) -> list[Outgoing]:
+        """Checkpoint ``checkpoint_id``'s barrier to every receiver, behind everything sent
+        (``park``: they park after their snapshot, as this task did)."""
         out: list[Outgoing] = []
         for channel in self.channels.values():
-            self._frame(out, channel, channel.watermark, False, checkpoint_id, [])
+            self._frame(out, channel, channel.watermark, False, checkpoint_id, [], park)
         return out
 
     def probes(self) -> list[Outgoing]:
@@ -213,11 +234,11 @@ class Sender:
         return out
 
     def _frame(self, out: list[Outgoing], channel: Channel, watermark: int, eos: bool, barrier: int,
-               records: list[Record]) -> None:
+               records: list[Record], park: bool = False) -> None:
         """Number and encode one frame (``watermark`` holds after its records); one over
         ``batch_bytes`` is halved, the first half carrying the previous watermark."""
         seq = channel.seq + 1
-        data = encode_frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier, records)
+        data = encode_frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier, records, park)
         if len(data) > self.config.batch_bytes and len(records) > 1:
             half = len(records) // 2
             self._frame(out, channel, channel.watermark, False, NO_BARRIER, records[:half])
@@ -226,7 +247,7 @@ class Sender:
         channel.seq, channel.watermark = seq, watermark
         channel.ended = channel.ended or eos
         out.append(Outgoing(channel, Frame(self.processor, self.index, self.epoch, seq, watermark, eos, barrier,
-                                           records), data))
+                                           records, park), data))
         self.frames_out += 1
         self.bytes_out += len(data)
         self.records_out += len(records)

@@ -32,22 +32,23 @@ class SourceLoop:
         self.core = core
         self.task = core.task
         self.batch_records = batch_records
-        self.barriers: list[int] = []  # checkpoints whose barriers are to be injected
+        self.barriers: list[tuple[int, bool]] = []  # checkpoints whose barriers are to be injected, and park
         self.records_read = 0
 
-    def inject(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` was triggered: its barrier goes before the next batch."""
-        self.barriers.append(checkpoint_id)
+    def inject(self, checkpoint_id: int, park: bool = False) -> None:
+        """Checkpoint ``checkpoint_id`` was triggered: its barrier goes before the next batch
+        (``park``: then the source reads nothing until its task resumes)."""
+        self.barriers.append((checkpoint_id, park))
 
     def pending_barriers(self) -> list:
         """Inject the barriers asked for (an ended source still passes them on)."""
         barriers, self.barriers = self.barriers, []
-        return [action for checkpoint_id in barriers for action in self.core.inject_barrier(checkpoint_id)]
+        return [action for checkpoint_id, park in barriers for action in self.core.inject_barrier(checkpoint_id, park)]
 
     def step(self) -> SourceStep:
-        """Pending barriers, then one batch (none while the task is full)."""
+        """Pending barriers, then one batch (none while the task is full or parked)."""
         actions = self.pending_barriers()
-        if not self.core.accepting:
+        if not self.core.accepting or self.core.parked:
             return SourceStep(actions, 0)
         count = self.task.read(self.batch_records)
         if count is None:

@@ -435,7 +435,7 @@ class AppMaster(Service):
             self._replan(dict(deploy.parallelism))
         elif dict(deploy.parallelism) != self._rescaled():
             self._replan(dict(deploy.parallelism))  # a rescale's
-        restore = deploy.restore
+        restore, kept = deploy.restore, set(deploy.kept)
         launch_timeout = RESTORE_TIMEOUT_S if restore else DEFAULT_REQUEST_TIMEOUT_S
         await self._stop_compaction()
         try:
@@ -445,7 +445,8 @@ class AppMaster(Service):
                             restore.checkpoint_id if restore else 0, restore.epoch if restore else 0,
                             dict(deploy.parallelism), dict(deploy.restore_parallelism),
                             self.versions.running(self._running_versions),
-                            {p: list(steps) for p, steps in deploy.drop_state}, dict(deploy.hold_from)),
+                            {p: list(steps) for p, steps in deploy.drop_state}, dict(deploy.hold_from),
+                            [TaskId(*t) for t in tasks if t in kept]),
                 expect=TaskRegistered, timeout=launch_timeout)
                 for executor_id, tasks in deploy.assignments))
             for executor_id, _ in deploy.assignments:
@@ -513,12 +514,12 @@ class AppMaster(Service):
         # what its snapshots are stored by, should it be abandoned (and discarded) or pruned
         self._checkpoints_taken[trigger.checkpoint_id] = (trigger.epoch, sorted(self.coordinator.tasks))
         self.spawn(self.bus.publish(subjects.checkpoint_trigger(self.app_id),
-                                    TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch)),
+                                    TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch, trigger.park)),
                    f"trigger-{trigger.checkpoint_id}")
 
     async def _retrigger(self, trigger: cp.RetriggerCheckpoint) -> None:
         await self.bus.publish(subjects.checkpoint_trigger(self.app_id),
-                               TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch))
+                               TriggerCheckpoint(trigger.checkpoint_id, trigger.epoch, trigger.park))
 
     async def _store(self, store: cp.StoreCheckpoint) -> None:
         self.spawn(self._store_checkpoint(store.meta), f"store-{store.meta.checkpoint_id}")
@@ -580,7 +581,7 @@ class AppMaster(Service):
         except asyncio.CancelledError:  # a deployment is waiting: it restores from the chains
             log.info("checkpoint_compaction_cancelled", checkpoint_id=compact.checkpoint_id,
                      seconds=round(time.monotonic() - started, 3))
-            await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, False))
+            await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, False, time.monotonic()))
             raise
         except Exception as exc:
             ok = False
@@ -588,7 +589,7 @@ class AppMaster(Service):
         else:
             log.info("checkpoint_compacted", checkpoint_id=compact.checkpoint_id, tasks=len(compact.tasks),
                      seconds=round(time.monotonic() - started, 3))
-        await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, ok, sizes))
+        await self.carry_out(self.state.checkpoint_compacted(compact.checkpoint_id, ok, time.monotonic(), sizes))
 
     async def _prune(self, checkpoint_ids) -> None:
         """Delete checkpoints: each task's snapshot (of the tasks that took it: a rescale

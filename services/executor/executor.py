@@ -90,6 +90,7 @@ class Executor(Service):
         self.heartbeat: Heartbeat | None = None
         self._instructions = {
             lifecycle.RetireTasks: self._retire, lifecycle.OpenTasks: self._open, lifecycle.StartTasks: self._start,
+            lifecycle.RewireTasks: self._rewire, lifecycle.ResumeTasks: self._resume,
             lifecycle.InjectBarrier: self._inject, lifecycle.StoreSnapshot: self._store_snapshot,
             lifecycle.AckCheckpoint: self._ack, lifecycle.DeclineCheckpoint: self._decline,
             lifecycle.Commit: self._commit_in_background, lifecycle.StopTask: self._stop_task,
@@ -191,7 +192,7 @@ class Executor(Service):
     async def on_trigger(self, msg: TriggerCheckpoint) -> None:
         """Sources inject the barrier; a trigger repeated because acks went missing (a NATS
         server restarted) gets this executor's acks again."""
-        await self._carry_out(self.tasks.trigger(msg.epoch, msg.checkpoint_id))
+        await self._carry_out(self.tasks.trigger(msg.epoch, msg.checkpoint_id, msg.park))
 
     async def on_complete(self, msg: CheckpointComplete) -> None:
         await self._carry_out(self.tasks.checkpoint_complete(msg.epoch, msg.checkpoint_id, msg.final))
@@ -251,6 +252,8 @@ class Executor(Service):
         old: dict[tuple[int, int], TaskSnapshot] = {}  # the old tasks' snapshots read for a rescale's new ones
         try:
             for task_id in launch.tasks:
+                if task_id in launch.keep_running:  # rewired already
+                    continue
                 envelope = None
                 if launch.restore_checkpoint:
                     envelope = await self._restored(launch, task_id, old)
@@ -274,6 +277,16 @@ class Executor(Service):
         self.tasks.opened(launch.epoch)
         log.info("tasks_launched", epoch=launch.epoch, tasks=len(self.runners),
                  restore_checkpoint=launch.restore_checkpoint)
+
+    async def _rewire(self, rewire: lifecycle.RewireTasks) -> None:
+        """Parked tasks go on in the new epoch, on the channels of the plan launched."""
+        for task in rewire.tasks:
+            self.runners[task].rewire(self.plan, rewire.epoch)
+        log.info("tasks_kept_running", epoch=rewire.epoch, tasks=len(rewire.tasks))
+
+    async def _resume(self, resume: lifecycle.ResumeTasks) -> None:
+        for task in resume.tasks:
+            self.runners[task].resume()
 
     async def _restored(self, launch: LaunchTasks, task_id: TaskId, old: dict[tuple[int, int], TaskSnapshot]
                         ) -> TaskSnapshot:
@@ -305,7 +318,7 @@ class Executor(Service):
 
     async def _inject(self, inject: lifecycle.InjectBarrier) -> None:
         for task in inject.tasks:
-            self.runners[task].inject(inject.checkpoint_id)
+            self.runners[task].inject(inject.checkpoint_id, inject.park)
 
     async def _store_snapshot(self, store: lifecycle.StoreSnapshot) -> None:
         """Serialise now (the task goes on changing its state), store in the background."""

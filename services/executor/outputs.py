@@ -21,11 +21,21 @@ class Outputs:
     def __init__(self, nc, app_id: int, processor: int, index: int, epoch: int, edges, config: DataPlaneConfig):
         """``edges`` is a list of (partitioner, downstream processor id, downstream parallelism)."""
         self.nc = nc
+        self.app_id = app_id
         self.sender = Sender(processor, index, epoch, edges, config)
-        self.subjects = {receiver: subjects.task_inbox(app_id, *receiver) for receiver in self.sender.channels}
+        self._receivers()
+        self.backpressure_s = 0.0
+
+    def _receivers(self) -> None:
+        self.subjects = {receiver: subjects.task_inbox(self.app_id, *receiver) for receiver in self.sender.channels}
         self.credit = {receiver: asyncio.Event() for receiver in self.sender.channels}
         self.local: dict[tuple[int, int], Callable[[Frame, int], None]] = {}
-        self.backpressure_s = 0.0
+
+    def rewire(self, epoch: int, edges) -> None:
+        """Go on in ``epoch`` over these edges (see Sender.rewire); receivers in this
+        executor are linked again (:meth:`link_local`)."""
+        self.sender.rewire(epoch, edges)
+        self._receivers()
 
     def link_local(self, deliver: dict[tuple[int, int], Callable[[Frame, int], None]]) -> None:
         """Deliver straight into the inboxes of receivers hosted by this executor: frames

@@ -27,6 +27,7 @@ from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
 from gearbus.runtime.executor_tasks import RECOVERABLE
 from gearbus.runtime.frames import Frame, FrameReader, decode_credit, encode_credit
 from gearbus.runtime.keygroups import collector_paused
+from gearbus.runtime.sender import edges_of, senders_of
 from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from services.executor.outputs import DataPlaneConfig, Outputs
@@ -93,21 +94,19 @@ class TaskRunner:
                                    local_copies=config.local_copies)
         self.name = self.context.task_name
         self.task = self.processor.task_class(self.context)
-        senders = [(edge.upstream.id, i) for edge in graph.inputs_of(self.processor)
-                   for i in range(edge.upstream.parallelism)]
+        senders = senders_of(graph, self.processor)
         self.core = TaskCore(self.task, senders, config.credit_frames, epoch,
                              max_depth=MAX_DEPTH if config.incremental_checkpoints else 0,
                              debloat_target_ms=config.debloat_target_ms, hold_from=hold_from)
-        edges = [(e.partitioner, e.downstream.id, e.downstream.parallelism) for e in graph.outputs_of(self.processor)]
-        self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, epoch, edges, config)
+        self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, epoch, edges_of(graph, self.processor), config)
         self.inbox: asyncio.Queue = asyncio.Queue()
-        # What credit lets legitimate senders have in flight (twice over): the bound on the inbox.
-        self.inbox_limit = max(len(senders), 1) * config.credit_frames * config.batch_bytes * 2 + INBOX_SLACK_BYTES
+        self.inbox_limit = self._inbox_limit(senders)
         self.inbox_bytes = 0
         self.local_senders: dict[tuple[int, int], TaskRunner] = {}
         self.reader = FrameReader()
         self.source = SourceLoop(self.core, config.batch_records) if isinstance(self.task, DataSourceTask) else None
-        self.wake = asyncio.Event()  # a barrier asked for, a call's results, or the stop
+        self.wake = asyncio.Event()  # a barrier asked for, a call's results, the resume, or the stop
+        self.resume_due = False  # kept running by a rescale: the loop resumes the parked core
         self.polls_due = False  # the task's calls brought results since the last poll
         self._probe_at = time.monotonic() + PROBE_S
         self.poll_queued = False  # a POLL waits in the inbox
@@ -119,6 +118,29 @@ class TaskRunner:
         self.timed = config.task_metrics
         self.stopped = False
         self._subs = []
+
+    def _inbox_limit(self, senders: list) -> int:
+        """What credit lets legitimate senders have in flight (twice over): the bound on the inbox."""
+        return max(len(senders), 1) * self.config.credit_frames * self.config.batch_bytes * 2 + INBOX_SLACK_BYTES
+
+    def rewire(self, app: Application, epoch: int) -> None:
+        """Parked at a rescale's checkpoint, go on in ``epoch`` on the channels of ``app``
+        (the plan at the new parallelism), the task and its state as they are; it takes
+        input again once resumed (:meth:`resume`)."""
+        self.processor = app.graph.processors[self.task_id.processor]
+        self.epoch = epoch
+        senders = senders_of(app.graph, self.processor)
+        self.core.rewire(senders, epoch)
+        self.outputs.rewire(epoch, edges_of(app.graph, self.processor))
+        self.inbox_limit = self._inbox_limit(senders)
+        self.reader = FrameReader()  # fragments of the old epoch are never glued to the new one's
+        self.local_senders = {}
+
+    def resume(self) -> None:
+        """Take input again (the loop resumes the core, between two of its steps)."""
+        self.resume_due = True
+        self.inbox.put_nowait(POLL)
+        self.wake.set()
 
     def counters(self, finished: bool) -> TaskCounters:
         """``finished``: its final checkpoint committed."""
@@ -247,9 +269,10 @@ class TaskRunner:
 
     # --- checkpoints -----------------------------------------------------------------
 
-    def inject(self, checkpoint_id: int) -> None:
-        """A source task: inject the barrier of ``checkpoint_id`` between two batches."""
-        self.source.inject(checkpoint_id)
+    def inject(self, checkpoint_id: int, park: bool = False) -> None:
+        """A source task: inject the barrier of ``checkpoint_id`` between two batches
+        (``park``: then every task parks after its snapshot)."""
+        self.source.inject(checkpoint_id, park)
         self.wake.set()
         if self.core.input_ended:  # an ended source waits on its inbox, a reading one on ``wake``
             self.inbox.put_nowait(checkpoint_id)
@@ -359,8 +382,16 @@ class TaskRunner:
             self.inbox.put_nowait(POLL)
 
     async def _due(self) -> None:
-        """Take in the results that came, fire a wakeup that is due, and now and then probe
-        the channels whose last frames are unconfirmed (see :meth:`Sender.probes`)."""
+        """Resume if asked, take in the results that came, fire a wakeup that is due, and
+        now and then probe the channels whose last frames are unconfirmed (see
+        :meth:`Sender.probes`)."""
+        if self.resume_due:
+            self.resume_due, self.polls_due = False, True  # results that came while parked
+            await self._act(self.core.resume())
+            if self.core.ended:  # its new receivers hear the end again
+                await self.outputs.publish(self.outputs.sender.finish(WATERMARK_MAX))
+            else:
+                await self._flush()  # and its watermark
         if (now_s := time.monotonic()) >= self._probe_at:
             self._probe_at = now_s + PROBE_S
             await self.outputs.publish(self.outputs.sender.probes())

@@ -5,6 +5,7 @@ carried out are refused with the reason, the app untouched."""
 
 from __future__ import annotations
 
+import collections
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from shared.bus import RequestError
 from shared.messages import AppState
 from tests.support.cli import gearbus
 from tests.support.cluster import wait_until
+from tests.support.logs import logged
 from tests.support import keyed_counts
 from tests.support.user_counts import APP, EVENTS, args, counts, expected_counts, publish, read_at_least, start_counting
 
@@ -31,6 +33,7 @@ async def test_a_keyed_count_rescaled_2_to_4_to_1_while_it_reads_is_exact(cluste
     url, output = cluster.url, tmp_path / "counts.jsonl"
     app = await start_counting(client, url, output, EVENTS // 3)
     first = await read_at_least(client, app, EVENTS // 6)
+    others = sum(1 for t in (await client.status(app)).tasks if t.task.processor != 1)
 
     code, out, err = await gearbus("rescale", "--nats", url, "--json", str(app), "count=4")
     assert code == 0, err
@@ -51,6 +54,13 @@ async def test_a_keyed_count_rescaled_2_to_4_to_1_while_it_reads_is_exact(cluste
     assert final.state == AppState.SUCCEEDED, final.error
     assert final.restarts == 0  # a rescale is not a failure
     assert counts(output) == expected_counts()
+    # the other processors' tasks went on in place: only the counting step's new tasks restored
+    restored = [fields["task_id"] for fields in logged(cluster.log_dir, "task_restored")]
+    assert len(restored) == 4 + 1 and all("count" in task for task in restored), restored
+    kept = collections.Counter()
+    for fields in logged(cluster.log_dir, "tasks_kept_running"):
+        kept[fields["epoch"]] += fields["tasks"]
+    assert kept == {1: others, 2: others}, (kept, others)
 
 
 async def test_a_rescale_that_cannot_be_done_is_refused_with_the_reason_and_the_app_goes_on(cluster, client,

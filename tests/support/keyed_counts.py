@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from tests.support.logs import logged
 from tests.support.paths import APPS
 
 APP = os.path.join(APPS, "keyed_counts.py")
@@ -26,9 +27,5 @@ def assert_counted_once(output, keys: int) -> int:
 
 def groups_from_local_copies(log_dir: str) -> list[dict[str, int]]:
     """Per restore the executors logged, the key groups each step took from local copies."""
-    found = []
-    for name in os.listdir(log_dir):
-        with open(os.path.join(log_dir, name), errors="replace") as log:
-            found += [json.loads(line)["groups_from_local_copies"] for line in log
-                      if '"task_restored"' in line and '"groups_from_local_copies": {' in line]
-    return found
+    return [fields["groups_from_local_copies"] for fields in logged(log_dir, "task_restored")
+            if fields.get("groups_from_local_copies")]

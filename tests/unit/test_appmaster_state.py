@@ -480,15 +480,40 @@ def test_a_rescale_checkpoints_then_goes_on_from_that_checkpoint_in_a_new_epoch_
     m.validate()
 
 
-def test_a_rescale_asked_while_a_checkpoint_is_in_flight_goes_on_from_that_one():
-    """A consistent cut completed after the request all the same: one checkpoint less to wait for."""
+def test_a_rescale_asked_while_a_checkpoint_is_in_flight_parks_the_tasks_at_the_next_one():
+    """The barriers of the one in flight may have passed without asking the tasks to park:
+    the next one, triggered as soon as it completes, parks them; the processors not
+    rescaled go on in place from it."""
     m = machine()
     running(m)
     [trigger] = of(cp.TriggerCheckpoint, m.tick(5))  # a periodic one
+    assert not trigger.park
     assert not of(cp.TriggerCheckpoint, m.rescale_requested(5, {1: 4}, 5.1))
-    [deploy] = of(Deploy, checkpoint_all(m, 5.5))
-    assert deploy.restore.checkpoint_id == trigger.checkpoint_id and deploy.parallelism == ((1, 4),)
+    out = checkpoint_all(m, 5.5)
     m.validate()
+    assert not of(Deploy, out)
+    [parking] = of(cp.TriggerCheckpoint, out)
+    assert parking.park and parking.checkpoint_id == trigger.checkpoint_id + 1
+    [deploy] = of(Deploy, checkpoint_all(m, 6))
+    m.validate()
+    assert deploy.restore.checkpoint_id == parking.checkpoint_id and deploy.parallelism == ((1, 4),)
+    assert deploy.kept == tuple(t for t in m.tasks if t[0] != 1) and deploy.kept
+
+
+def test_a_failed_parking_checkpoint_rolls_the_app_back_and_answers_the_rescale():
+    """The tasks parked at it: nothing would move them on but a new epoch."""
+    m = machine()
+    running(m)
+    epoch = m.epoch
+    [parking] = of(cp.TriggerCheckpoint, m.rescale_requested(5, {1: 4}, 1))
+    assert parking.park
+    out = m.checkpoint_declined(parking.checkpoint_id, m.epoch, m.tasks[0], "disk full", 2)
+    m.validate()
+    [answer] = of(AnswerRescale, out)
+    assert "not done" in answer.error and "disk full" in answer.error
+    [deploy] = of(Deploy, out)  # every executor lives: the rollback deploys at once, every task restarted
+    assert m.phase is Phase.DEPLOYING and deploy.epoch == m.epoch == epoch + 1 and not deploy.kept
+    assert m.parallelism[1] != 4 and m.restarts == 1
 
 
 def rescaling(request_id: int, parallelism: dict[int, int]) -> tuple[AppMasterState, Deploy]:
@@ -556,6 +581,10 @@ def test_a_rescale_whose_checkpoint_fails_or_that_a_failure_overtakes_is_answere
     out = m.checkpoint_declined(m.coordinator.in_flight, 0, SRC0, "state cannot be serialised", 2)
     [answer] = of(AnswerRescale, out)
     assert "not done: its checkpoint 1 failed" in answer.error and m.tasks == tuple(TASKS)
+    assert of(Deploy, out) and m.phase is Phase.DEPLOYING  # the tasks parked at it: the app rolls back
+    m.deployed(m.epoch, 3)
+    for executor in m.live_executors():
+        m.executor_heartbeat(executor.executor_id, 3.4)
     assert of(cp.TriggerCheckpoint, m.tick(3.5))  # checkpoints go on
     m.validate()
     checkpoint_all(m, 3.6)
@@ -591,16 +620,23 @@ def test_a_rescale_whose_checkpoint_is_the_final_one_is_not_done():
     m.validate()
 
 
-def test_a_savepoint_asked_during_the_rescales_checkpoint_delays_the_rescale_to_the_next_one():
+def test_a_savepoint_asked_during_the_rescales_checkpoint_is_taken_once_the_rescaled_tasks_run():
+    """The tasks are parked at the rescale's checkpoint: nothing is triggered before the
+    new epoch runs, and the savepoint's checkpoint is the first after it."""
     m = machine()
     running(m)
     m.rescale_requested(1, {1: 3}, 1)
-    m.savepoint_requested(7, False, 1.5)  # its checkpoint goes right after the rescale's
+    m.savepoint_requested(7, False, 1.5)
     out = checkpoint_all(m, 2)
-    assert not of(Deploy, out) and not of(AnswerRescale, out)
-    assert of(cp.TriggerCheckpoint, out)  # the savepoint's
-    [deploy] = of(Deploy, checkpoint_all(m, 3))
-    assert deploy.restore.checkpoint_id == 2
+    [deploy] = of(Deploy, out)
+    assert deploy.restore.checkpoint_id == 1 and not of(cp.TriggerCheckpoint, out)
+    assert not of(cp.TriggerCheckpoint, m.tick(2.1))
+    out = m.deployed(m.epoch, 2.2) + m.tick(2.3)
+    assert of(AnswerRescale, out) == [AnswerRescale(1)]
+    [trigger] = of(cp.TriggerCheckpoint, out)
+    assert trigger.checkpoint_id == 2 and not trigger.park
+    [answer] = of(AnswerSavepoint, checkpoint_all(m, 2.5))
+    assert answer.request_id == 7 and answer.meta.checkpoint_id == 2
     m.validate()
 
 

@@ -636,3 +636,86 @@ def test_a_checkpoint_abandoned_while_its_record_is_written_keeps_its_snapshots_
     c.tick(now=4)
     assert complete(c, 3, now=4) == [NotifyComplete(3, 1, False), PruneCheckpoints((1, 2))]
     c.check_invariants()
+
+
+# -- parking checkpoints (a rescale's) ---------------------------------------------------------
+
+def parked(interval_s: float = 10) -> CheckpointCoordinator:
+    """A coordinator whose parking checkpoint 1 (requested at 1) completed at 2."""
+    c = coordinator(interval_s=interval_s, timeout_s=100)
+    assert c.request(1, park=True) == [TriggerCheckpoint(1, 0, (SRC,), park=True)]
+    c.check_invariants()
+    assert complete(c, 1, now=2) == [NotifyComplete(1, 0, False)]
+    c.check_invariants()
+    return c
+
+
+def test_after_a_parking_checkpoint_no_tick_triggers_until_the_restart():
+    c = parked(interval_s=10)
+    assert all(c.tick(now=t) == [] for t in (11, 12, 50, 500))
+    c.check_invariants()
+    assert c.restart(epoch=1, now=600) == []
+    assert c.tick(now=609.9) == []
+    assert c.tick(now=610) == [TriggerCheckpoint(2, 1, (SRC,))]  # the interval goes on, not parking
+    c.check_invariants()
+
+
+def test_after_a_parking_checkpoint_a_request_waits_for_the_restart_and_does_not_park():
+    """The tasks are parked: a savepoint's checkpoint is taken once the new epoch runs."""
+    c = parked()
+    assert c.request(3) == [] and c.tick(now=4) == []
+    c.check_invariants()
+    c.restart(epoch=1, now=5)
+    assert c.tick(now=5.1) == [TriggerCheckpoint(2, 1, (SRC,))]
+    c.check_invariants()
+
+
+def test_after_a_parking_checkpoint_the_last_task_ending_triggers_nothing():
+    c = parked()
+    assert [c.task_ended(task, now=3) for task in TASKS] == [[], [], []]
+    assert c.tick(now=4) == []
+    c.check_invariants()
+    c.restart(epoch=1, now=5)  # the ends were of the epoch before
+    assert c.tick(now=6) == [] and c.ended == frozenset()
+    c.check_invariants()
+
+
+def test_a_failed_parking_checkpoint_triggers_nothing_more_until_the_restart():
+    c = coordinator(interval_s=1, timeout_s=100)
+    c.request(1, park=True)
+    assert c.decline(1, 0, MAP0, "disk full", now=2) == [AbandonCheckpoint(1, "declined by (1, 0): disk full")]
+    assert c.tick(now=50) == [] and c.request(51) == []
+    c.check_invariants()
+    c.restart(epoch=1, now=52)
+    assert c.tick(now=52.1) == [TriggerCheckpoint(2, 1, (SRC,))]
+    c.check_invariants()
+
+
+def test_a_parking_checkpoint_is_retriggered_with_park():
+    c = coordinator(interval_s=10, timeout_s=100)
+    c.request(1, park=True)
+    assert c.tick(now=2) == [RetriggerCheckpoint(1, 0, park=True)]
+    c.check_invariants()
+
+
+def test_a_parking_request_while_one_is_in_flight_parks_the_next_one():
+    c = coordinator(interval_s=10, timeout_s=100)
+    assert c.tick(now=10) == [TriggerCheckpoint(1, 0, (SRC,))]
+    assert c.request(11, park=True) == []
+    assert c.tick(now=12) == [RetriggerCheckpoint(1, 0)]  # the one in flight does not park
+    assert complete(c, 1, now=13) == [NotifyComplete(1, 0, False), TriggerCheckpoint(2, 0, (SRC,), park=True)]
+    c.check_invariants()
+
+
+def test_the_final_checkpoint_never_parks():
+    """Once every task ended the app ends: nothing would unpark the tasks."""
+    c = coordinator(interval_s=10, timeout_s=100)
+    c.tick(now=10)
+    assert c.request(11, park=True) == []
+    for task in TASKS:
+        c.task_ended(task, now=12)
+    [_, final] = complete(c, 1, now=13)
+    assert final == TriggerCheckpoint(2, 0, (SRC,), park=False)
+    c.check_invariants()
+    assert complete(c, 2, now=14, ended=True) == [NotifyComplete(2, 0, True)]
+    c.check_invariants()

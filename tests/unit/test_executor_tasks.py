@@ -24,7 +24,9 @@ from gearbus.runtime.executor_tasks import (
     ReportEnded,
     ReportFailed,
     ReportFinished,
+    ResumeTasks,
     RetireTasks,
+    RewireTasks,
     LaunchRefused,
     StartTasks,
     StopTask,
@@ -324,3 +326,115 @@ def test_any_ordering_keeps_the_invariants(rnd, steps):
             elif isinstance(instruction, Exit):
                 exits += 1
                 assert exits == 1
+
+
+# -- keeping parked tasks running (a rescale of other processors) -------------------------------
+
+SINK1 = TaskId(1, 1)
+
+
+def parked(m: ExecutorTasks, task: TaskId, epoch: int, checkpoint_id: int, park: bool = True) -> None:
+    """``task`` snapshots ``checkpoint_id`` (parking after it, unless ``park`` is False) and acks it."""
+    taken = Snapshot(checkpoint_id, None, False, [], 0, park=park)
+    assert m.snapshot_taken(task, epoch, taken) == [StoreSnapshot(task, epoch, taken)]
+    m.snapshot_stored(task, epoch, checkpoint_id, 10, False)
+    m.validate()
+
+
+def rescaling(epoch: int, keep=(SOURCE,), checkpoint_id: int = 3) -> LaunchTasks:
+    """The sink rescaled to two tasks from ``checkpoint_id``, the tasks in ``keep`` kept running."""
+    return LaunchTasks([SOURCE, SINK, SINK1], "d", epoch=epoch, restore_checkpoint=checkpoint_id,
+                       keep_running=list(keep))
+
+
+def test_a_parking_trigger_asks_the_sources_to_park():
+    m = running()
+    assert m.trigger(0, 3, park=True) == [InjectBarrier((SOURCE,), 3, True)]
+    m.validate()
+
+
+def test_a_launch_keeping_a_parked_task_retires_the_others_rewires_it_opens_and_commits_its_checkpoint():
+    m = running(0)
+    parked(m, SOURCE, 0, 3)
+    parked(m, SINK, 0, 3)
+    assert m.launch(rescaling(1), [SOURCE]) == [RetireTasks((SINK,)), RewireTasks((SOURCE,), 1),
+                                                OpenTasks(rescaling(1)), Commit(SOURCE, 3, False)]
+    m.validate()
+    assert m.phase(SOURCE) is Phase.RUNNING and m.phase(SINK) is Phase.OPENING and m.epoch == 1
+    assert m.checkpoint_complete(0, 3, False) == [] and m.checkpoint_complete(1, 3, False) == []  # asked once
+    m.opened(1)
+    m.validate()
+    assert m.start_all() == [StartTasks((SINK, SINK1)), ResumeTasks((SOURCE,))]
+    m.validate()
+    assert m.start_all() == []
+    assert m.trigger(1, 4) == [InjectBarrier((SOURCE,), 4)]  # still the source, in the new epoch
+    m.validate()
+
+
+def test_a_kept_task_already_told_to_commit_its_checkpoint_is_not_told_again():
+    m = running(0)
+    parked(m, SOURCE, 0, 3)
+    assert m.checkpoint_complete(0, 3, False) == [Commit(SOURCE, 3, False)]
+    m.validate()
+    assert m.launch(rescaling(1), [SOURCE]) == [RetireTasks((SINK,)), RewireTasks((SOURCE,), 1),
+                                                OpenTasks(rescaling(1))]
+    m.validate()
+
+
+def test_a_kept_task_that_had_ended_resumes_and_reports_its_end_in_the_new_epoch():
+    m = running(0)
+    assert m.task_ended(SOURCE, 0) == [ReportEnded(SOURCE, 0)]
+    parked(m, SOURCE, 0, 3)
+    m.launch(rescaling(1), [SOURCE])
+    m.validate()
+    m.opened(1)
+    m.validate()
+    assert m.start_all() == [StartTasks((SINK, SINK1)), ResumeTasks((SOURCE,)), ReportEnded(SOURCE, 1)]
+    assert m.phase(SOURCE) is Phase.ENDED
+    m.validate()
+
+
+def _not_parked(m):
+    parked(m, SOURCE, 0, 3, park=False)
+
+
+def _parked_elsewhere(m):
+    parked(m, SOURCE, 0, 2)
+    parked(m, SOURCE, 0, 3, park=False)
+
+
+def _failed(m):
+    parked(m, SOURCE, 0, 3)
+    m.task_done(SOURCE, 0, ERROR, True)
+    m.validate()
+
+
+@pytest.mark.parametrize("before, launching", [
+    (_not_parked, rescaling(1)),
+    (_parked_elsewhere, rescaling(1)),  # parked at 2, not at the checkpoint the launch goes on from
+    (_failed, rescaling(1)),
+    (lambda m: parked(m, SOURCE, 0, 3), rescaling(1, keep=(SOURCE, SINK1))),  # not hosted here
+    (lambda m: parked(m, SOURCE, 0, 3), LaunchTasks([SINK, SINK1], "d", epoch=1, restore_checkpoint=3,
+                                                    keep_running=[SOURCE])),  # not among the launch's tasks
+], ids=["not_parked", "parked_at_another", "failed", "not_hosted", "not_launched"])
+def test_a_launch_keeping_a_task_not_running_here_parked_at_its_checkpoint_is_refused_and_changes_nothing(
+        before, launching):
+    m = running(0)
+    before(m)
+    phase = m.phase(SOURCE)
+    with pytest.raises(LaunchRefused, match="parked at checkpoint 3: it cannot keep them running"):
+        m.launch(launching, [SOURCE])
+    assert m.epoch == 0 and m.phase(SOURCE) is phase and m.phase(SINK) is Phase.RUNNING
+    m.validate()
+
+
+def test_a_task_kept_once_is_not_parked_any_more():
+    m = running(0)
+    parked(m, SOURCE, 0, 3)
+    m.launch(rescaling(1), [SOURCE])
+    m.opened(1)
+    m.start_all()
+    m.validate()
+    with pytest.raises(LaunchRefused, match="does not run tasks 0.0 parked at checkpoint 3"):
+        m.launch(rescaling(2), [SOURCE])
+    m.validate()

@@ -3,7 +3,8 @@
 import pytest
 
 from gearbus import Record
-from gearbus.runtime.frames import DataPlaneError, FrameReader, encode_frame, split_message
+from gearbus.runtime.frames import WHOLE, DataPlaneError, FrameReader, MalformedFrame, encode_frame, split_message
+from shared import values
 
 
 def test_whole_frame_round_trip():
@@ -121,3 +122,20 @@ def test_a_credit_grant_carries_the_receivers_window():
 
     assert decode_credit(encode_credit(3, 1, 7, 42, 5)) == (3, 1, 7, 42, 5)
 
+
+def test_a_parking_barrier_travels_as_an_eleventh_element_true_and_other_frames_keep_ten():
+    parking = encode_frame(3, 1, 7, 2, 500, False, 42, [], park=True)
+    plain = encode_frame(3, 1, 7, 2, 500, False, 42, [])
+    assert values.unpack(parking[1:])[10:] == [True] and len(values.unpack(plain[1:])) == 10
+    _, frame = FrameReader().feed(parking)
+    assert (frame.barrier, frame.park) == (42, True)
+    assert FrameReader().feed(plain)[1].park is False
+
+
+@pytest.mark.parametrize("barrier, extra", [(0, [True]), (42, [False]), (42, [1]), (42, ["yes"]), (42, [None]),
+                                            (42, [True, True])], ids=["no_barrier", "false", "one", "string", "nil",
+                                                                      "twelve_elements"])
+def test_park_anywhere_but_as_an_eleventh_true_on_a_barrier_is_malformed(barrier, extra):
+    data = bytes([WHOLE]) + values.pack([3, 1, 7, 2, 500, False, barrier, [], [], None, *extra])
+    with pytest.raises(MalformedFrame, match="eleventh element"):
+        FrameReader().feed(data)

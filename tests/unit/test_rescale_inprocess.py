@@ -53,6 +53,29 @@ def test_a_keyed_count_rescaled_2_to_4_to_1_mid_stream_commits_exactly_what_a_pl
     engine.state.validate()
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_the_processors_not_rescaled_go_on_in_place_never_restarted(inprocess, tmp_path, seed):
+    """The rescale's checkpoint parks every task: the tasks of the processors not rescaled
+    are rewired for the new epoch and go on, the same objects holding the same state."""
+    out = tmp_path / "counts.jsonl"
+    engine = inprocess(running_counts(out), seed=seed, checkpoint_every=2)
+    seen, rescale = [], engine.rescale
+
+    def watching(steps):
+        seen.append({key: node.task for key, node in engine.nodes.items()})
+        rescale(steps)
+    engine.rescale = watching
+    engine.run(rescale_after_frames={40: {"count": 4}, 160: {"count": 1}})
+    assert committed(out) == EXPECTED and engine.rescales == [AnswerRescale(1), AnswerRescale(2)]
+    count = next(p.id for p in engine.plan.graph.processors if "count" in p.config.get("steps", ()))
+    first, second = seen
+    final = {key: node.task for key, node in engine.nodes.items()}
+    kept = [key for key in first if key[0] != count]
+    assert kept and all(second[key] is first[key] and final[key] is first[key] for key in kept)
+    assert not set(second.values()) & {task for key, task in first.items() if key[0] == count}
+    assert engine.state.restarts == 0
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(when=st.integers(1, 400), parallelism=st.integers(1, 6), seed=st.integers(0, 1000))
 def test_whenever_a_rescale_comes_the_output_is_exactly_once(inprocess, tmp_path_factory, when, parallelism, seed):

@@ -2,11 +2,12 @@
 
 import pytest
 
-from gearbus.api.partitioners import BroadcastPartitioner, CoLocationPartitioner, HashPartitioner
+from gearbus.api.partitioners import BroadcastPartitioner, CoLocationPartitioner, HashPartitioner, key_owner
 from gearbus.api.task import Record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import ChainedEdge, FilterOp, MapOp, StepError
 from gearbus.runtime.core import End, Flush, Snapshot
+from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DEBLOAT_TARGET_MS, DataPlaneConfig, Sender
 from gearbus.runtime.snapshots import TaskSnapshot
 
@@ -145,3 +146,46 @@ def test_a_channel_whose_last_frames_are_unconfirmed_and_quiet_is_probed_with_an
     s.finish(WATERMARK_MAX)
     s.probes()
     assert s.probes() == []  # after end-of-stream: never probed
+
+
+def test_a_parking_snapshots_barrier_says_park_to_every_receiver_and_only_the_barrier_does():
+    s = sender()
+    out = s.act(Snapshot(4, TaskSnapshot(4, None, False, 9), False, [Record("k", 0, None)], 9, park=True))
+    assert [(o.frame.barrier, o.frame.park) for o in out] == [(0, False), (0, False), (4, True), (4, True)]
+    assert all(FrameReader().feed(o.data)[1].park == o.frame.park for o in out)  # on the wire as well
+    assert [o.frame.park for o in s.barrier(5)] == [False, False]
+
+
+def test_a_rewired_sender_starts_every_channel_anew_in_the_new_epoch_at_the_new_parallelism():
+    s = sender(parallelism=2)
+    s.send([Record(k, 0, k) for k in range(20)], 5)
+    partitioner = s.ports[0][0]
+    for parallelism, epoch in ((4, 4), (1, 5)):
+        s.rewire(epoch, [(HashPartitioner(), 2, parallelism)])
+        assert sorted(s.channels) == [(2, i) for i in range(parallelism)] and s.ports[0][0] is partitioner
+        out = s.send([Record(k, 0, k) for k in range(20)], 6)
+        assert {o.frame.seq for o in out} == {1} and {o.frame.epoch for o in out} == {epoch}
+        assert len(out) == parallelism  # the watermark to each receiver, records or not
+        assert all(key_owner(r.key, parallelism) == o.channel.receiver[1] for o in out for r in o.frame.records)
+        assert sum(len(o.frame.records) for o in out) == 20
+    assert s.grant(2, 0, 4, 1, 2) is None  # a receiver of the epoch before
+    assert s.grant(2, 0, 5, 1, 2) is s.channels[(2, 0)]
+
+
+def test_a_rewired_sender_keeps_what_its_edge_steps_hold():
+    edge = ChainedEdge([([FilterOp("every_other", EveryOther())], CoLocationPartitioner())])
+    s = Sender(1, 0, 3, [(edge, 2, 1)], DataPlaneConfig())
+    assert frames(s.send([Record("a", 0, None)], 1)) == [((2, 0), 1, 1, False, 0, ["a"])]
+    fresh = ChainedEdge([([FilterOp("every_other", EveryOther())], CoLocationPartitioner())])
+    s.rewire(4, [(fresh, 2, 1)])
+    assert frames(s.send([Record("b", 0, None), Record("c", 0, None)], 2)) == [((2, 0), 1, 2, False, 0, ["c"])]
+
+
+@pytest.mark.parametrize("edges", [[(HashPartitioner(), 7, 2)], [(HashPartitioner(), 2, 2), (HashPartitioner(), 7, 2)],
+                                   []], ids=["another", "one_more", "none"])
+def test_a_sender_rewired_to_other_downstream_processors_is_refused_and_left_as_it_was(edges):
+    s = sender(parallelism=2)
+    channels = dict(s.channels)
+    with pytest.raises(ValueError, match="rewired to other downstream processors"):
+        s.rewire(4, edges)
+    assert s.epoch == 3 and s.channels == channels

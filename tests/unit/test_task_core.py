@@ -9,6 +9,7 @@ from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.core import (DEBLOAT_FRAMES, MIN_WINDOW, DataPlaneError, End, Flush, Frame, Grant, Snapshot,
                                   TaskCore, debloated_window)
 from gearbus.runtime.snapshots import TaskSnapshot
+from gearbus.runtime.source import SourceLoop
 
 A, B = (0, 0), (0, 1)
 
@@ -56,11 +57,11 @@ class Channel:
     def __init__(self, sender, epoch=0):
         self.sender, self.epoch, self.seq = sender, epoch, 0
 
-    def frame(self, values=(), watermark=WATERMARK_MIN, eos=False, barrier=0, timestamps=None):
+    def frame(self, values=(), watermark=WATERMARK_MIN, eos=False, barrier=0, timestamps=None, park=False):
         """``timestamps``: each value's event time (default 1)."""
         self.seq += 1
         records = [Record(v, t) for v, t in zip(values, timestamps or [1] * len(values))]
-        return Frame(*self.sender, self.epoch, self.seq, watermark, eos, barrier, records)
+        return Frame(*self.sender, self.epoch, self.seq, watermark, eos, barrier, records, park)
 
 
 def test_records_then_watermark_then_end_with_the_minimum_over_inputs():
@@ -306,3 +307,132 @@ def test_records_held_when_the_input_ends_go_to_this_code():
     actions = core.receive(A, a.frame([], watermark=WATERMARK_MAX, eos=True))
     assert task.total == 3 and ("batch", [2]) in task.calls and ("watermark", WATERMARK_MAX) in task.calls
     assert actions[-1] == End([Record(3, 150)])  # emitted at the last record's time
+
+
+# --- parking at a rescale's checkpoint ----------------------------------------------------
+
+
+class Waking(Summing):
+    """Wants a wakeup at 50 ms; records its wakeups and polls."""
+
+    def next_wakeup_ms(self):
+        return 50
+
+    def on_wakeup(self, now_ms):
+        self.calls.append(("wakeup", now_ms))
+
+    def poll(self):
+        self.calls.append(("poll",))
+
+
+class Counting(Summing):
+    """A source: each read emits the next number, which is also its watermark."""
+
+    def on_start(self):
+        super().on_start()
+        self.watermark = WATERMARK_MIN
+
+    def read(self, max_records):
+        self.total += 1
+        self.emit(self.total, timestamp=self.total)
+        self.watermark = self.total
+        return 1
+
+
+C = (0, 2)
+
+
+def parked_core(credit=100):
+    """A core over A and B that took [1] and [2] (watermarks 10 and 20), then parked at checkpoint 5."""
+    task, core = make_core(credit=credit)
+    a, b = Channel(A), Channel(B)
+    core.receive(A, a.frame([1], watermark=10))
+    core.receive(B, b.frame([2], watermark=20))
+    core.receive(A, a.frame([], barrier=5, park=True))
+    core.receive(B, b.frame([], barrier=5, park=True))
+    assert core.parked
+    return task, core, a, b
+
+
+def test_a_parking_barrier_parks_the_task_after_its_snapshot_holding_what_comes_after_uncredited():
+    task, core = make_core(credit=2)  # a window of 2: every frame processed is credited
+    a, b = Channel(A), Channel(B)
+    assert core.receive(A, a.frame([1])) == [Grant(A, 1, 2)]
+    core.receive(A, a.frame([], barrier=5, park=True))
+    assert core.receive(A, a.frame([10])) == []  # behind A's barrier while aligning
+    actions = core.receive(B, b.frame([2], barrier=5, park=True))
+    [snapshot] = [x for x in actions if type(x) is Snapshot]
+    assert snapshot.park and snapshot.state.state == 3 and core.parked
+    assert task.total == 3  # the frame held while aligning stays held: not released after the snapshot
+    assert core.receive(A, a.frame([100])) == [] and core.receive(B, b.frame([200])) == []  # held, no grant
+    assert task.total == 3 and core.repeat_grants() == [Grant(A, 2, 2), Grant(B, 1, 2)]  # held ones not counted
+
+
+def test_a_barrier_without_park_does_not_park():
+    _, core = make_core(senders=(A,))
+    [snapshot] = [x for x in core.receive(A, Channel(A).frame([], barrier=5)) if type(x) is Snapshot]
+    assert not snapshot.park and not core.parked
+
+
+def test_a_parked_task_fires_no_wakeup_and_polls_nothing():
+    task = Waking(TaskContext(1, "app", _processor(), 0, 0))
+    task.on_start()
+    core = TaskCore(task, (A,), 4)
+    assert core.next_wakeup_ms() == 50
+    core.receive(A, Channel(A).frame([], barrier=1, park=True))
+    assert core.parked and core.next_wakeup_ms() is None
+    assert core.wakeup(60) == [] and core.poll() == []
+    assert [c for c in task.calls if c[0] in ("wakeup", "poll")] == []
+
+
+def test_a_rewired_task_drops_the_old_epochs_frames_and_takes_the_new_ones_in_order_once_resumed():
+    task, core, a, b = parked_core(credit=2)
+    core.receive(A, a.frame([1000]))  # held while parked: of the old epoch, never processed
+    core.rewire((A, B, C), epoch=1)
+    assert core.receive(A, a.frame([2000])) == [] and core.stale_frames == 1  # the old epoch: dropped
+    a1, b1, c1 = Channel(A, epoch=1), Channel(B, epoch=1), Channel(C, epoch=1)  # sequences start at 1 again
+    assert core.receive(A, a1.frame([3], watermark=30)) == []
+    assert core.receive(C, c1.frame([4], watermark=40)) == []
+    assert core.receive(A, a1.frame([6], watermark=35)) == []
+    assert core.receive(B, b1.frame([5], watermark=50)) == []  # held until resumed, uncredited
+    assert task.total == 3 and core.watermark == 10 and core.parked  # the state and watermark as they were
+    actions = core.resume()
+    assert not core.parked and task.total == 3 + 3 + 6 + 5 + 4
+    assert [c for c in task.calls if c[0] == "batch"][-4:] == [("batch", [3]), ("batch", [6]), ("batch", [5]),
+                                                               ("batch", [4])]  # each channel in order
+    assert Flush([], 35) in actions and core.watermark == 35  # never back below 10 meanwhile
+    assert {x.sender for x in actions if type(x) is Grant} == {A, B, C}
+    assert core.receive(A, a1.frame([7])) == [Grant(A, 3, 2)] and task.total == 28  # no longer held
+
+
+def test_a_rewired_task_aligns_the_next_barrier_over_its_new_senders():
+    task, core, a, b = parked_core()
+    core.rewire((A, C), epoch=1)
+    core.resume()
+    a1, c1 = Channel(A, epoch=1), Channel(C, epoch=1)
+    assert core.receive(A, a1.frame([], barrier=6)) == []
+    [snapshot] = [x for x in core.receive(C, c1.frame([], barrier=6)) if type(x) is Snapshot]
+    assert snapshot.state.state == 3 and snapshot.state.epoch == 1 and not core.parked
+
+
+def test_only_a_parked_task_can_be_rewired():
+    _, core = make_core()
+    with pytest.raises(DataPlaneError, match="rewired while not parked"):
+        core.rewire((A,), epoch=1)
+    assert core.epoch == 0 and set(core.inputs) == {A, B}
+
+
+def test_a_source_parked_by_its_barrier_reads_nothing_until_resumed():
+    task = Counting(TaskContext(1, "app", _processor(), 0, 0))
+    task.on_start()
+    core = TaskCore(task, (), 4)
+    loop = SourceLoop(core, 10)
+    assert loop.step().count == 1
+    loop.inject(2, park=True)
+    step = loop.step()
+    assert step.count == 0 and [(x.checkpoint_id, x.park) for x in step.actions] == [(2, True)]
+    assert core.parked and loop.step() == ([], 0) and task.total == 1  # nothing read
+    core.rewire((), epoch=1)
+    assert loop.step().count == 0 and core.resume() == []
+    step = loop.step()
+    assert step.count == 1 and task.total == 2 and step.actions[0] == Flush([Record(2, 2)], 2)
