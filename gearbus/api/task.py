@@ -57,8 +57,10 @@ class TaskContext:
         """``clock`` and ``request_poll`` come from the driver running the task (see
         :meth:`now_ms` and :attr:`request_poll`)."""
         self.app_id = app_id
-        #: The attempt of the whole application this task belongs to: 0 at the start, n after
-        #: the n-th rollback to a checkpoint. Frames and writes carry it; older ones are dropped.
+        #: The attempt of the whole application this task was opened in: 0 at the start, n after
+        #: the n-th rollback to a checkpoint (or change). Frames and writes carry it; older ones
+        #: are dropped. A task that goes on in place through a rescale of other processors
+        #: keeps the epoch it opened in here; its frames carry the app's current one.
         self.epoch = epoch
         #: The cluster's NATS URLs (empty in the TestRunner): connectors use them by default.
         self.nats_servers: list[str] = list(nats_servers or [])

@@ -449,11 +449,12 @@ class InProcessEngine:
         (it had ended) or its watermark, on its new channels."""
         for task in resume.tasks:
             node = self.nodes[(task.processor, task.index)]
+            ended = node.core.ended
             self._act(node, self._guard(node, node.core.resume))
             self.polls.add(node.key)
-            if node.core.ended:
+            if ended:
                 self._send(node, node.sender.finish(WATERMARK_MAX))
-            else:
+            elif not node.core.ended:
                 self._act(node, [node.core.flush()])
 
     def _stop_before(self, key: TaskKey, epoch: int) -> None:

@@ -361,7 +361,7 @@ class AppMasterState:
         self._report_failing_since: dict[str, float] = {}  # state -> when its report first went unanswered
         self._rescale: _Rescale | None = None  # the change in flight
         self._parked_at = 0  # the parking checkpoint the tasks stop at (a rescale's), until the next epoch
-        self._kept: tuple[TaskKey, ...] = ()  # the tasks the next deployment keeps running (as Deploy's)
+        self._kept: tuple[TaskKey, ...] = ()  # the tasks the deployment under way keeps running (as Deploy's)
         #: processor id -> the version whose code it runs, where not the app as submitted (version 1)
         self.versions: dict[int, int] = dict(versions or {})
         self._drop_state: dict[int, tuple[str, ...]] = dict(drop_state or {})  # as Deploy's
@@ -507,6 +507,7 @@ class AppMasterState:
         if epoch != self.epoch or self.phase is not Phase.DEPLOYING:
             return []
         self._enter(Phase.RUNNING)
+        self._kept = ()
         actions: list[Instruction] = [Logged("app_running", "info", (("epoch", epoch),))]
         if not self._active_reported:
             self._active_reported = True
@@ -630,8 +631,7 @@ class AppMasterState:
         changes = {p: n for p, n in parallelism.items() if self.parallelism[p] != n}
         if not changes:
             raise Refused(ErrorCode.BAD_REQUEST, f"already at {self._parallelisms(parallelism)}: nothing to change")
-        first = self.coordinator.next_id  # not one in flight: its barriers may have passed without parking
-        checkpointing = self._checkpointing(self.coordinator.request(now, park=True), now)
+        first, checkpointing = self._parking_checkpoint(now)
         self._rescale = _Rescale(request_id, changes, first)
         return [Logged("rescale_requested", "info", (("parallelism", self._parallelisms(changes)),))] + checkpointing
 
@@ -639,9 +639,9 @@ class AppMasterState:
     def replace_requested(self, request_id: int, processor: int, version: int, dropped: tuple[str, ...],
                           now: float, at_ms: int = 0, same_state: bool = True) -> list[Instruction]:
         """Run ``processor`` with the code of ``version`` (checked by the shell against the
-        plan: gearbus/runtime/replace.py): a checkpoint now, then every task goes on from it
-        in a new epoch, the processor's with the new code and the state of its steps but
-        ``dropped``. Until a checkpoint covering records it processed completes the new
+        plan: gearbus/runtime/replace.py): a checkpoint that parks the tasks (the next one),
+        then the app goes on from it in a new epoch, the processor's tasks with the new code
+        and the state of its steps but ``dropped``, the others in place. Until a checkpoint covering records it processed completes the new
         code is on trial: a failure of its tasks rolls the processor back to the previous
         version (``AnswerReplace`` says which). Only code whose stateful steps are the old
         one's (``same_state``) may be rolled back from a checkpoint it wrote: other code's
@@ -674,19 +674,18 @@ class AppMasterState:
                                                      f"{latest} already, ahead of its watermark: the old code "
                                                      f"would not count every record before {at_ms} alone; ask a "
                                                      "later time")
-        first, checkpointing = self._change_checkpoint(now)
+        first, checkpointing = self._parking_checkpoint(now)
         self._replace = _Replace(request_id, processor, version, self.versions.get(processor, 1), tuple(dropped),
                                  same_state, first, at_ms)
         return [Logged("replace_requested", "info", (("processor", self._named(processor)), ("version", version)))] + \
             checkpointing
 
-    def _change_checkpoint(self, now: float) -> tuple[int, list[Instruction]]:
-        """The checkpoint a change goes on from (the first completed from this id on): the
-        one in flight, a consistent cut completed after the request all the same (one
-        checkpoint less to wait for), else one triggered now."""
-        if self.coordinator.in_flight is not None:
-            return self.coordinator.in_flight, []
-        return self.coordinator.next_id, self._checkpointing(self.coordinator.request(now), now)
+    def _parking_checkpoint(self, now: float) -> tuple[int, list[Instruction]]:
+        """The checkpoint a change goes on from: the next one (the barriers of one in flight
+        may have passed without it), triggered now or right after the one in flight; the
+        tasks park after their snapshots, so the processors the change leaves alone go on
+        in place from it (``Deploy.kept``)."""
+        return self.coordinator.next_id, self._checkpointing(self.coordinator.request(now, park=True), now)
 
     def _one_change_at_a_time(self) -> None:
         if self._rescale is not None:
@@ -967,15 +966,11 @@ class AppMasterState:
         return [Logged("rescaling", "info", logged)] + actions + [self._epoch_record(), self._deployment()]
 
     def _change_from(self, change: _Rescale | _Replace) -> cp.CheckpointMeta | None:
-        """The completed checkpoint ``change`` goes on from, once due (None: not yet). One
-        asked for meanwhile (a savepoint) that went at once becomes the change's instead:
-        nothing may complete after the checkpoint it goes on from."""
+        """The completed checkpoint ``change`` goes on from, once due (None: not yet): its
+        parking checkpoint, after which nothing else is triggered."""
         latest = self.coordinator.latest()
         if latest is None or not change.first_checkpoint or latest.checkpoint_id < change.first_checkpoint \
                 or self.phase is not Phase.RUNNING:
-            return None
-        if self.coordinator.in_flight is not None and not latest.final:
-            change.first_checkpoint = self.coordinator.in_flight
             return None
         return latest
 
@@ -1002,15 +997,15 @@ class AppMasterState:
         tasks = [t for t in self.tasks if t[0] == change.processor]
         if not all(self.watermarks.get(t, change.at_ms - 1) >= change.at_ms for t in tasks):
             return []
-        change.first_checkpoint = self.coordinator.next_id
+        change.first_checkpoint, checkpointing = self._parking_checkpoint(now)
         return [Logged("replace_watermark_passed", "info", (("processor", self._named(change.processor)),
-                                                           ("at_ms", change.at_ms)))] + \
-            self._checkpointing(self.coordinator.request(now), now)
+                                                           ("at_ms", change.at_ms)))] + checkpointing
 
     def _switch_if_due(self, now: float) -> list[Instruction]:
-        """The replacement's checkpoint completed: every task goes on from it in a new epoch,
-        the replaced processor's with the new code (nothing is placed anew); with an event
-        time, first with the old code holding records from it (:meth:`input_watermarks`)."""
+        """The replacement's (parking) checkpoint completed: the app goes on from it in a new
+        epoch, the replaced processor's tasks restored with the new code (nothing is placed
+        anew), the others in place; with an event time, first with the old code holding
+        records from it (:meth:`input_watermarks`)."""
         change = self._replace
         if change is None or change.switched_at or (latest := self._change_from(change)) is None:
             return []
@@ -1025,7 +1020,10 @@ class AppMasterState:
             if change.dropped:
                 self._drop_state = {change.processor: change.dropped}
             event = "replacing"
+        parked = self._parked_at == latest.checkpoint_id
         actions = self._new_epoch(self.epoch + 1, latest, now)
+        if parked:
+            self._kept = tuple(task for task in self.tasks if task[0] != change.processor)
         self._enter(Phase.DEPLOYING)
         logged = (("processor", self._named(change.processor)), ("version", change.version), ("epoch", self.epoch),
                   ("from_checkpoint", latest.checkpoint_id), ("dropped_state", ", ".join(change.dropped)),
@@ -1129,17 +1127,14 @@ class AppMasterState:
                 out += self._savepoints_ended(action.checkpoint_id, None, action.reason)
                 if self._rescale is not None and action.checkpoint_id >= self._rescale.first_checkpoint:
                     out += self._rescale_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
-                if action.checkpoint_id == self._parked_at and self.phase is Phase.RUNNING:
-                    out += self._rollback(f"the tasks parked at checkpoint {action.checkpoint_id}, which failed: "
-                                          f"{action.reason}", "", "recovery", now)
                 change = self._replace
                 if change is not None and not change.switched_at and change.first_checkpoint \
-                        and action.checkpoint_id >= change.first_checkpoint:
-                    if change.holding:  # the records stay held: the next report of the watermark asks again
-                        change.first_checkpoint = 0
-                    else:
-                        out += self._replace_dropped(f"its checkpoint {action.checkpoint_id} failed: "
-                                                     f"{action.reason}")
+                        and action.checkpoint_id >= change.first_checkpoint:  # records held go to the old code
+                    out += self._replace_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
+                failing = any(isinstance(later, cp.FailApplication) for later in actions)  # then it ends, parked
+                if action.checkpoint_id == self._parked_at and self.phase is Phase.RUNNING and not failing:
+                    out += self._rollback(f"the tasks parked at checkpoint {action.checkpoint_id}, which failed: "
+                                          f"{action.reason}", "", "recovery", now)
         return out
 
     def _savepoints_ended(self, checkpoint_id: int, meta: cp.CheckpointMeta | None,

@@ -20,9 +20,9 @@ and resumes when the tasks start (ResumeTasks; one that had ended reports it aga
 the moves::
 
     phase      event                                    -> phase      instructions
-    (new)      launch tasks of a newer epoch            OPENING    RetireTasks(older), RewireTasks, OpenTasks
-    RUNNING,   launch keeps it running (parked)         (same)     RewireTasks [+ Commit]; at start all,
-    ENDED                                                            ResumeTasks [+ ReportEnded]
+    (new)      launch tasks of a newer epoch            OPENING    [RewireTasks], RetireTasks(older), OpenTasks
+    RUNNING,   launch keeps it running (parked)         (same)     RewireTasks, ... [+ Commit after OpenTasks];
+    ENDED                                                            at start all, ResumeTasks [+ ReportEnded]
     OPENING    opened                                   LAUNCHED
     LAUNCHED   start all                                RUNNING    StartTasks
     RUNNING    end of stream passed (or restored ended) ENDED      ReportEnded
@@ -274,7 +274,7 @@ class ExecutorTasks:
         kept = tuple(launch.keep_running)
         unparked = [f"{t.processor}.{t.index}" for t in kept if t not in launch.tasks or t not in self._tasks
                     or self._tasks[t].phase not in (Phase.RUNNING, Phase.ENDED)
-                    or self._tasks[t].parked != launch.restore_checkpoint]
+                    or not self._tasks[t].parked or self._tasks[t].parked != launch.restore_checkpoint]
         if unparked:
             raise LaunchRefused(f"does not run tasks {', '.join(unparked)} parked at checkpoint "
                                 f"{launch.restore_checkpoint}: it cannot keep them running")
@@ -290,8 +290,9 @@ class ExecutorTasks:
             if state.commit_asked < launch.restore_checkpoint <= state.acked:  # its CheckpointComplete may be late
                 state.commit_asked = launch.restore_checkpoint
                 commits.append(Commit(task, launch.restore_checkpoint, False))
-        rewire: list[Instruction] = [RewireTasks(kept, launch.epoch)] if kept else []
-        return retire + rewire + [OpenTasks(launch)] + commits
+        rewire: list[Instruction] = [RewireTasks(kept, launch.epoch)] if kept else []  # first: in the new
+        # epoch before the shell awaits the retirement, so none of their reports meanwhile goes unheard
+        return rewire + retire + [OpenTasks(launch)] + commits
 
     def opened(self, epoch: int) -> None:
         """The runners of ``epoch`` are open: they can start."""

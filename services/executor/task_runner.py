@@ -295,8 +295,8 @@ class TaskRunner:
                 return
             if count:
                 await asyncio.sleep(0)  # let the executor's other tasks run between batches
-            elif not source.barriers:  # nothing to read now, or the task is full
-                await self._wait_for_wake(self.task.source.idle_wait_s())
+            elif not source.barriers:  # nothing to read now, or the task is full or parked
+                await self._wait_for_wake(None if self.core.parked else self.task.source.idle_wait_s())
 
     async def _source_step(self) -> int | None:
         """One step of the source loop, carried out; the records it read (None: the source
@@ -367,7 +367,7 @@ class TaskRunner:
             except asyncio.TimeoutError:
                 pass
             await self._due()
-            if loop.time() >= grants_at:
+            if loop.time() >= grants_at and not self.core.parked:
                 grants_at = loop.time() + IDLE_GRANT_S
                 await self._act(self.core.repeat_grants())
 
@@ -387,11 +387,14 @@ class TaskRunner:
         :meth:`Sender.probes`)."""
         if self.resume_due:
             self.resume_due, self.polls_due = False, True  # results that came while parked
+            ended = self.core.ended
             await self._act(self.core.resume())
-            if self.core.ended:  # its new receivers hear the end again
+            if ended:  # its new receivers hear the end again
                 await self.outputs.publish(self.outputs.sender.finish(WATERMARK_MAX))
-            else:
+            elif not self.core.ended:
                 await self._flush()  # and its watermark
+        if self.core.parked:  # it sends nothing: the loop only ever waits, so a rewire never cuts a send short
+            return
         if (now_s := time.monotonic()) >= self._probe_at:
             self._probe_at = now_s + PROBE_S
             await self.outputs.publish(self.outputs.sender.probes())

@@ -500,6 +500,33 @@ def test_a_rescale_asked_while_a_checkpoint_is_in_flight_parks_the_tasks_at_the_
     assert deploy.kept == tuple(t for t in m.tasks if t[0] != 1) and deploy.kept
 
 
+def test_two_rescales_in_a_row_each_keep_the_other_processors_running():
+    m = machine()
+    running(m)
+    for request_id, (parallelism, now) in enumerate((({1: 4}, 1), ({1: 1}, 3)), start=1):
+        [parking] = of(cp.TriggerCheckpoint, m.rescale_requested(request_id, parallelism, now))
+        m.validate()
+        assert parking.park
+        [deploy] = of(Deploy, checkpoint_all(m, now + 0.5))
+        m.validate()
+        assert deploy.kept == tuple(t for t in m.tasks if t[0] != 1)
+        assert of(AnswerRescale, m.deployed(m.epoch, now + 1)) == [AnswerRescale(request_id)]
+        m.validate()
+    assert m.parallelism[1] == 1 and m.epoch == 2
+
+
+def test_a_parking_checkpoint_failing_once_too_often_ends_the_app_without_a_rollback():
+    coordinator = cp.CheckpointCoordinator(TASKS, [SRC0, SRC1], interval_s=1, timeout_s=5, keep=2,
+                                           max_consecutive_failures=0)
+    m = AppMasterState(TASKS, coordinator, Settings())
+    running(m)
+    [parking] = of(cp.TriggerCheckpoint, m.rescale_requested(5, {1: 4}, 1))
+    out = m.checkpoint_declined(parking.checkpoint_id, m.epoch, m.tasks[0], "disk full", 2)
+    m.validate()
+    assert not of(Deploy, out) and m.phase is Phase.ENDING and m.restarts == 0
+    assert m.outcome.state == AppState.FAILED and "disk full" in m.outcome.error.message
+
+
 def test_a_failed_parking_checkpoint_rolls_the_app_back_and_answers_the_rescale():
     """The tasks parked at it: nothing would move them on but a new epoch."""
     m = machine()
@@ -747,13 +774,26 @@ def test_with_an_event_time_the_old_code_holds_records_until_the_watermark_passe
     assert m.input_watermarks({SINK0: 250, SINK1: 199}, 2) == []
     out = m.input_watermarks({SINK1: 200}, 2)
     [trigger] = of(cp.TriggerCheckpoint, out)
-    # that checkpoint fails: the records stay held, and the next report asks again
-    assert not of(AnswerReplace, m.checkpoint_declined(trigger.checkpoint_id, 1, SRC0, "no", 2))
-    assert m._holding() == ((1, 200),)
-    m.validate()
-    assert of(cp.TriggerCheckpoint, m.input_watermarks({SINK1: 201}, 6))
+    assert trigger.park
     [switch] = of(Deploy, checkpoint_all(m, 6))
     assert switch.hold_from == () and switch.versions == ((1, 2),) and switch.epoch == 2
+    assert switch.kept == tuple(t for t in m.tasks if t[0] != 1)  # the others go on in place
+    m.validate()
+
+
+def test_a_replacement_whose_parking_checkpoint_fails_is_not_taken_over_and_the_app_rolls_back():
+    """The tasks parked at it: the app rolls back to its latest checkpoint, records held
+    for the new code go to the old code (they are processed as the tasks restore)."""
+    m = machine()
+    running(m)
+    replacing(m, 1, at_ms=200)
+    m.deployed(1, 1)
+    [trigger] = of(cp.TriggerCheckpoint, m.input_watermarks({SINK0: 250, SINK1: 201}, 2))
+    out = m.checkpoint_declined(trigger.checkpoint_id, 1, SRC0, "no", 2)
+    [answer] = of(AnswerReplace, out)
+    assert answer.error.startswith(f"version 2 not taken over: its checkpoint {trigger.checkpoint_id} failed")
+    [deploy] = of(Deploy, out)
+    assert deploy.epoch == 2 and deploy.hold_from == () and deploy.versions == () and not deploy.kept
     m.validate()
 
 

@@ -353,11 +353,12 @@ def test_a_parking_trigger_asks_the_sources_to_park():
     m.validate()
 
 
-def test_a_launch_keeping_a_parked_task_retires_the_others_rewires_it_opens_and_commits_its_checkpoint():
+def test_a_launch_keeping_a_parked_task_rewires_it_retires_the_others_opens_and_commits_its_checkpoint():
+    """Rewired first: in the new epoch before the shell awaits the retirement."""
     m = running(0)
     parked(m, SOURCE, 0, 3)
     parked(m, SINK, 0, 3)
-    assert m.launch(rescaling(1), [SOURCE]) == [RetireTasks((SINK,)), RewireTasks((SOURCE,), 1),
+    assert m.launch(rescaling(1), [SOURCE]) == [RewireTasks((SOURCE,), 1), RetireTasks((SINK,)),
                                                 OpenTasks(rescaling(1)), Commit(SOURCE, 3, False)]
     m.validate()
     assert m.phase(SOURCE) is Phase.RUNNING and m.phase(SINK) is Phase.OPENING and m.epoch == 1
@@ -376,7 +377,7 @@ def test_a_kept_task_already_told_to_commit_its_checkpoint_is_not_told_again():
     parked(m, SOURCE, 0, 3)
     assert m.checkpoint_complete(0, 3, False) == [Commit(SOURCE, 3, False)]
     m.validate()
-    assert m.launch(rescaling(1), [SOURCE]) == [RetireTasks((SINK,)), RewireTasks((SOURCE,), 1),
+    assert m.launch(rescaling(1), [SOURCE]) == [RewireTasks((SOURCE,), 1), RetireTasks((SINK,)),
                                                 OpenTasks(rescaling(1))]
     m.validate()
 

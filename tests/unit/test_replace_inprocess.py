@@ -1,6 +1,7 @@
 """Replacing a processor's code in a running app on the test runner: the AppMaster's own
-state machine checkpoints, and every task goes on from that checkpoint in a new epoch, the
-replaced processor's with the new code and the state of the steps it keeps; new code that
+state machine takes a checkpoint that parks the tasks, and the app goes on from it in a new
+epoch, the replaced processor's tasks with the new code and the state of the steps it
+keeps, the others in place; new code that
 fails before its first checkpoint is rolled back. The output stays exactly-once, whenever
 the replacement comes, in whatever order the frames go."""
 
@@ -61,6 +62,12 @@ def switched_once(committed: list[dict]) -> bool:
 def test_a_replaced_step_goes_on_with_its_state_in_the_new_code_exactly_once(inprocess, tmp_path, seed):
     out = tmp_path / "counts.jsonl"
     engine = inprocess(counting(out), seed=seed, checkpoint_every=2)
+    before, replace = {}, engine.replace
+
+    def watching(*change):
+        before.update((key, node.task) for key, node in engine.nodes.items())
+        replace(*change)
+    engine.replace = watching
     engine.run(replace_after_frames={60: ("count", plan(counting(out, version=2), "test"))})
     committed = rows(out)
     assert sorted((r["word"], r["count"]) for r in committed) == EXPECTED
@@ -70,6 +77,8 @@ def test_a_replaced_step_goes_on_with_its_state_in_the_new_code_exactly_once(inp
     assert switched_once(committed)
     counter = next(p.id for p in engine.plan.graph.processors if "count" in p.config.get("steps", ()))
     assert engine.state.versions == {counter: 2} and engine.state.outcome.state == AppState.SUCCEEDED
+    after = {key: node.task for key, node in engine.nodes.items()}  # the other processors went on in place
+    assert all((after[key] is task) == (key[0] != counter) for key, task in before.items())
     engine.state.validate()
 
 
