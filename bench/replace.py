@@ -16,7 +16,8 @@ a new version (bench/state_app.py again: what is measured is the handover, not t
   pause is from the savepoint request until the new app's counting step takes records.
 
 Printed: each pause, the medians, and resubmit / live. A live replacement, as a rescale,
-restarts every task from its checkpoint: the processors not replaced pause too.
+parks every task at its checkpoint: the processors not replaced pause too, and go on in
+place once the new code's tasks run.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from tests.support.cluster import a_compaction_starts, kill_an_executor_after_a_
 from tests.support.nexmark import assert_same_rows, oracle, read_output
 from tests.support.paths import EXAMPLES
 
-EVENTS = 60_000
-CONFIG = GeneratorConfig(seed=11, rate=1_000)  # 60 s of event time: many windows
+EVENTS = 30_000
+CONFIG = GeneratorConfig(seed=11, rate=1_000)  # 30 s of event time: many windows
 
 
 @pytest.mark.timeout(240)

@@ -19,7 +19,7 @@ from tests.support.spark import shared_spark
 
 pytestmark = pytest.mark.spark
 
-N = 100_000  # the batch read's records
+N = 30_000  # the batch read's records: two partitions of more than one Arrow chunk (CHUNK_ROWS) each
 #: the streaming tests' records: several micro-batches each (exactness at N is the batch read's)
 STREAMED = 40_000
 
@@ -84,7 +84,7 @@ def test_split_range_is_contiguous_and_even():
 
 
 
-def test_batch_read_of_100k_records_is_exact(spark, server):
+def test_batch_read_of_30k_records_is_exact(spark, server):
     stream, subject = new_stream(server, "batch")
     data = payloads(0, N)
     before = time.time()
