@@ -36,8 +36,8 @@ settings.load_profile(FULL_PROFILE if os.environ.get("CI") else QUICK_PROFILE)
 
 #: The files that take longest (measured in .ci/run's two workers, 30 s or more), run
 #: first, so that no long test is left running alone at the end (.ci/run hands the tests
-#: out one at a time in this order: --dist loadgroup with no groups, and
-#: --no-loadscope-reorder). The CLI's file, whose tests time
+#: out one at a time in this order, the Spark tests as one unit: --dist loadgroup with
+#: SparkOnOneWorker, and --no-loadscope-reorder). The CLI's file, whose tests time
 #: commands, goes first beside the fuzzing (one core), before any Spark file starts a JVM.
 SLOWEST_FILES = [
     "integration/test_cli.py", "unit/test_fuzz_decoders.py", "integration/test_spark_jetstream.py",
