@@ -20,6 +20,7 @@ from shared.messages import AppState
 from shared import subjects
 from tests.support.cli import gearbus
 from tests.support.cluster import wait_until
+from tests.support.logs import logged
 from tests.support.paths import APPS
 from tests.support.user_counts import (APP, EVENTS, USERS, args, counts, expected_counts, publish, read_at_least,
                                        start_counting)
@@ -89,6 +90,10 @@ async def test_with_an_event_time_events_before_it_are_counted_by_the_old_code_a
     assert final.state == AppState.SUCCEEDED, final.error
     rows = counted_once(output)
     assert [r["n"] for r in rows if r["version"] != (2 if r["n"] >= at else 1)] == []
+    # both epochs (the hold, the switch) restored only the counting processor's tasks: the others went on in place
+    restored = [fields["task_id"] for fields in logged(cluster.log_dir, "task_restored")]
+    assert len(restored) == 4 and all(task.startswith("count") for task in restored), restored
+    assert {fields["epoch"] for fields in logged(cluster.log_dir, "tasks_kept_running")} == {1, 2}
 
 
 async def test_a_relaunched_appmaster_runs_the_replaced_code_and_every_event_is_counted_once(cluster, client,
