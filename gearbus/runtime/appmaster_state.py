@@ -24,7 +24,8 @@ The app moves through these phases (``_ALLOWED`` enforces the table)::
     ROLLING_BACK  every lost task has a registered executor  DEPLOYING     Deploy(epoch)
     RUNNING       a rescale's (or replacement's) checkpoint  DEPLOYING     StoreEpoch, Deploy(epoch + 1) (the new
                     completed                                                tasks divide the old ones' state)
-    RUNNING       a rescale's parking checkpoint failed      ROLLING_BACK  AnswerRescale (not done), as a failure
+    RUNNING       a change's parking checkpoint failed       ROLLING_BACK  AnswerRescale or AnswerReplace (not done),
+                                                               or DEPLOYING  then as any failure (a new epoch)
     DEPLOYING     an executor refused a rescale's tasks      ROLLING_BACK  AnswerRescale (undone: the old
                                                                or DEPLOYING  parallelism), as a failure
     RUNNING       every task finished                        ENDING        EndApp(SUCCEEDED), ReportState
