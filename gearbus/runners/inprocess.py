@@ -445,17 +445,11 @@ class InProcessEngine:
             node.sender.rewire(rewire.epoch, edges_of(graph, processor))
 
     def _resume(self, executor_id: int, resume: lifecycle.ResumeTasks) -> None:
-        """As a task loop resumes: what came meanwhile, results that came, then the end again
-        (it had ended) or its watermark, on its new channels."""
+        """As a task loop resumes: what came meanwhile, then results that came."""
         for task in resume.tasks:
             node = self.nodes[(task.processor, task.index)]
-            ended = node.core.ended
             self._act(node, self._guard(node, node.core.resume))
             self.polls.add(node.key)
-            if ended:
-                self._send(node, node.sender.finish(WATERMARK_MAX))
-            elif not node.core.ended:
-                self._act(node, [node.core.flush()])
 
     def _stop_before(self, key: TaskKey, epoch: int) -> None:
         """Stop the task of ``key`` if it runs an epoch before ``epoch``: one executor may

@@ -214,10 +214,15 @@ class TaskCore:
         self.aligning, self.arrived = NO_BARRIER, 0
 
     def resume(self) -> list:
-        """A parked task goes on: what came meanwhile (of its rewired epoch) first."""
-        self.parked = False
+        """A parked task goes on: what came meanwhile (of its rewired epoch) first; then its
+        new receivers hear its end again (it had ended), or its watermark."""
+        ended, self.parked = self.ended, False
         actions: list = []
         self._release_held(actions)
+        if ended:
+            actions.append(End([]))
+        elif not self.ended:  # (one the held frames ended has sent its end)
+            actions.append(self.flush())
         return actions
 
     def advance_source(self, watermark: int) -> list:

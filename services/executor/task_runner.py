@@ -98,7 +98,8 @@ class TaskRunner:
         self.core = TaskCore(self.task, senders, config.credit_frames, epoch,
                              max_depth=MAX_DEPTH if config.incremental_checkpoints else 0,
                              debloat_target_ms=config.debloat_target_ms, hold_from=hold_from)
-        self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, epoch, edges_of(graph, self.processor), config)
+        self.outputs = Outputs(nc, app_id, self.processor.id, task_id.index, epoch, edges_of(graph, self.processor),
+                               config)
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.inbox_limit = self._inbox_limit(senders)
         self.inbox_bytes = 0
@@ -387,12 +388,7 @@ class TaskRunner:
         :meth:`Sender.probes`)."""
         if self.resume_due:
             self.resume_due, self.polls_due = False, True  # results that came while parked
-            ended = self.core.ended
             await self._act(self.core.resume())
-            if ended:  # its new receivers hear the end again
-                await self.outputs.publish(self.outputs.sender.finish(WATERMARK_MAX))
-            elif not self.core.ended:
-                await self._flush()  # and its watermark
         if self.core.parked:  # it sends nothing: the loop only ever waits, so a rewire never cuts a send short
             return
         if (now_s := time.monotonic()) >= self._probe_at:
