@@ -361,7 +361,6 @@ class AppMasterState:
         self._final_announced: tuple[int, float] | None = None  # the final checkpoint, when last announced
         self._report_failing_since: dict[str, float] = {}  # state -> when its report first went unanswered
         self._rescale: _Rescale | None = None  # the change in flight
-        self._parked_at = 0  # the parking checkpoint the tasks stop at (a rescale's), until the next epoch
         self._kept: tuple[TaskKey, ...] = ()  # the tasks the deployment under way keeps running (as Deploy's)
         #: processor id -> the version whose code it runs, where not the app as submitted (version 1)
         self.versions: dict[int, int] = dict(versions or {})
@@ -799,10 +798,10 @@ class AppMasterState:
         assert all(v > 1 for v in self.versions.values()), self.versions
         assert self._replace is None or not (self._replace.holding and self._replace.switched_at), self._replace
         assert (self.outcome is not None) == (self.phase is Phase.ENDING)
-        assert not self._parked_at or self.phase in (Phase.RUNNING, Phase.ENDING) and (
+        assert not self.coordinator.parked_at or self.phase in (Phase.RUNNING, Phase.ENDING) and (
             self._rescale is not None or self.phase is Phase.ENDING or self.coordinator.latest() is not None
             and self.coordinator.latest().final), "tasks parked with no change to take them on"
-        assert set(self._kept) <= set(self.tasks) and not (self._kept and self._parked_at), self._kept
+        assert set(self._kept) <= set(self.tasks) and not (self._kept and self.coordinator.parked_at), self._kept
 
     # -- transitions ----------------------------------------------------------------------
 
@@ -889,11 +888,15 @@ class AppMasterState:
         orphaned = self._unhosted()
         return actions + (self._new_executor(orphaned, avoid) if orphaned else self._deploy_if_placed())
 
-    def _new_epoch(self, epoch: int, restore: cp.CheckpointMeta | None, now: float) -> list[Instruction]:
+    def _new_epoch(self, epoch: int, restore: cp.CheckpointMeta | None, now: float,
+                   changed: Iterable[int] | None = None) -> list[Instruction]:
         """Every task goes on from ``restore`` in ``epoch`` (a rollback, a rescale, a
-        replacement): what was in flight is dropped, and no task has finished yet."""
+        replacement): what was in flight is dropped, and no task has finished yet. A
+        change's (``changed``: its processors) from the checkpoint the tasks parked at keeps
+        every other processor's tasks running (``Deploy.kept``); any other restarts them all."""
         self.epoch = epoch
-        self._parked_at, self._kept = 0, ()
+        parked = changed is not None and restore is not None and restore.checkpoint_id == self.coordinator.parked_at
+        self._kept = tuple(task for task in self.tasks if task[0] not in set(changed)) if parked else ()
         actions = self._checkpointing(self.coordinator.restart(epoch, now), now)
         self._restore, self.unfinished, self.watermarks = restore, set(self.tasks), {}
         return actions
@@ -956,11 +959,8 @@ class AppMasterState:
         if latest.final:
             return self._rescale_dropped("the app's tasks have ended")
         change.previous = {p: self.parallelism[p] for p in change.parallelism}
-        parked = self._parked_at == latest.checkpoint_id
         self._retask(change.parallelism)
-        actions = self._new_epoch(self.epoch + 1, latest, now)
-        if parked:
-            self._kept = tuple(task for task in self.tasks if task[0] not in change.parallelism)
+        actions = self._new_epoch(self.epoch + 1, latest, now, change.parallelism)
         logged = (("parallelism", self._parallelisms(change.parallelism)), ("epoch", self.epoch),
                   ("from_checkpoint", latest.checkpoint_id), ("tasks_kept_running", len(self._kept)))
         self._enter(Phase.DEPLOYING)
@@ -1021,10 +1021,7 @@ class AppMasterState:
             if change.dropped:
                 self._drop_state = {change.processor: change.dropped}
             event = "replacing"
-        parked = self._parked_at == latest.checkpoint_id
-        actions = self._new_epoch(self.epoch + 1, latest, now)
-        if parked:
-            self._kept = tuple(task for task in self.tasks if task[0] != change.processor)
+        actions = self._new_epoch(self.epoch + 1, latest, now, (change.processor,))
         self._enter(Phase.DEPLOYING)
         logged = (("processor", self._named(change.processor)), ("version", change.version), ("epoch", self.epoch),
                   ("from_checkpoint", latest.checkpoint_id), ("dropped_state", ", ".join(change.dropped)),
@@ -1106,8 +1103,6 @@ class AppMasterState:
         the tasks parked: the app rolls back."""
         out: list[Instruction] = []
         for action in actions:
-            if isinstance(action, cp.TriggerCheckpoint) and action.park:
-                self._parked_at = action.checkpoint_id
             if isinstance(action, cp.FailApplication):  # taken here: the app ends
                 out += self._end(AppState.FAILED, AppError("CheckpointsFailing", action.reason,
                                                            "checkpoint coordinator"))
@@ -1133,7 +1128,7 @@ class AppMasterState:
                         and action.checkpoint_id >= change.first_checkpoint:  # records held go to the old code
                     out += self._replace_dropped(f"its checkpoint {action.checkpoint_id} failed: {action.reason}")
                 failing = any(isinstance(later, cp.FailApplication) for later in actions)  # then it ends, parked
-                if action.checkpoint_id == self._parked_at and self.phase is Phase.RUNNING and not failing:
+                if action.checkpoint_id == self.coordinator.parked_at and self.phase is Phase.RUNNING and not failing:
                     out += self._rollback(f"the tasks parked at checkpoint {action.checkpoint_id}, which failed: "
                                           f"{action.reason}", "", "recovery", now)
         return out

@@ -327,7 +327,7 @@ class CheckpointCoordinator:
         self._finished = False  # a final checkpoint completed: nothing more to checkpoint
         self._requested = False  # a checkpoint was asked for (a savepoint): trigger when idle
         self._park_requested = False  # the next checkpoint parks the tasks (a change's)
-        self._parked = False  # a parking checkpoint was triggered: nothing more until restart()
+        self._parked_at = 0  # the parking checkpoint triggered: nothing more until restart()
         self._failed = False  # FailApplication was emitted: terminal
         self._consecutive_failures = 0
         self._completed_count = 0
@@ -349,6 +349,12 @@ class CheckpointCoordinator:
     def in_flight(self) -> int | None:
         """The id of the checkpoint in flight or being stored, if any."""
         return self._pending.checkpoint_id if self._pending else None
+
+    @property
+    def parked_at(self) -> int:
+        """The parking checkpoint this epoch's tasks stop at (triggered; completed, failed or
+        in flight), until the next epoch; 0: none."""
+        return self._parked_at
 
     @property
     def ended(self) -> frozenset[TaskKey]:
@@ -399,7 +405,8 @@ class CheckpointCoordinator:
             return []
         if self._final_due():
             return self._trigger(now)  # regardless of the interval
-        if self.interval_s > 0 and not self._finished and not self._parked and now - self._timer_from >= self.interval_s:
+        if self.interval_s > 0 and not self._finished and not self._parked_at \
+                and now - self._timer_from >= self.interval_s:
             return self._trigger(now)
         return []
 
@@ -563,7 +570,7 @@ class CheckpointCoordinator:
         self.epoch = epoch
         self._ended.clear()
         self._finished = False
-        self._parked = self._park_requested = False
+        self._parked_at, self._park_requested = 0, False
         self._timer_from = now
         return actions
 
@@ -619,7 +626,7 @@ class CheckpointCoordinator:
 
     def _final_due(self) -> bool:
         """The final checkpoint, or a requested one, is due (and nothing is in flight)."""
-        return (not self._failed and not self._finished and self._pending is None and not self._parked
+        return (not self._failed and not self._finished and self._pending is None and not self._parked_at
                 and (self._ended == self.tasks or self._requested))
 
     def _final_if_due(self, now: float) -> list[Action]:
@@ -633,7 +640,7 @@ class CheckpointCoordinator:
         self._history.append(CheckpointRecord(self._next_id, self.epoch, Outcome.IN_PROGRESS, now))
         self._next_id += 1
         self._requested = self._park_requested = False
-        self._parked = park
+        self._parked_at = self._pending.checkpoint_id if park else 0
         self._timer_from = now
         return [TriggerCheckpoint(self._pending.checkpoint_id, self.epoch, self.sources, park)]
 
