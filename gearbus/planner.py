@@ -1,21 +1,53 @@
-"""The planner: a DSL Pipeline becomes a processor DAG (gearbus.Application).
+"""The planner: a DSL Pipeline becomes a processor DAG (gearbus.Application), in passes
+that each decide one thing and read alone:
 
-Gearpump's merge rule, kept: a step joins the processor of its input when that input
-has no other consumer, the step has one input, neither is a custom processor, and the
-edge needs no repartitioning. ``group_by`` computes keys at the end of the upstream
-processor and becomes a hash edge; a combinable aggregation over the global window gets
-a map-side combine before that edge, so keys cross the bus rarely.
+1. ``check``: every step can run on the runner, and its settings are valid.
+2. ``chain``: each step joins the processor of its input or starts one. Gearpump's merge
+   rule, kept: a step joins its input's processor when that input has no other consumer,
+   the step has one input, neither is a custom processor, and the edge needs no
+   repartitioning.
+3. ``connect``: each processor's input edges: hash-partitioned by key into what reads a
+   ``group_by`` and into joins, forward (co-located, or round-robin between different
+   parallelisms) otherwise.
+4. ``place_operators``: each processor's chained operators, one per step.
+5. ``key_join_inputs``: each join input keys its records at the end of its processor, or
+   in a processor of its own when others read that input too.
+6. ``combine_map_side``: a combinable aggregation over the global window gets a map-side
+   combine before its hash edge, so keys cross the bus rarely.
+7. ``run_at_senders``: stateless steps that could not chain run at their input's sender.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from gearbus.api.dsl import BasePipeline, Step
+from gearbus.api.dsl import BasePipeline
 from gearbus.api.graph import Application, Graph, GraphError, Processor
 from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, Partitioner, ShufflePartitioner
+from gearbus.api.steps import (
+    Aggregate,
+    Filter,
+    FlatMap,
+    GroupBy,
+    IntervalJoin,
+    Join,
+    KeyedStep,
+    Map,
+    MapAsync,
+    Merge,
+    Process,
+    ProcessKeyed,
+    Sink,
+    Source,
+    StatefulMap,
+    Step,
+    TableJoin,
+    WindowJoin,
+)
 from gearbus.api.windows import GlobalWindows
 from gearbus.runtime.async_map import AsyncMapOp
 from gearbus.runtime.chain import (
@@ -39,28 +71,84 @@ from gearbus.runtime.windows import WindowOperator
 
 DEFAULT_COMBINE_KEYS = 100_000
 RUNNERS = ("test", "local", "cluster")
+HASH_BY_KEY = functools.partial(HashPartitioner, by_key=True)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class JoinInput(Step):
+    """A processor the planner adds to key one input of a join that others read too."""
+
+    kind = "join_input"
 
 
 @dataclass(eq=False)
-class _Segment:
+class Segment:
     """A processor being assembled: its steps and chained operators."""
 
     head: Step
     parallelism: int
     steps: list[Step] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
-    inputs: list[tuple[_Segment, Partitioner]] = field(default_factory=list)
-    processor: Processor | None = None
+    inputs: list[tuple[Segment, Partitioner]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return "+".join(s.name for s in self.steps)
 
 
+@dataclass
+class Layout:
+    """What the passes share: the pipeline's steps with their readers, and the processors
+    so far, in order (a processor's id is its position)."""
+
+    pipeline: BasePipeline
+    consumers: dict[Step, list[Step]] = field(init=False)
+    segments: list[Segment] = field(default_factory=list)
+    segment_of: dict[Step, Segment] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.consumers = {s: [] for s in self.pipeline.steps}
+        for s in self.pipeline.steps:
+            for i in s.inputs:
+                self.consumers[i].append(s)
+
+
+def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
+    """Plan ``pipeline`` for ``runner``; every error names the step it is about."""
+    check(pipeline, runner)
+    layout = Layout(pipeline)
+    chain(layout)
+    connect(layout)
+    place_operators(layout)
+    key_join_inputs(layout)
+    combine_map_side(layout, int(pipeline.config.get("combine_keys", DEFAULT_COMBINE_KEYS)))
+    run_at_senders(layout.segments)
+    app = _application(pipeline, layout.segments)
+    _warn_unnamed_state(pipeline, app)
+    return app
+
+
+def check(pipeline: BasePipeline, runner: str) -> None:
+    """The pipeline has a source and an end; each step, in order, can run on ``runner`` and
+    has valid window settings (the first error found is raised)."""
+    if runner not in RUNNERS:
+        raise GraphError(f"unknown runner {runner!r}; expected one of {', '.join(RUNNERS)}")
+    steps = pipeline.steps
+    if not any(isinstance(s, Source) for s in steps):
+        raise GraphError(f"pipeline {pipeline.name!r} has no source")
+    if not any(isinstance(s, (Sink, Process)) for s in steps):
+        raise GraphError(f"pipeline {pipeline.name!r} has no sink: its results would go nowhere")
+    for step in steps:
+        _check_runner(step, runner)
+        if isinstance(step, Aggregate):
+            _make_window_operator(step)
+        elif isinstance(step, WindowJoin):
+            join_operator(step)
+
+
 def _check_runner(step: Step, runner: str) -> None:
     """A source or sink that only some runners can run says so at plan time."""
-    for key in ("data_source", "data_sink", "late_sink"):
-        connector = step.params.get(key)
+    for connector in (getattr(step, key, None) for key in ("data_source", "data_sink", "late_sink")):
         supported = getattr(connector, "runners", None)
         if supported is not None and runner not in supported:
             raise GraphError(
@@ -69,126 +157,134 @@ def _check_runner(step: Step, runner: str) -> None:
             )
 
 
-def _make_window_operator(step: Step) -> WindowOperator:
-    p = step.params
+def _make_window_operator(step: Aggregate) -> WindowOperator:
     try:
-        return WindowOperator(p["assigner"], p["aggregator"], p["trigger"], p["accumulation"],
-                              p["allowed_lateness_ms"], side_output_late=p["late_sink"] is not None)
+        return WindowOperator(step.assigner, step.aggregator, step.trigger, step.accumulation,
+                              step.allowed_lateness_ms, side_output_late=step.late_sink is not None)
     except (TypeError, ValueError) as exc:
         raise GraphError(f"step {step.name!r}: {exc}") from None
 
 
-def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
-    """Plan ``pipeline`` for ``runner``; every error names the step it is about."""
-    if runner not in RUNNERS:
-        raise GraphError(f"unknown runner {runner!r}; expected one of {', '.join(RUNNERS)}")
-    steps = pipeline.steps
-    if not any(s.kind == "source" for s in steps):
-        raise GraphError(f"pipeline {pipeline.name!r} has no source")
-    if not any(s.kind in ("sink", "process") for s in steps):
-        raise GraphError(f"pipeline {pipeline.name!r} has no sink: its results would go nowhere")
-    consumers: dict[Step, list[Step]] = {s: [] for s in steps}
-    for s in steps:
-        for i in s.inputs:
-            consumers[i].append(s)
-    combine_keys = int(pipeline.config.get("combine_keys", DEFAULT_COMBINE_KEYS))
-    segment_of: dict[Step, _Segment] = {}
-    segments: list[_Segment] = []
-
-    def new_segment(step: Step, parallelism: int) -> _Segment:
-        segment = _Segment(step, parallelism)
-        segments.append(segment)
-        return segment
-
-    def forward(upstream: _Segment, parallelism: int) -> Partitioner:
-        return CoLocationPartitioner() if upstream.parallelism == parallelism else ShufflePartitioner()
-
-    def join_input(join: Step, side: int, input_step: Step, key_fn) -> _Segment:
-        """The processor that keys one input of ``join`` for the hash edge into it: the
-        input's own, unless others read that input too (a self-join, say); then a new one."""
-        upstream = segment_of[input_step]
-        key_op = JoinInputOp(join.name, side, key_fn)
-        if len(consumers[input_step]) == 1 and upstream.head.kind != "process":
-            upstream.ops.append(key_op)
-            return upstream
-        keying = new_segment(Step("join_input", f"{join.name}.{('left', 'right')[side]}", [input_step]),
-                             upstream.parallelism)
-        keying.steps.append(keying.head)
-        keying.inputs.append((upstream, forward(upstream, upstream.parallelism)))
-        keying.ops.append(key_op)
-        return keying
-
-    for step in steps:
-        _check_runner(step, runner)
-        upstream = segment_of.get(step.inputs[0]) if step.inputs else None
-        chainable = (
-            upstream is not None
-            and len(step.inputs) == 1
-            and len(consumers[step.inputs[0]]) == 1
-            and upstream.head.kind != "process"
-            and (step.kind == "group_by" or step.parallelism in (None, upstream.parallelism))
-        )
-        if step.kind == "source":
-            segment = new_segment(step, step.parallelism or 1)
-        elif step.kind == "aggregate":
-            grouped = step.inputs[0]
-            key_segment = segment_of[grouped]
-            segment = new_segment(step, step.parallelism or pipeline.parallelism)
-            params = step.params
-            combinable = (
-                len(consumers[grouped]) == 1
-                and getattr(params["aggregator"], "combinable", False)
-                and isinstance(params["assigner"], GlobalWindows)
-                and params["trigger"] is None
-                and params["late_sink"] is None  # late records must be seen one by one
-            )
-            if combinable:  # the combine takes over group_by's keying and the value steps before it
-                key_op = key_segment.ops.pop()
-                value_ops: list[ValueOp] = []
-                while key_segment.ops and type(key_segment.ops[-1]) in (MapOp, FlatMapOp, FilterOp):
-                    value_ops.insert(0, key_segment.ops.pop())
-                key_segment.ops.append(CombineOp(grouped.name, key_op.fn, step.name, params["aggregator"],
-                                                 combine_keys, value_ops))
-            segment.inputs.append((key_segment, HashPartitioner(by_key=True)))
-            _make_window_operator(step)  # invalid window settings fail now, naming the step
-            segment.ops.append(WindowAggregateOp(step.name, functools.partial(_make_window_operator, step),
-                                                 combinable, params["late_sink"]))
-        elif step.kind == "keyed":
-            segment = new_segment(step, step.parallelism or pipeline.parallelism)
-            segment.inputs.append((segment_of[step.inputs[0]], HashPartitioner(by_key=True)))
-            segment.ops.append(keyed_operator(step))
-        elif step.kind == "join":
-            segment = new_segment(step, step.parallelism or pipeline.parallelism)
-            for side, (input_step, key_fn) in enumerate(zip(step.inputs, step.params["keys"])):
-                segment.inputs.append((join_input(step, side, input_step, key_fn), HashPartitioner(by_key=True)))
-            segment.ops.append(join_operator(step))
-        elif step.kind in ("merge", "process") or not chainable:
-            parallelism = step.parallelism or (
-                max(segment_of[i].parallelism for i in step.inputs) if step.kind == "merge" else upstream.parallelism
-            )
-            segment = new_segment(step, parallelism)
-            for i in step.inputs:  # a keyed process gets its keys' records through a hash edge
-                segment.inputs.append((segment_of[i], HashPartitioner(by_key=True) if i.kind == "group_by"
-                                       else forward(segment_of[i], parallelism)))
-        else:
+def chain(layout: Layout) -> None:
+    """Pass 2: each step joins its input's processor or starts one (see the module's rule)."""
+    pipeline, segment_of = layout.pipeline, layout.segment_of
+    for step in pipeline.steps:
+        upstream = segment_of[step.inputs[0]] if step.inputs else None
+        if _chains_into(step, upstream, layout.consumers):
             segment = upstream
+        else:
+            segment = Segment(step, _parallelism(step, upstream, layout))
+            layout.segments.append(segment)
         segment.steps.append(step)
         segment_of[step] = segment
-        op = _operator(step)
-        if op is not None:
-            segment.ops.append(op)
 
-    _run_at_senders(segments)
+
+def _chains_into(step: Step, upstream: Segment | None, consumers: dict[Step, list[Step]]) -> bool:
+    """Whether ``step`` joins its one input's processor ``upstream``: steps that hold
+    keyed state, merge, run custom code or read several consumers' input start their own."""
+    return (
+        upstream is not None
+        and not isinstance(step, (Source, Aggregate, KeyedStep, Join, Merge, Process))
+        and len(step.inputs) == 1
+        and len(consumers[step.inputs[0]]) == 1
+        and not isinstance(upstream.head, Process)
+        and (isinstance(step, GroupBy) or step.parallelism in (None, upstream.parallelism))
+    )
+
+
+def _parallelism(step: Step, upstream: Segment | None, layout: Layout) -> int:
+    """A new processor's parallelism: the step's own, else a source's 1, a keyed step's the
+    pipeline's, a merge's the largest of its inputs', any other its input's."""
+    if step.parallelism is not None:
+        return step.parallelism
+    if isinstance(step, Source):
+        return 1
+    if isinstance(step, (Aggregate, KeyedStep, Join)):
+        return layout.pipeline.parallelism
+    if isinstance(step, Merge):
+        return max(layout.segment_of[i].parallelism for i in step.inputs)
+    return upstream.parallelism
+
+
+def connect(layout: Layout) -> None:
+    """Pass 3: each processor's input edges, from its first step's inputs. What reads a
+    group_by, and a join, gets its records hash-partitioned by key; anything else forward:
+    each record stays in its task when the parallelisms match, round-robin otherwise."""
+    for segment in layout.segments:
+        for input_step in segment.head.inputs:
+            upstream = layout.segment_of[input_step]
+            if isinstance(segment.head, Join) or isinstance(input_step, GroupBy):
+                partitioner = HASH_BY_KEY()
+            elif upstream.parallelism == segment.parallelism:
+                partitioner = CoLocationPartitioner()
+            else:
+                partitioner = ShufflePartitioner()
+            segment.inputs.append((upstream, partitioner))
+
+
+def place_operators(layout: Layout) -> None:
+    """Pass 4: each processor's operators, one per step that has one (a source reads, a
+    merge unites and a custom processor runs its own Task)."""
+    for segment in layout.segments:
+        segment.ops = [op for op in map(_operator, segment.steps) if op is not None]
+
+
+def key_join_inputs(layout: Layout) -> None:
+    """Pass 5: each input of a join keys its records for the hash edge into the join: at
+    the end of the input's own processor, unless others read that input too (a self-join,
+    say) or it is a custom processor; then in a processor of its own, placed after the
+    join's."""
+    for join_segment in [s for s in layout.segments if isinstance(s.head, Join)]:
+        join = join_segment.head
+        after = layout.segments.index(join_segment) + 1
+        for side, (input_step, key_fn) in enumerate(zip(join.inputs, join.keys)):
+            upstream = layout.segment_of[input_step]
+            key_op = JoinInputOp(join.name, side, key_fn)
+            if len(layout.consumers[input_step]) == 1 and not isinstance(upstream.head, Process):
+                upstream.ops.append(key_op)
+                continue
+            keying = Segment(JoinInput(name=f"{join.name}.{('left', 'right')[side]}", inputs=(input_step,)),
+                              upstream.parallelism)
+            keying.steps.append(keying.head)
+            keying.inputs.append((upstream, CoLocationPartitioner()))
+            keying.ops.append(key_op)
+            layout.segments.insert(after, keying)
+            after += 1
+            join_segment.inputs[side] = (keying, join_segment.inputs[side][1])
+
+
+def combine_map_side(layout: Layout, combine_keys: int) -> None:
+    """Pass 6: an aggregation whose aggregator combines, over the global window, with no
+    early trigger and no late sink (late records must be seen one by one), and the only
+    reader of its group_by, gets a map-side combine: a CombineOp takes over the group_by's
+    keying and the value steps chained before it, and the aggregation merges partials."""
+    for segment in layout.segments:
+        step = segment.head
+        if not isinstance(step, Aggregate):
+            continue
+        grouped = step.inputs[0]
+        if not (len(layout.consumers[grouped]) == 1 and getattr(step.aggregator, "combinable", False)
+                and isinstance(step.assigner, GlobalWindows) and step.trigger is None and step.late_sink is None):
+            continue
+        key_segment = layout.segment_of[grouped]
+        key_op = key_segment.ops.pop()
+        value_ops: list[ValueOp] = []
+        while key_segment.ops and type(key_segment.ops[-1]) in (MapOp, FlatMapOp, FilterOp):
+            value_ops.insert(0, key_segment.ops.pop())
+        key_segment.ops.append(CombineOp(grouped.name, key_op.fn, step.name, step.aggregator, combine_keys, value_ops))
+        segment.ops[0] = _aggregate_operator(step, partial_input=True)
+
+
+def _application(pipeline: BasePipeline, segments: list[Segment]) -> Application:
     graph = Graph()
+    processors = {}
     for segment in segments:
-        segment.processor = _processor(segment)
-        graph.add(segment.processor)
+        processors[segment] = _processor(segment)
+        graph.add(processors[segment])
     for segment in segments:
         for upstream, partitioner in segment.inputs:
-            graph.connect(upstream.processor, segment.processor, partitioner)
-    app = Application(pipeline.name, graph, dict(pipeline.config))
-    _warn_unnamed_state(pipeline, app)
-    return app
+            graph.connect(processors[upstream], processors[segment], partitioner)
+    return Application(pipeline.name, graph, dict(pipeline.config))
 
 
 def _branches(partitioner: Partitioner) -> list[tuple[list[Op], Partitioner]]:
@@ -200,7 +296,7 @@ def _edge(branches: list[tuple[list[Op], Partitioner]]) -> Partitioner:
     return branches[0][1] if len(branches) == 1 and not branches[0][0] else ChainedEdge(branches)
 
 
-def _run_at_senders(segments: list[_Segment]) -> None:
+def run_at_senders(segments: list[Segment]) -> None:
     """Stateless steps that could not chain into their input's processor (several read
     that input, as when one stream is split by kind) run at that input's sender instead.
     A processor of nothing but such steps, read once and with one input of its own
@@ -224,7 +320,7 @@ def _run_at_senders(segments: list[_Segment]) -> None:
             del reader.inputs[index]
         segments.remove(stage)
     for segment in segments:
-        if segment.head.kind != "filter" or not _forward_input(segment):
+        if not isinstance(segment.head, Filter) or not _forward_input(segment):
             continue
         filters = []
         while segment.ops and type(segment.ops[0]) is FilterOp:
@@ -236,17 +332,17 @@ def _run_at_senders(segments: list[_Segment]) -> None:
 STATELESS_OPS = (MapOp, FilterOp, FlatMapOp, KeyByOp, JoinInputOp)
 
 
-def _stateless_stage(segment: _Segment, segments: list[_Segment]) -> bool:
-    """Whether ``segment``'s steps can all run at its input's sender (see _run_at_senders):
+def _stateless_stage(segment: Segment, segments: list[Segment]) -> bool:
+    """Whether ``segment``'s steps can all run at its input's sender (see run_at_senders):
     read once, over one branch (its steps must run once per record, not once per branch)."""
-    if segment.head.kind in ("source", "process") or not _forward_input(segment):
+    if isinstance(segment.head, (Source, Process)) or not _forward_input(segment):
         return False
     reads = [partitioner for r in segments for u, partitioner in r.inputs if u is segment]
     return (len(reads) == 1 and len(_branches(reads[0])) == 1
             and all(type(op) in STATELESS_OPS for op in segment.ops))
 
 
-def _forward_input(segment: _Segment) -> bool:
+def _forward_input(segment: Segment) -> bool:
     """One input, of the segment's parallelism, each of whose records stays in its task:
     what its steps do there, they may do at that input's sender (the parallelism asked
     for a step is kept)."""
@@ -270,57 +366,65 @@ def _warn_unnamed_state(pipeline: BasePipeline, app: Application) -> None:
                       "does: give them name=...", UnnamedStatefulStep, stacklevel=3)
 
 
-def _operator(step: Step) -> Op | None:
-    kind = step.kind
-    if kind == "map":
-        return MapOp(step.name, step.fn)
-    if kind == "map_async":
-        p = step.params
-        return AsyncMapOp(step.name, step.fn, p["concurrency"], p["ordered"], p["timeout_ms"], p["on_timeout"])
-    if kind == "flat_map":
-        return FlatMapOp(step.name, step.fn)
-    if kind == "filter":
-        return FilterOp(step.name, step.fn)
-    if kind == "group_by":
-        return KeyByOp(step.name, step.fn)
-    if kind == "sink":
-        return SinkOp(step.name, step.params["data_sink"])
-    return None  # sources, merges, custom processors and aggregates are placed by plan()
+def _aggregate_operator(step: Aggregate, partial_input: bool) -> WindowAggregateOp:
+    """``partial_input``: its input is a map-side combine's partial aggregates."""
+    return WindowAggregateOp(step.name, functools.partial(_make_window_operator, step), partial_input, step.late_sink)
 
 
-def keyed_operator(step: Step) -> Op:
-    """The operator of a ``keyed`` step (the Spark runner drives it too)."""
-    if step.params["variant"] == "stateful_map":
-        return StatefulMapOp(step.name, step.fn, step.params["ttl_ms"])
-    return KeyedProcessOp(step.name, step.params["function"], step.params["ttl_ms"])
+def keyed_operator(step: KeyedStep) -> Op:
+    """The operator of a keyed-state step (the Spark runner drives it too)."""
+    if isinstance(step, StatefulMap):
+        return StatefulMapOp(step.name, step.fn, step.ttl_ms)
+    return KeyedProcessOp(step.name, step.function, step.ttl_ms)
 
 
-def join_operator(step: Step) -> Op:
-    """The operator of a ``join`` step (the Spark runner drives it too); bad window settings
+def join_operator(step: Join) -> Op:
+    """The operator of a join step (the Spark runner drives it too); bad window settings
     fail here, naming the step."""
-    p = step.params
-    if p["variant"] == "window":
-        make = functools.partial(WindowOperator, p["window"], CoGroup())
+    if isinstance(step, WindowJoin):
+        make = functools.partial(WindowOperator, step.window, CoGroup())
         try:
             make()
         except (TypeError, ValueError) as exc:
             raise GraphError(f"step {step.name!r}: {exc}") from None
-        return WindowJoinOp(step.name, make, p["how"])
-    if p["variant"] == "interval":
-        return IntervalJoinOp(step.name, p["lower_ms"], p["upper_ms"])
-    return TableJoinOp(step.name, p["as_of"], p["ttl_ms"], p["how"], p["table_value"])
+        return WindowJoinOp(step.name, make, step.how)
+    if isinstance(step, IntervalJoin):
+        return IntervalJoinOp(step.name, step.lower_ms, step.upper_ms)
+    return TableJoinOp(step.name, step.as_of, step.ttl_ms, step.how, step.table_value)
 
 
-def _processor(segment: _Segment) -> Processor:
+_OPERATORS: dict[type[Step], Callable[[Any], Op]] = {
+    Map: lambda s: MapOp(s.name, s.fn),
+    MapAsync: lambda s: AsyncMapOp(s.name, s.fn, s.concurrency, s.ordered, s.timeout_ms, s.on_timeout),
+    FlatMap: lambda s: FlatMapOp(s.name, s.fn),
+    Filter: lambda s: FilterOp(s.name, s.fn),
+    GroupBy: lambda s: KeyByOp(s.name, s.key_fn),
+    Sink: lambda s: SinkOp(s.name, s.data_sink),
+    Aggregate: functools.partial(_aggregate_operator, partial_input=False),
+    StatefulMap: keyed_operator,
+    ProcessKeyed: keyed_operator,
+    WindowJoin: join_operator,
+    IntervalJoin: join_operator,
+    TableJoin: join_operator,
+}
+
+
+def _operator(step: Step) -> Op | None:
+    """The chained operator of ``step``; sources, merges, custom processors and join
+    inputs have none (their processor does their part)."""
+    make = _OPERATORS.get(type(step))
+    return make(step) if make is not None else None
+
+
+def _processor(segment: Segment) -> Processor:
     head = segment.head
-    names = [s.name for s in segment.steps]
-    if head.kind == "process":
-        return Processor(head.params["task_class"], segment.parallelism, head.name, head.params["config"])
-    config = {"ops": segment.ops, "steps": names}
-    if head.kind == "source":
-        config["timestamp_fn"] = head.fn
+    if isinstance(head, Process):
+        return Processor(head.task_class, segment.parallelism, head.name, head.config)
+    config = {"ops": segment.ops, "steps": [s.name for s in segment.steps]}
+    if isinstance(head, Source):
+        config["timestamp_fn"] = head.timestamp_fn
         return Processor(ChainSourceTask, segment.parallelism, segment.name, config,
-                         data_source=head.params["data_source"], watermarks=head.params["watermarks"])
+                         data_source=head.data_source, watermarks=head.watermarks)
     return Processor(ChainTask, segment.parallelism, segment.name, config)
 
 

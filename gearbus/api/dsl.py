@@ -20,32 +20,35 @@ import inspect
 import itertools
 import numbers
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gearbus.api.aggregators import Aggregator, Count, Fold, Reduce, Sum
 from gearbus.api.graph import GraphError
 from gearbus.api.keyed import check_keyed_function
 from gearbus.api.joins import JOIN_KINDS, TABLE_MODES, check_key_function
+from gearbus.api.steps import (
+    Aggregate,
+    FlatMap,
+    Filter,
+    GroupBy,
+    IntervalJoin,
+    Map,
+    MapAsync,
+    Merge,
+    Process,
+    ProcessKeyed,
+    Sink,
+    Source,
+    StatefulMap,
+    Join,
+    KeyedStep,
+    Step,
+    TableJoin,
+    WindowJoin,
+)
 from gearbus.api.task import DataSink, DataSource, Task
 from gearbus.api.watermarks import BoundedOutOfOrderness
 from gearbus.api.windows import Accumulation, GlobalWindows, WindowAssigner, checked_millis
-
-
-@dataclass(eq=False)
-class Step:
-    """One node of the logical graph."""
-
-    kind: str  # source, map, map_async, flat_map, filter, group_by, aggregate, keyed, join, merge, process, sink
-    name: str
-    inputs: list[Step]
-    fn: Callable | None = None
-    parallelism: int | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    named: bool = True  # the user gave the name (savepoints match state by step name)
-
-    def __repr__(self) -> str:
-        return f"Step({self.kind} {self.name!r})"
 
 
 class BasePipeline:
@@ -62,12 +65,14 @@ class BasePipeline:
         self._names: set[str] = set()
         self._counters: dict[str, itertools.count] = {}
 
-    def _add(self, kind: str, name: str | None, inputs: list[Step], fn=None, parallelism=None, default: str = "",
-             **params) -> Step:
-        """Add a step; without a name it gets ``default``, the function's name or the
-        kind, made unique with a suffix."""
+    def _add(self, step_type: type[Step], name: str | None, inputs: list[Step], parallelism=None, default: str = "",
+             **fields) -> Step:
+        """Add a step; without a name it gets ``default``, its function's name or its kind,
+        made unique with a suffix."""
+        kind = step_type.kind
         named = name is not None
         if name is None:
+            fn = fields.get("fn")
             base = default or (getattr(fn, "__name__", "") if fn is not None else "")
             base = base if base.isidentifier() and base != "<lambda>" else kind
             counter = self._counters.setdefault(base, itertools.count(1))
@@ -80,9 +85,10 @@ class BasePipeline:
             raise GraphError(f"duplicate step name {name!r}: every step needs a unique name")
         if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
             raise GraphError(f"step {name!r}: parallelism must be an integer >= 1, got {parallelism!r}")
-        if fn is not None and not callable(fn):
-            raise GraphError(f"step {name!r}: {fn!r} is not callable")
-        step = Step(kind, name, inputs, fn, parallelism, params, named)
+        for function in ("fn", "key_fn", "timestamp_fn"):
+            if fields.get(function) is not None and not callable(fields[function]):
+                raise GraphError(f"step {name!r}: {fields[function]!r} is not callable")
+        step = step_type(name=name, inputs=tuple(inputs), parallelism=parallelism, named=named, **fields)
         self._names.add(name)
         self.steps.append(step)
         return step
@@ -110,8 +116,8 @@ class BasePipeline:
             watermarks = BoundedOutOfOrderness(max_out_of_orderness_ms)
         except ValueError as exc:
             raise GraphError(f"source {name or default}: {exc}") from None
-        step = self._add("source", name, [], timestamp_fn, parallelism, default=default, data_source=data_source,
-                         watermarks=watermarks)
+        step = self._add(Source, name, [], parallelism, default, data_source=data_source, watermarks=watermarks,
+                         timestamp_fn=timestamp_fn)
         return self._stream_of(step)
 
 
@@ -122,13 +128,13 @@ class BaseStream:
         self.pipeline = pipeline
         self.step = step
 
-    def _then(self, kind, name, fn=None, parallelism=None, default="", **params) -> BaseStream:
-        return self.pipeline._stream_of(self.pipeline._add(kind, name, [self.step], fn, parallelism, default, **params))
+    def _then(self, step_type: type[Step], name, parallelism=None, default="", **fields) -> BaseStream:
+        return self.pipeline._stream_of(self.pipeline._add(step_type, name, [self.step], parallelism, default, **fields))
 
     def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> BaseStream:
         """Transform each value. A ``parallelism`` other than the input's starts a new
         processor (records are spread round-robin); otherwise the step is chained."""
-        return self._then("map", name, fn, parallelism)
+        return self._then(Map, name, parallelism, fn=fn)
 
     def map_async(self, async_fn: Callable[[Any], Awaitable[Any]], concurrency: int = 100, ordered: bool = True,
                   timeout_ms: float | None = None, on_timeout: Callable[[Any], Any] | None = None,
@@ -161,27 +167,27 @@ class BaseStream:
             if not callable(on_timeout) or _is_async(on_timeout):
                 raise GraphError(f"map_async step {shown!r}: on_timeout must be a plain (not async) function, "
                                  f"got {on_timeout!r}")
-        return self._then("map_async", name, async_fn, None, concurrency=concurrency, ordered=ordered,
-                          timeout_ms=timeout_ms, on_timeout=on_timeout)
+        return self._then(MapAsync, name, fn=async_fn, concurrency=concurrency, ordered=ordered, timeout_ms=timeout_ms,
+                          on_timeout=on_timeout)
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
                  parallelism: int | None = None) -> BaseStream:
-        return self._then("flat_map", name, fn, parallelism)
+        return self._then(FlatMap, name, parallelism, fn=fn)
 
     def filter(self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None) -> BaseStream:
-        return self._then("filter", name, fn, parallelism)
+        return self._then(Filter, name, parallelism, fn=fn)
 
     def group_by(self, key_fn: Callable[[Any], Any], parallelism: int | None = None,
                  name: str | None = None) -> GroupedStream:
         """Partition by ``key_fn(value)``: records with equal keys meet in one task."""
-        return GroupedStream(self._then("group_by", name, key_fn, parallelism, default="group_by"))
+        return GroupedStream(self._then(GroupBy, name, parallelism, default="group_by", key_fn=key_fn))
 
     def merge(self, *others: BaseStream, name: str | None = None) -> BaseStream:
         """The union of this stream and ``others``."""
         for other in others:
             if not isinstance(other, BaseStream) or other.pipeline is not self.pipeline:
                 raise GraphError(f"merge {name or ''}: can only merge streams of the same pipeline")
-        step = self.pipeline._add("merge", name, [self.step] + [o.step for o in others])
+        step = self.pipeline._add(Merge, name, [self.step] + [o.step for o in others])
         return self.pipeline._stream_of(step)
 
     def process(self, task_class: type[Task], parallelism: int | None = None, name: str | None = None,
@@ -189,8 +195,7 @@ class BaseStream:
         """Drop down to a custom low-level Task (its own processor)."""
         if not (isinstance(task_class, type) and issubclass(task_class, Task)):
             raise GraphError(f"process {name or ''}: {task_class!r} is not a gearbus Task subclass")
-        return self._then("process", name, None, parallelism, default=task_class.__name__, task_class=task_class,
-                          config=config)
+        return self._then(Process, name, parallelism, default=task_class.__name__, task_class=task_class, config=config)
 
     # --- joins -----------------------------------------------------------------------
 
@@ -205,7 +210,7 @@ class BaseStream:
             raise GraphError(f"{what}: window must be TumblingWindows, SlidingWindows or SessionWindows, got {window!r}")
         if how not in JOIN_KINDS:
             raise GraphError(f"{what}: how must be one of {', '.join(map(repr, JOIN_KINDS))}, got {how!r}")
-        return self._join(other, "window", name, parallelism, left_key, right_key, window=window, how=how)
+        return self._join(other, WindowJoin, name, parallelism, left_key, right_key, window=window, how=how)
 
     def interval_join(self, other: BaseStream, left_key: Callable[[Any], Any] | None = None,
                       right_key: Callable[[Any], Any] | None = None, lower_ms: int | None = None,
@@ -219,7 +224,7 @@ class BaseStream:
             raise GraphError(f"{what}: {exc}") from None
         if lower > upper:
             raise GraphError(f"{what}: lower_ms ({lower}) must not exceed upper_ms ({upper})")
-        return self._join(other, "interval", name, parallelism, left_key, right_key, lower_ms=lower, upper_ms=upper)
+        return self._join(other, IntervalJoin, name, parallelism, left_key, right_key, lower_ms=lower, upper_ms=upper)
 
     def join_table(self, table: BaseStream, key: Callable[[Any], Any] | None = None,
                    table_key: Callable[[Any], Any] | None = None, as_of: str = "latest", ttl_ms: int | None = None,
@@ -243,32 +248,33 @@ class BaseStream:
             ttl = None if ttl_ms is None else checked_millis("ttl_ms", ttl_ms, 1)
         except ValueError as exc:
             raise GraphError(f"{what}: {exc}") from None
-        return self._join(table, "table", name, parallelism, key, table_key, as_of=as_of, ttl_ms=ttl, how=how,
+        return self._join(table, TableJoin, name, parallelism, key, table_key, as_of=as_of, ttl_ms=ttl, how=how,
                           table_value=table_value)
 
-    def _join(self, other, variant: str, name, parallelism, left_key, right_key, **params) -> BaseStream:
-        what = f"{_JOIN_METHODS[variant]} {name or ''}".strip()
+    def _join(self, other, join_type: type[Join], name, parallelism, left_key, right_key, **fields) -> BaseStream:
+        what = f"{join_type.kind} {name or ''}".strip()
         if not isinstance(other, BaseStream) or other.pipeline is not self.pipeline:
             raise GraphError(f"{what}: can only join a Stream of the same pipeline (not a grouped or windowed "
                              f"stream), got {other!r}")
         step_name = name or what
-        keys = (check_key_function(step_name, "left_key" if variant != "table" else "key", left_key),
-                check_key_function(step_name, "right_key" if variant != "table" else "table_key", right_key))
-        if variant != "table" or params["as_of"] == "event_time":
+        table = join_type is TableJoin
+        keys = (check_key_function(step_name, "key" if table else "left_key", left_key),
+                check_key_function(step_name, "table_key" if table else "right_key", right_key))
+        if not table or fields["as_of"] == "event_time":
             for stream in (self, other):
                 source = _source_without_event_time(stream.step)
                 if source is not None:
                     raise GraphError(
                         f"{what}: joins in event time, but source {source.name!r} stamps records with the time "
                         "they were read: give it timestamp_fn=... (an event time per record)")
-        step = self.pipeline._add("join", name, [self.step, other.step], None, parallelism, default=_JOIN_METHODS[variant],
-                                  variant=variant, keys=keys, **params)
+        step = self.pipeline._add(join_type, name, [self.step, other.step], parallelism, join_type.kind, keys=keys,
+                                  **fields)
         return self.pipeline._stream_of(step)
 
     def sink(self, data_sink: DataSink, parallelism: int = 1, name: str | None = None) -> None:
         if not isinstance(data_sink, DataSink):
             raise GraphError(f"sink {name or ''}: {data_sink!r} is not a gearbus DataSink")
-        self._then("sink", name, None, parallelism, default=type(data_sink).__name__.removesuffix("Sink").lower(),
+        self._then(Sink, name, parallelism, default=type(data_sink).__name__.removesuffix("Sink").lower(),
                    data_sink=data_sink)
 
     def _needs_key(self, what: str):
@@ -299,9 +305,6 @@ class BaseStream:
         self._needs_key("stateful_map(...)")
 
 
-_JOIN_METHODS = {"window": "join", "interval": "interval_join", "table": "join_table"}
-
-
 def _source_without_event_time(step: Step) -> Step | None:
     """A source upstream of ``step`` whose records carry ingestion time, if any."""
     seen, todo = set(), [step]
@@ -310,7 +313,7 @@ def _source_without_event_time(step: Step) -> Step | None:
         if current in seen:
             continue
         seen.add(current)
-        if current.kind == "source" and current.fn is None and not current.params["data_source"].event_time:
+        if isinstance(current, Source) and current.timestamp_fn is None and not current.data_source.event_time:
             return current
         todo.extend(current.inputs)
     return None
@@ -350,7 +353,7 @@ class GroupedStream:
         """Per-key state and timers (see :mod:`gearbus.api.keyed`): ``function`` is a
         KeyedProcessFunction subclass or a plain ``fn(value, ctx)``. ``ttl_ms``: a key's
         state not written for that long (event time) is forgotten."""
-        return self._keyed("process_keyed", name, parallelism, ttl_ms,
+        return self._keyed(ProcessKeyed, name, parallelism, ttl_ms,
                            function=check_keyed_function(name or self.step.name, function))
 
     def stateful_map(self, fn: Callable[[Any, Any], tuple[Any, Any]], ttl_ms: int | None = None,
@@ -359,17 +362,16 @@ class GroupedStream:
         (None at first; returning None as the state forgets the key); emits ``out``."""
         if not callable(fn):
             raise GraphError(f"stateful_map {name or ''} after {self.step.name!r}: {fn!r} is not callable")
-        return self._keyed("stateful_map", name, parallelism, ttl_ms, fn=fn)
+        return self._keyed(StatefulMap, name, parallelism, ttl_ms, fn=fn)
 
-    def _keyed(self, kind: str, name, parallelism, ttl_ms, **params) -> BaseStream:
-        what = f"{kind} {name or ''} after {self.step.name!r}"
+    def _keyed(self, step_type: type[KeyedStep], name, parallelism, ttl_ms, **fields) -> BaseStream:
+        what = f"{step_type.kind} {name or ''} after {self.step.name!r}"
         try:
             ttl = None if ttl_ms is None else checked_millis("ttl_ms", ttl_ms, 1)
         except ValueError as exc:
             raise GraphError(f"{what}: {exc}") from None
-        return self._stream._then("keyed", name, params.pop("fn", None),
-                                  self.step.parallelism if parallelism is None else parallelism, default=kind,
-                                  variant=kind, ttl_ms=ttl, **params)
+        return self._stream._then(step_type, name, self.step.parallelism if parallelism is None else parallelism,
+                                  step_type.kind, ttl_ms=ttl, **fields)
 
     def _global(self) -> WindowedStream:
         return WindowedStream(self, GlobalWindows(), None, Accumulation.DISCARDING, 0, None)
@@ -410,8 +412,8 @@ class WindowedStream:
             raise GraphError(f"aggregate {name or ''}: {aggregator!r} is not a gearbus Aggregator")
         grouped = self._grouped
         return grouped._stream._then(
-            "aggregate", name, None, grouped.step.parallelism, default=_AGGREGATE_NAMES.get(type(aggregator).__name__, type(aggregator).__name__.lower()),
-            aggregator=aggregator, assigner=self.assigner, trigger=self.trigger, accumulation=self.accumulation,
+            Aggregate, name, grouped.step.parallelism,
+            _AGGREGATE_NAMES.get(type(aggregator).__name__, type(aggregator).__name__.lower()), aggregator=aggregator, assigner=self.assigner, trigger=self.trigger, accumulation=self.accumulation,
             allowed_lateness_ms=self.allowed_lateness_ms, late_sink=self.late_sink,
         )
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from gearbus.api import dsl
 from gearbus.api.graph import GraphError
+from gearbus.api.steps import Sink, Step
 from gearbus.connectors.files import CollectionSource, JsonLinesSink, JsonLinesSource, TextFileSource
 from gearbus.connectors.jetstream import JetStreamTransactionalSink
 from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSource
@@ -18,7 +19,7 @@ from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSour
 class Pipeline(dsl.BasePipeline):
     """A logical streaming graph with read steps for every connector gearbus ships."""
 
-    def _stream_of(self, step: dsl.Step) -> Stream:
+    def _stream_of(self, step: Step) -> Stream:
         return Stream(self, step)
 
     def read_text(self, path: str, **kwargs) -> Stream:
@@ -74,7 +75,7 @@ class Stream(dsl.BaseStream):
 
     def write_jsonl(self, path: str, name: str | None = None) -> None:
         """Write each value as a JSON line to one file."""
-        self._then("sink", name, None, 1, default="write_jsonl", data_sink=JsonLinesSink(path))
+        self._then(Sink, name, 1, "write_jsonl", data_sink=JsonLinesSink(path))
 
     def write_jetstream(self, subject: str, *, stream: str | None = None, id_fn: Callable[[Any], Any] | None = None,
                         name: str | None = None, servers: str | list[str] | None = None,
@@ -84,6 +85,6 @@ class Stream(dsl.BaseStream):
         from its position (or ``id_fn(value)``), deduplicated by the stream. ``stream``:
         create that stream if missing. Runs in the tasks of the step before it. ``creds`` as
         for :meth:`Pipeline.read_jetstream`."""
-        self._then("sink", name, None, None, default="write_jetstream",
+        self._then(Sink, name, None, "write_jetstream",
                    data_sink=JetStreamTransactionalSink(subject, stream=stream, id_fn=id_fn, servers=servers,
                                                         creds=creds))

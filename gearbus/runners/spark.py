@@ -39,7 +39,24 @@ from collections.abc import Sequence
 from urllib.parse import urlparse
 
 from gearbus.api.aggregators import Aggregator
-from gearbus.api.dsl import BasePipeline, Step
+from gearbus.api.dsl import BasePipeline
+from gearbus.api.steps import (
+    Aggregate,
+    Filter,
+    FlatMap,
+    GroupBy,
+    IntervalJoin,
+    Map,
+    MapAsync,
+    Merge,
+    ProcessKeyed,
+    Sink,
+    Source,
+    StatefulMap,
+    Step,
+    TableJoin,
+    WindowJoin,
+)
 from gearbus.api.graph import GraphError
 from gearbus.api.task import now_ms
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
@@ -150,19 +167,19 @@ class SparkPlan:
         self.cached: list = []   # RDDs persisted for this run, released after it
         self.ingestion_ms = now_ms()
         for step in pipeline.steps:
-            translate = TRANSLATIONS.get(step.kind)
+            translate = TRANSLATIONS.get(type(step))
             if translate is None:
                 raise GraphError(f"step {step.name!r} ({step.kind}) cannot run on the spark runner")
             translate(self, step)
-        early = [s.name for s in pipeline.steps if s.kind == "aggregate" and s.params.get("trigger") is not None]
+        early = [s.name for s in pipeline.steps if isinstance(s, Aggregate) and s.trigger is not None]
         if early:
             warn(f"spark runner: early triggers of {', '.join(early)} are ignored; a bounded Spark job emits "
                  "final window results only", file=sys.stderr)
 
     # --- sources --------------------------------------------------------------------
 
-    def source(self, step: Step) -> None:
-        data_source = step.params["data_source"]
+    def source(self, step: Source) -> None:
+        data_source = step.data_source
         if isinstance(data_source, JetStreamSource):
             self._jetstream(step, data_source)
             return
@@ -181,7 +198,7 @@ class SparkPlan:
                              "it reads TextFileSource, JsonLinesSource, CollectionSource, JetStreamSource and the "
                              "Nexmark sources")
         # The step's event time, else the source's own (as the bus stamps them), else ingestion time.
-        timestamp_fn = step.fn if step.fn is not None else data_source.timestamp_fn
+        timestamp_fn = step.timestamp_fn if step.timestamp_fn is not None else data_source.timestamp_fn
         if timestamp_fn is not None:
             stamp = _guard(step.name, timestamp_fn)
             records = rdd.map(lambda v: (v, int(stamp(v)), None))
@@ -189,7 +206,7 @@ class SparkPlan:
             ts = self.ingestion_ms
             records = rdd.map(lambda v: (v, ts, None))
         self.rdds[step] = records
-        self.watermarks[step] = step.params["watermarks"].max_delay_ms
+        self.watermarks[step] = step.watermarks.max_delay_ms
 
     def _json_lines(self, step: Step, path: str, events: EventsFileSource | None = None):
         """The file's values in file order; with ``events``, each line checked as a Nexmark event
@@ -327,13 +344,12 @@ class SparkPlan:
 
     # --- stateless steps (a record's items after the key, if any, go along) -------------
 
-    def map(self, step: Step) -> None:
+    def map(self, step: Map) -> None:
         fn = _guard(step.name, step.fn)
         self._then(step, lambda rdd: rdd.map(lambda r: (fn(r[0]),) + r[1:]))
 
-    def map_async(self, step: Step) -> None:
-        p, name = step.params, step.name
-        fn, concurrency, timeout_ms, on_timeout = step.fn, p["concurrency"], p["timeout_ms"], p["on_timeout"]
+    def map_async(self, step: MapAsync) -> None:
+        name, fn, concurrency, timeout_ms, on_timeout = step.name, step.fn, step.concurrency, step.timeout_ms, step.on_timeout
 
         def partition(records):
             """Up to ``concurrency`` calls at a time; each result in turn, in input order.
@@ -349,19 +365,19 @@ class SparkPlan:
 
         self._then(step, lambda rdd: rdd.mapPartitions(partition))
 
-    def flat_map(self, step: Step) -> None:
+    def flat_map(self, step: FlatMap) -> None:
         fn = _guard(step.name, lambda v: list(step.fn(v)))
         self._then(step, lambda rdd: rdd.flatMap(lambda r: [(v,) + r[1:] for v in fn(r[0])]))
 
-    def filter(self, step: Step) -> None:
+    def filter(self, step: Filter) -> None:
         fn = _guard(step.name, step.fn)
         self._then(step, lambda rdd: rdd.filter(lambda r: fn(r[0])))
 
-    def group_by(self, step: Step) -> None:
-        fn = _guard(step.name, step.fn)
+    def group_by(self, step: GroupBy) -> None:
+        fn = _guard(step.name, step.key_fn)
         self._then(step, lambda rdd: rdd.map(lambda r: (r[0], r[1], fn(r[0])) + r[3:]))
 
-    def merge(self, step: Step) -> None:
+    def merge(self, step: Merge) -> None:
         self.rdds[step] = self.sc.union([self.rdds[i] for i in step.inputs])
         self.watermarks[step] = None  # interleaving of several sources: no per-record watermark
 
@@ -372,9 +388,8 @@ class SparkPlan:
 
     # --- aggregations -----------------------------------------------------------------
 
-    def aggregate(self, step: Step) -> None:
-        p = step.params
-        assigner, aggregator = p["assigner"], p["aggregator"]
+    def aggregate(self, step: Aggregate) -> None:
+        assigner, aggregator = step.assigner, step.aggregator
         upstream = self.rdds[step.inputs[0]]
         delay = self.watermarks.get(step.inputs[0])
         if isinstance(assigner, GlobalWindows):
@@ -388,7 +403,7 @@ class SparkPlan:
         self.rdds[step] = results.map(lambda res: (res, min(res.window_end - 1, WATERMARK_MAX - 1), res.key))
         self.watermarks[step] = None
 
-    def _global(self, step: Step, rdd, aggregator: Aggregator):
+    def _global(self, step: Aggregate, rdd, aggregator: Aggregator):
         name = step.name
         make, add, merge, result = aggregator.create, aggregator.add, aggregator.merge, aggregator.result
         pairs = rdd.map(lambda r: (r[2], r[0]))
@@ -430,12 +445,10 @@ class SparkPlan:
         before = self.sc.broadcast({b: after.get(b - 1, WATERMARK_MIN) for b in after})
         return indexed.map(lambda ri: (ri[0], before.value[ri[1] // batch], ri[1])), list(after.values())
 
-    def _windows(self, step: Step, arrivals):
+    def _windows(self, step: Aggregate, arrivals):
         """Tumbling and sliding windows: late records beyond the allowed lateness are
         dropped; the rest combine per (key, window) in Spark."""
-        p, name = step.params, step.name
-        assign, lateness = p["assigner"].assign, p["allowed_lateness_ms"]
-        agg = p["aggregator"]
+        name, assign, lateness, agg = step.name, step.assigner.assign, step.allowed_lateness_ms, step.aggregator
         make, add, merge, result = agg.create, agg.add, agg.merge, agg.result
 
         def place(arrival):
@@ -450,7 +463,7 @@ class SparkPlan:
             expired = window_limits(watermark, lateness)[1]
             return all(window.end <= expired for window in assign(ts))
 
-        late_sink = p["late_sink"]
+        late_sink = step.late_sink
         if late_sink is not None:
             if not isinstance(late_sink, JsonLinesSink):
                 raise GraphError(f"step {step.name!r}: the spark runner writes late records to a JsonLinesSink only")
@@ -470,11 +483,10 @@ class SparkPlan:
         return combined.map(lambda kv: WindowResult(kv[0][0], result(kv[1][0]), kv[0][1], kv[0][2],
                                                     LATE if kv[1][1] else ON_TIME))
 
-    def _sessions(self, step: Step, arrivals):
+    def _sessions(self, step: Aggregate, arrivals):
         """Session windows merge per key, so each key's records go, in arrival order,
         through the bus's own WindowOperator; its last pane per session is the result."""
-        p = step.params
-        assigner, agg, lateness, name = p["assigner"], p["aggregator"], p["allowed_lateness_ms"], step.name
+        assigner, agg, lateness, name = step.assigner, step.aggregator, step.allowed_lateness_ms, step.name
 
         def sessions(key, items):
             op = WindowOperator(assigner, agg, None, Accumulation.ACCUMULATING, lateness)
@@ -493,8 +505,8 @@ class SparkPlan:
 
     # --- sinks --------------------------------------------------------------------------
 
-    def sink(self, step: Step) -> None:
-        data_sink, rdd = step.params["data_sink"], self.rdds[step.inputs[0]]
+    def sink(self, step: Sink) -> None:
+        data_sink, rdd = step.data_sink, self.rdds[step.inputs[0]]
         if isinstance(data_sink, JsonLinesSink):
             self.outputs.append(lambda: _write_jsonl(data_sink, rdd))
         elif isinstance(data_sink, JetStreamTransactionalSink):
@@ -601,17 +613,20 @@ def _fold_in_order(step: str, add, acc, indexed_values):
 
 
 TRANSLATIONS = {
-    "source": SparkPlan.source,
-    "map": SparkPlan.map,
-    "map_async": SparkPlan.map_async,
-    "flat_map": SparkPlan.flat_map,
-    "filter": SparkPlan.filter,
-    "group_by": SparkPlan.group_by,
-    "merge": SparkPlan.merge,
-    "aggregate": SparkPlan.aggregate,
-    "join": spark_stateful.join,
-    "keyed": spark_stateful.keyed,
-    "sink": SparkPlan.sink,
+    Source: SparkPlan.source,
+    Map: SparkPlan.map,
+    MapAsync: SparkPlan.map_async,
+    FlatMap: SparkPlan.flat_map,
+    Filter: SparkPlan.filter,
+    GroupBy: SparkPlan.group_by,
+    Merge: SparkPlan.merge,
+    Aggregate: SparkPlan.aggregate,
+    WindowJoin: spark_stateful.join,
+    IntervalJoin: spark_stateful.join,
+    TableJoin: spark_stateful.join,
+    StatefulMap: spark_stateful.keyed,
+    ProcessKeyed: spark_stateful.keyed,
+    Sink: SparkPlan.sink,
 }
 
 

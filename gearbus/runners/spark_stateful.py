@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from itertools import groupby, islice
 
-from gearbus.api.dsl import Step
+from gearbus.api.steps import Join, KeyedStep, Step
 from gearbus.api.graph import Processor
 from gearbus.api.task import TaskContext
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
@@ -70,19 +70,19 @@ class NoProcessingTime(Timers):
                                   "timers)")
 
 
-def join(plan, step: Step) -> None:
+def join(plan, step: Join) -> None:
     """Both inputs keyed and side-tagged by the bus's JoinInputOp, then the join's operator
     per key partition."""
     operator = join_operator(step)
     inputs, watermarks = [], set()
-    for side, (input_step, key_fn) in enumerate(zip(step.inputs, step.params["keys"])):
+    for side, (input_step, key_fn) in enumerate(zip(step.inputs, step.keys)):
         arrivals, passed = _arrivals(plan, input_step)
         watermarks |= passed
         inputs.append(arrivals.mapPartitions(partial(_keyed, JoinInputOp(step.name, side, key_fn), plan.batch)))
     _drive(plan, step, operator, plan.sc.union(inputs), watermarks)
 
 
-def keyed(plan, step: Step) -> None:
+def keyed(plan, step: KeyedStep) -> None:
     """``stateful_map`` and ``process_keyed``: the step's operator per key partition."""
     operator = keyed_operator(step)
     if isinstance(operator, KeyedProcessOp):

@@ -91,7 +91,7 @@ def test_blackhole_runs_a_query_without_an_output_and_excludes_one(tmp_path):
 
 def test_rate_alone_makes_an_endless_generator(tmp_path):
     pipeline = load_pipeline(query("q0"), ["--rate", "1000", "--output", str(tmp_path / "out.jsonl")])
-    source = next(s for s in pipeline.steps if s.kind == "source").params["data_source"]
+    source = next(s for s in pipeline.steps if s.kind == "source").data_source
     assert source.events is None and source.config.rate == 1000
 
 
