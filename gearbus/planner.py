@@ -14,20 +14,31 @@ that each decide one thing and read alone:
    in a processor of its own when others read that input too.
 6. ``combine_map_side``: a combinable aggregation over the global window gets a map-side
    combine before its hash edge, so keys cross the bus rarely.
-7. ``run_at_senders``: stateless steps that could not chain run at their input's sender.
+7. ``size_streams``: each intermediate stream's name and partition count (Samza's rule).
+8. ``run_at_senders``: stateless steps that could not chain run at their input's sender.
+
+``stages`` then cuts the result at its intermediate streams.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gearbus.api.dsl import BasePipeline
-from gearbus.api.graph import Application, Graph, GraphError, Processor
-from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, Partitioner, ShufflePartitioner
+from gearbus.api.graph import Application, Edge, Graph, GraphError, Processor
+from gearbus.api.partitioners import (
+    MAX_PARALLELISM,
+    CoLocationPartitioner,
+    HashPartitioner,
+    IntermediateStream,
+    Partitioner,
+    ShufflePartitioner,
+)
 from gearbus.api.steps import (
     Aggregate,
     Filter,
@@ -41,6 +52,7 @@ from gearbus.api.steps import (
     Merge,
     Process,
     ProcessKeyed,
+    Repartition,
     Sink,
     Source,
     StatefulMap,
@@ -122,8 +134,10 @@ def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
     place_operators(layout)
     key_join_inputs(layout)
     combine_map_side(layout, int(pipeline.config.get("combine_keys", DEFAULT_COMBINE_KEYS)))
+    size_streams(layout)
     run_at_senders(layout.segments)
     app = _application(pipeline, layout.segments)
+    stages(app)  # a stream inside one stage fails here, naming it
     _warn_unnamed_state(pipeline, app)
     return app
 
@@ -138,6 +152,15 @@ def check(pipeline: BasePipeline, runner: str) -> None:
         raise GraphError(f"pipeline {pipeline.name!r} has no source")
     if not any(isinstance(s, (Sink, Process)) for s in steps):
         raise GraphError(f"pipeline {pipeline.name!r} has no sink: its results would go nowhere")
+    config = pipeline.config
+    if config.get("intermediate_streams", "none") not in ("all", "none"):
+        raise GraphError(f"pipeline {pipeline.name!r}: config intermediate_streams must be 'all' or 'none', "
+                         f"got {config['intermediate_streams']!r}")
+    partitions = config.get("intermediate_stream_partitions")
+    if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)
+                                   or not 1 <= partitions <= MAX_PARALLELISM):
+        raise GraphError(f"pipeline {pipeline.name!r}: config intermediate_stream_partitions must be an integer "
+                         f"from 1 to {MAX_PARALLELISM}, got {partitions!r}")
     for step in steps:
         _check_runner(step, runner)
         if isinstance(step, Aggregate):
@@ -208,13 +231,20 @@ def _parallelism(step: Step, upstream: Segment | None, layout: Layout) -> int:
 
 def connect(layout: Layout) -> None:
     """Pass 3: each processor's input edges, from its first step's inputs. What reads a
-    group_by, and a join, gets its records hash-partitioned by key; anything else forward:
-    each record stays in its task when the parallelisms match, round-robin otherwise."""
+    group_by, and a join, gets its records hash-partitioned by key (through an
+    intermediate stream for a ``repartition`` via jetstream, or for every such edge when
+    the config says ``intermediate_streams: all``); anything else forward: each record
+    stays in its task when the parallelisms match, round-robin otherwise."""
+    every_shuffle = layout.pipeline.config.get("intermediate_streams", "none") == "all"
     for segment in layout.segments:
-        for input_step in segment.head.inputs:
+        for side, input_step in enumerate(segment.head.inputs):
             upstream = layout.segment_of[input_step]
             if isinstance(segment.head, Join) or isinstance(input_step, GroupBy):
-                partitioner = HASH_BY_KEY()
+                via = input_step.via if isinstance(input_step, Repartition) else "jetstream" if every_shuffle else "bus"
+                edge = f"{segment.head.name}.{('left', 'right')[side]}" if isinstance(segment.head, Join) \
+                    else input_step.name
+                partitioner = HASH_BY_KEY() if via == "bus" else IntermediateStream(
+                    edge, getattr(input_step, "partitions", None) or 0)
             elif upstream.parallelism == segment.parallelism:
                 partitioner = CoLocationPartitioner()
             else:
@@ -275,6 +305,31 @@ def combine_map_side(layout: Layout, combine_keys: int) -> None:
         segment.ops[0] = _aggregate_operator(step, partial_input=True)
 
 
+def size_streams(layout: Layout) -> None:
+    """Pass 7: each intermediate stream's name (after the app and the edge) and partition
+    count, by Samza's rule: the count asked for (``repartition(partitions=)``, else the
+    config's ``intermediate_stream_partitions``), else the larger of the parallelisms on
+    its two sides; the streams into one join share the largest of their counts, so both
+    sides of a key land in partitions of the same number."""
+    default = layout.pipeline.config.get("intermediate_stream_partitions")
+    for segment in layout.segments:
+        streams = [p for _, p in segment.inputs if isinstance(p, IntermediateStream)]
+        for upstream, partitioner in segment.inputs:
+            if isinstance(partitioner, IntermediateStream):
+                partitioner.stream = stream_name(layout.pipeline.name, partitioner.edge)
+                partitioner.partitions = (partitioner.partitions or default
+                                          or max(upstream.parallelism, segment.parallelism))
+        if isinstance(segment.head, Join) and streams:
+            for partitioner in streams:
+                partitioner.partitions = max(p.partitions for p in streams)
+
+
+def stream_name(app: str, edge: str) -> str:
+    """The JetStream stream of an app's edge: ``gearbus_<app>_<edge>``, each character
+    that a stream name or subject token cannot hold as ``_``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", f"gearbus_{app}_{edge}")
+
+
 def _application(pipeline: BasePipeline, segments: list[Segment]) -> Application:
     graph = Graph()
     processors = {}
@@ -297,7 +352,7 @@ def _edge(branches: list[tuple[list[Op], Partitioner]]) -> Partitioner:
 
 
 def run_at_senders(segments: list[Segment]) -> None:
-    """Stateless steps that could not chain into their input's processor (several read
+    """Pass 8: stateless steps that could not chain into their input's processor (several read
     that input, as when one stream is split by kind) run at that input's sender instead.
     A processor of nothing but such steps, read once and with one input of its own
     parallelism that keeps each record in its task, goes away: its input's sender runs its
@@ -412,7 +467,7 @@ _OPERATORS: dict[type[Step], Callable[[Any], Op]] = {
 def _operator(step: Step) -> Op | None:
     """The chained operator of ``step``; sources, merges, custom processors and join
     inputs have none (their processor does their part)."""
-    make = _OPERATORS.get(type(step))
+    make = next((_OPERATORS[kind] for kind in type(step).__mro__ if kind in _OPERATORS), None)
     return make(step) if make is not None else None
 
 
@@ -426,6 +481,53 @@ def _processor(segment: Segment) -> Processor:
         return Processor(ChainSourceTask, segment.parallelism, segment.name, config,
                          data_source=head.data_source, watermarks=head.watermarks)
     return Processor(ChainTask, segment.parallelism, segment.name, config)
+
+
+def stages(app: Application) -> list[list[int]]:
+    """The app's stages: its processors (ids) joined by bus edges, cut at intermediate
+    streams, in the order of their first processor (one stage without streams). A stream
+    whose two sides are joined over the bus too would not separate them: GraphError."""
+    graph = app.graph
+    parent = {p.id: p.id for p in graph.processors}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i] = parent[parent[i]]
+        return i
+
+    for edge in graph.edges:
+        through = {isinstance(p, IntermediateStream) for _, p in _branches(edge.partitioner)}
+        if through == {True, False}:
+            raise GraphError(f"processor {edge.downstream.name!r} reads {edge.upstream.name!r} both through an "
+                             "intermediate stream and over the bus")
+        if not through.pop():
+            parent[root(edge.upstream.id)] = root(edge.downstream.id)
+    for edge, stream in intermediate_streams(app):
+        if root(edge.upstream.id) == root(edge.downstream.id):
+            raise GraphError(f"intermediate stream {stream.stream!r}: {edge.upstream.name!r} and "
+                             f"{edge.downstream.name!r} are joined over the bus as well, so it would not separate "
+                             "two stages; make the other path an intermediate stream too, or use via='bus'")
+    members: dict[int, list[int]] = {}
+    for p in graph.processors:
+        members.setdefault(root(p.id), []).append(p.id)
+    return sorted(members.values())
+
+
+def refuse_stages(app: Application, runner: str) -> None:
+    """The bus runners do not run intermediate streams yet: they refuse an app that has
+    any, naming them (the spark runner runs the same pipeline in one stage)."""
+    streams = intermediate_streams(app)
+    if streams:
+        names = ", ".join(sorted({repr(s.stream) for _, s in streams}))
+        raise GraphError(f"app {app.name!r}: intermediate streams ({names}; from repartition(via='jetstream') or "
+                         f"config intermediate_streams='all') do not run on the {runner} runner yet, only on the "
+                         "spark runner (as shuffles); use via='bus' here")
+
+
+def intermediate_streams(app: Application) -> list[tuple[Edge, IntermediateStream]]:
+    """The app's intermediate streams, each with the edge it carries."""
+    return [(edge, p) for edge in app.graph.edges for _, p in _branches(edge.partitioner)
+            if isinstance(p, IntermediateStream)]
 
 
 def describe(app: Application) -> dict:
@@ -449,7 +551,17 @@ def describe(app: Application) -> dict:
         {"from": e.upstream.id, "to": e.downstream.id, "partitioner": e.partitioner.describe()}
         for e in graph.edges
     ]
-    return {"name": app.name, "processors": processors, "edges": edges, "config": _jsonable(app.config)}
+    plan = {"name": app.name, "processors": processors, "edges": edges, "config": _jsonable(app.config)}
+    streams = intermediate_streams(app)
+    if streams:
+        stage_of = {p: n for n, members in enumerate(stages(app)) for p in members}
+        for processor in processors:
+            processor["stage"] = stage_of[processor["id"]]
+        plan["stages"] = [{"stage": n, "processors": members} for n, members in enumerate(stages(app))]
+        plan["streams"] = [{"name": s.stream, "subjects": s.subjects, "partitions": s.partitions, "edge": s.edge,
+                            "from": e.upstream.id, "to": e.downstream.id, "from_stage": stage_of[e.upstream.id],
+                            "to_stage": stage_of[e.downstream.id]} for e, s in streams]
+    return plan
 
 
 def _join_description(graph, processor: Processor) -> dict:

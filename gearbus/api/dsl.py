@@ -25,6 +25,7 @@ from typing import Any
 from gearbus.api.aggregators import Aggregator, Count, Fold, Reduce, Sum
 from gearbus.api.graph import GraphError
 from gearbus.api.keyed import check_keyed_function
+from gearbus.api.partitioners import MAX_PARALLELISM
 from gearbus.api.joins import JOIN_KINDS, TABLE_MODES, check_key_function
 from gearbus.api.steps import (
     Aggregate,
@@ -37,6 +38,7 @@ from gearbus.api.steps import (
     Merge,
     Process,
     ProcessKeyed,
+    Repartition,
     Sink,
     Source,
     StatefulMap,
@@ -49,6 +51,9 @@ from gearbus.api.steps import (
 from gearbus.api.task import DataSink, DataSource, Task
 from gearbus.api.watermarks import BoundedOutOfOrderness
 from gearbus.api.windows import Accumulation, GlobalWindows, WindowAssigner, checked_millis
+
+
+REPARTITION_VIA = ("jetstream", "bus")
 
 
 class BasePipeline:
@@ -181,6 +186,23 @@ class BaseStream:
                  name: str | None = None) -> GroupedStream:
         """Partition by ``key_fn(value)``: records with equal keys meet in one task."""
         return GroupedStream(self._then(GroupBy, name, parallelism, default="group_by", key_fn=key_fn))
+
+    def repartition(self, key_fn: Callable[[Any], Any], via: str = "jetstream", partitions: int | None = None,
+                    name: str | None = None) -> GroupedStream:
+        """Partition by ``key_fn(value)`` as :meth:`group_by` does, through an intermediate
+        stream (``via="jetstream"``): a JetStream stream the app owns, with ``partitions``
+        subjects (default: the larger of the parallelisms on its two sides; the inputs of a
+        join get one count). It cuts the app into stages that checkpoint and recover on
+        their own. ``via="bus"``: an ordinary shuffle."""
+        what = f"repartition {name or ''}".strip()
+        if via not in REPARTITION_VIA:
+            raise GraphError(f"{what}: via must be one of {', '.join(map(repr, REPARTITION_VIA))}, got {via!r}")
+        if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)
+                                       or not 1 <= partitions <= MAX_PARALLELISM):
+            raise GraphError(f"{what}: partitions must be an integer from 1 to {MAX_PARALLELISM} (or None), "
+                             f"got {partitions!r}")
+        return GroupedStream(self._then(Repartition, name, None, "repartition", key_fn=key_fn, via=via,
+                                        partitions=partitions))
 
     def merge(self, *others: BaseStream, name: str | None = None) -> BaseStream:
         """The union of this stream and ``others``."""

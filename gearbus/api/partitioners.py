@@ -138,6 +138,25 @@ class HashPartitioner(Partitioner):
         return buckets
 
 
+class IntermediateStream(HashPartitioner):
+    """A hash edge through a JetStream stream the app owns (Samza's intermediate stream):
+    ``partitions`` subjects ``<stream>.<n>``; the planner names and sizes it, and the
+    processors on its two sides are in different stages."""
+
+    def __init__(self, edge: str, partitions: int = 0, stream: str = ""):
+        super().__init__(by_key=True)
+        self.edge = edge  # the step (or join side) whose records it carries
+        self.partitions = partitions
+        self.stream = stream
+
+    @property
+    def subjects(self) -> str:
+        return f"{self.stream}.*"
+
+    def describe(self) -> str:
+        return f"IntermediateStream {self.stream} ({self.partitions} partitions)"
+
+
 class ShufflePartitioner(Partitioner):
     """Round-robin: spreads records evenly whatever their keys."""
 

@@ -77,6 +77,17 @@ class GroupBy(Step):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
+class Repartition(GroupBy):
+    """A group_by whose records reach their readers through an intermediate stream the app
+    owns (``via="jetstream"``): a stage boundary, like Samza's partitionBy; ``via="bus"``
+    is a plain group_by. ``partitions``: the stream's, else the planner's rule."""
+
+    kind: ClassVar[str] = "repartition"
+    via: str = "jetstream"
+    partitions: int | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Aggregate(Step):
     """A keyed aggregation per window (the global window unless ``window(...)`` said)."""
 

@@ -23,7 +23,7 @@ from gearbus.api.task import TaskContext
 from gearbus.artifact import Artifact, load_local, load_pipeline as load_pipeline_file, pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
-from gearbus.planner import plan
+from gearbus.planner import plan, refuse_stages
 from gearbus.security import init as init_security
 from gearbus.runners.inprocess import InProcessEngine, PipelineFailed
 from shared.messages import AppError, AppState, AppSummary
@@ -73,10 +73,13 @@ def load_pipeline(app: BasePipeline | str, args: Sequence[str] = ()) -> BasePipe
 
 def _resolve(app, args, runner: str) -> Application:
     if isinstance(app, BasePipeline):
-        return plan(app, runner)
-    if isinstance(app, Application):
-        return app
-    return load_local(app, list(args), runner)
+        application = plan(app, runner)
+    elif isinstance(app, Application):
+        application = app
+    else:
+        application = load_local(app, list(args), runner)
+    refuse_stages(application, runner)
+    return application
 
 
 class ClusterRunner:
@@ -168,6 +171,7 @@ def prepare(app_path: str, args: Sequence[str], runner: str,
     cannot run, or (with the cluster's ``servers``) a stream that does not exist are
     reported before anything is submitted."""
     app = load_local(app_path, list(args), runner)
+    refuse_stages(app, runner)
     if servers:
         check_sources(app, [servers] if isinstance(servers, str) else list(servers))
     return pack(app_path), app.name

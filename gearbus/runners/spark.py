@@ -167,7 +167,7 @@ class SparkPlan:
         self.cached: list = []   # RDDs persisted for this run, released after it
         self.ingestion_ms = now_ms()
         for step in pipeline.steps:
-            translate = TRANSLATIONS.get(type(step))
+            translate = next((TRANSLATIONS[kind] for kind in type(step).__mro__ if kind in TRANSLATIONS), None)
             if translate is None:
                 raise GraphError(f"step {step.name!r} ({step.kind}) cannot run on the spark runner")
             translate(self, step)
@@ -618,7 +618,7 @@ TRANSLATIONS = {
     MapAsync: SparkPlan.map_async,
     FlatMap: SparkPlan.flat_map,
     Filter: SparkPlan.filter,
-    GroupBy: SparkPlan.group_by,
+    GroupBy: SparkPlan.group_by,  # and a repartition: one stage on Spark, its intermediate stream a shuffle
     Merge: SparkPlan.merge,
     Aggregate: SparkPlan.aggregate,
     WindowJoin: spark_stateful.join,

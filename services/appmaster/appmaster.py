@@ -21,6 +21,7 @@ from gearbus.api.graph import Application, GraphError
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
+from gearbus.planner import refuse_stages
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.artifact import ArtifactError
 from gearbus.runtime.replace import ReplaceError, check_replacement
@@ -286,6 +287,10 @@ class AppMaster(Service):
                 self.versions.loaded(number, await self._load(self.versions.history[number - 1]))
         self._running_versions = dict(versions or {})
         self.app = self.versions.plan(self._running_versions)
+        try:
+            refuse_stages(self.app, "cluster")
+        except GraphError as exc:
+            raise AppFailure(AppError("GraphError", str(exc), "planning the application")) from None
         self._replan(parallelism or {})
         return self._plan_tasks()
 

@@ -42,11 +42,13 @@ def run(spark, example: str, args: list[str]):
     return result
 
 
-def test_wordcount(spark, tmp_path):
+@pytest.mark.parametrize("stages", [[], ["--stages"]], ids=["one_stage", "intermediate_stream"])
+def test_wordcount(spark, tmp_path, stages):
+    """With --stages the count reads an intermediate stream: one stage on Spark (a shuffle)."""
     source, output = tmp_path / "in.txt", tmp_path / "out"
     lines = ["a b  c", "", "naïve 日本語 😀", "b c c", "   "] * 300
     source.write_text("\n".join(lines), encoding="utf-8")
-    run(spark, "wordcount.py", ["--input", str(source), "--output", str(output)])
+    run(spark, "wordcount.py", ["--input", str(source), "--output", str(output), *stages])
     expected = collections.Counter(w for line in lines for w in line.split())
     assert canonical(read_jsonl(output)) == canonical([{"word": w, "count": n} for w, n in expected.items()])
 

@@ -1,0 +1,161 @@
+"""Intermediate streams in the plan (Samza's ExecutionPlanner): which edges become streams,
+their names and partition counts by Samza's rule, the stages they cut the app into, what
+``gearbus plan`` shows, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from gearbus import CollectSink, GraphError, Pipeline, TumblingWindows
+from gearbus.api.partitioners import HashPartitioner, IntermediateStream
+from gearbus.planner import describe, plan, size_streams, stages
+from gearbus.runners import TestRunner
+
+pytestmark = pytest.mark.unit
+
+
+def running_total(total, value):
+    total = (total or 0) + 1
+    return total, (value, total)
+
+
+def chain(partitions=None, config=None) -> Pipeline:
+    """src (2) -> first (stream) -> totals (4) -> second (stream) -> count (3) -> out."""
+    p = Pipeline("chain", config=config)
+    (p.from_collection(range(20), parallelism=2, name="src")
+        .repartition(lambda v: v % 5, partitions=partitions, name="first")
+        .stateful_map(running_total, name="totals", parallelism=4)
+        .repartition(lambda pair: pair[0] % 3, name="second")
+        .count(name="count").sink(CollectSink(), name="out"))
+    return p
+
+
+def streams(pipeline: Pipeline) -> dict[str, tuple[int, str, str]]:
+    app = plan(pipeline, "test")
+    names = {p.id: p.name for p in app.graph.processors}
+    return {s["edge"]: (s["partitions"], names[s["from"]], names[s["to"]]) for s in describe(app)["streams"]}
+
+
+def test_a_chain_sizes_each_stream_by_the_larger_parallelism_on_its_sides():
+    """count gets the pipeline's parallelism (1) unless asked: second joins totals (4) and count."""
+    p = chain()
+    p.parallelism = 3
+    assert streams(p) == {"first": (4, "src+first", "totals+second"), "second": (4, "totals+second", "count")}
+
+
+def test_the_count_asked_for_wins_then_the_configured_default():
+    assert streams(chain(partitions=6))["first"][0] == 6
+    configured = streams(chain(config={"intermediate_stream_partitions": 5}))
+    assert configured == {"first": (5, "src+first", "totals+second"), "second": (5, "totals+second", "count+out")}
+    assert streams(chain(partitions=7, config={"intermediate_stream_partitions": 5}))["first"][0] == 7
+
+
+def joined(left: int, right: int, config: dict) -> Pipeline:
+    p = Pipeline("joined", parallelism=2, config=config)
+    lhs = p.from_collection(range(10), name="left", parallelism=left, timestamp_fn=lambda v: v)
+    rhs = p.from_collection(range(10), name="right", parallelism=right, timestamp_fn=lambda v: v)
+    lhs.join(rhs, lambda v: v % 3, lambda v: v % 3, TumblingWindows(5), name="pairs").sink(CollectSink(), name="out")
+    return p
+
+
+def test_the_inputs_of_a_join_get_one_count_the_larger():
+    """Inputs of 4 and 8 tasks into a join of 2: each stream alone would get 4 and 8; both get 8."""
+    assert streams(joined(4, 8, {"intermediate_streams": "all"})) == {
+        "pairs.left": (8, "left", "pairs"), "pairs.right": (8, "right", "pairs")}
+    assert streams(joined(4, 8, {"intermediate_streams": "all", "intermediate_stream_partitions": 3})) == {
+        "pairs.left": (3, "left", "pairs"), "pairs.right": (3, "right", "pairs")}
+
+
+def test_size_streams_alone_applies_the_join_rule_after_each_streams_own_count():
+    from gearbus.planner import Layout, chain as chain_pass, connect, key_join_inputs, place_operators
+    layout = Layout(joined(4, 8, {"intermediate_streams": "all"}))
+    for run in (chain_pass, connect, place_operators, key_join_inputs):
+        run(layout)
+    (_, left), (_, right) = layout.segments[2].inputs
+    assert (left.partitions, right.partitions) == (0, 0)  # sized by this pass only
+    size_streams(layout)
+    assert (left.stream, left.partitions, right.stream, right.partitions) == (
+        "gearbus_joined_pairs_left", 8, "gearbus_joined_pairs_right", 8)
+
+
+def test_intermediate_streams_all_makes_every_shuffle_a_stream_but_via_bus_stays_on_the_bus():
+    p = Pipeline("all", config={"intermediate_streams": "all"})
+    words = p.from_collection(["a b"], name="src").flat_map(str.split, name="split")
+    words.group_by(len, name="by_len").count(name="lengths").sink(CollectSink(), name="out_lengths")
+    words.repartition(str.lower, via="bus", name="by_word").count(name="words").sink(CollectSink(), name="out_words")
+    app = plan(p, "test")
+    shuffles = {e.downstream.name: e.partitioner for e in app.graph.edges if isinstance(e.partitioner, HashPartitioner)}
+    assert type(shuffles["lengths+out_lengths"]) is IntermediateStream
+    assert type(shuffles["words+out_words"]) is HashPartitioner
+
+
+def test_stages_are_cut_at_streams_and_the_plan_shows_them():
+    app = plan(chain(), "test")
+    ids = {p.name: p.id for p in app.graph.processors}
+    assert stages(app) == [[ids["src+first"]], [ids["totals+second"]], [ids["count+out"]]]
+    shown = describe(app)
+    assert [p["stage"] for p in shown["processors"]] == [0, 1, 2]
+    assert shown["stages"] == [{"stage": 0, "processors": [0]}, {"stage": 1, "processors": [1]},
+                               {"stage": 2, "processors": [2]}]
+    first = shown["streams"][0]
+    assert first == {"name": "gearbus_chain_first", "subjects": "gearbus_chain_first.*", "partitions": 4,
+                     "edge": "first", "from": 0, "to": 1, "from_stage": 0, "to_stage": 1}
+    assert shown["edges"][0]["partitioner"] == "IntermediateStream gearbus_chain_first (4 partitions)"
+
+
+def test_a_plan_without_streams_shows_no_stages():
+    p = Pipeline("plain")
+    p.from_collection(range(3), name="src").group_by(str).count(name="count").sink(CollectSink(), name="out")
+    assert {"stages", "streams"}.isdisjoint(describe(plan(p, "test")))
+
+
+def test_stream_names_hold_only_what_jetstream_takes():
+    p = Pipeline("my app.v2")
+    p.from_collection(range(3), name="src").repartition(str, name="by text").count(name="n").sink(CollectSink())
+    assert streams(p)  # planned
+    assert describe(plan(p, "test"))["streams"][0]["name"] == "gearbus_my_app_v2_by_text"
+
+
+def test_a_stream_that_would_not_separate_stages_is_refused():
+    """One path through a stream, another over the bus into the same merge: one stage."""
+    p = Pipeline("diamond")
+    src = p.from_collection(range(3), name="src")
+    totals = src.repartition(lambda v: v % 2, name="by_parity").stateful_map(running_total, name="totals")
+    totals.merge(src.map(lambda v: (v, 0), name="zeros"), name="both").sink(CollectSink(), name="out")
+    with pytest.raises(GraphError, match="'gearbus_diamond_by_parity'.*joined over the bus as well"):
+        plan(p, "test")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"via": "kafka"}, "via must be one of 'jetstream', 'bus', got 'kafka'"),
+    ({"partitions": 0}, "partitions must be an integer from 1 to 128"),
+    ({"partitions": 129}, "partitions must be an integer from 1 to 128"),
+    ({"partitions": True}, "partitions must be an integer"),
+])
+def test_bad_repartition_arguments_are_refused_at_build_time(kwargs, message):
+    p = Pipeline("bad")
+    with pytest.raises(GraphError, match=message):
+        p.from_collection(range(3), name="src").repartition(str, name="r", **kwargs)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"intermediate_streams": "some"}, "intermediate_streams must be 'all' or 'none'"),
+    ({"intermediate_stream_partitions": 0}, "intermediate_stream_partitions must be an integer from 1 to 128"),
+])
+def test_bad_stream_config_is_refused_at_plan_time(config, message):
+    with pytest.raises(GraphError, match=message):
+        plan(chain(config=config), "test")
+
+
+def test_the_bus_runners_refuse_intermediate_streams_naming_them():
+    with pytest.raises(GraphError, match="'gearbus_chain_first', 'gearbus_chain_second'.*do not run on the test runner"):
+        TestRunner().run(chain())
+
+
+def test_a_raising_key_function_fails_the_app_naming_the_step_and_the_record():
+    p = Pipeline("raising")
+    (p.from_collection([1, 0, 2], name="src").repartition(lambda v: 1 // v, via="bus", name="inverse")
+        .count(name="count").sink(CollectSink(), name="out"))
+    result = TestRunner().run(p, raise_on_failure=False)
+    assert result.state == "FAILED" and result.error.error_type == "ZeroDivisionError"
+    assert "step 'inverse' on record 0" in result.error.message
