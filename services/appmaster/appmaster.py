@@ -27,6 +27,7 @@ from gearbus.runtime.replace import ReplaceError, check_replacement
 from gearbus.runtime.rescale import RescaleError, processors_of
 from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, compacted, savepoint_parts, task_states
 from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
+from services.appmaster import common
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
@@ -40,7 +41,6 @@ from shared.messages import (
     AppError,
     AppDag,
     AppMasterHeartbeat,
-    AppMasterRegistered,
     AppRescaled,
     AppStimuli,
     AppVersion,
@@ -64,7 +64,6 @@ from shared.messages import (
     QueryState,
     QueryStimuli,
     QueryTaskState,
-    RegisterAppMaster,
     RegisterExecutor,
     ReRegister,
     ProcessorReplaced,
@@ -76,7 +75,6 @@ from shared.messages import (
     ShutdownExecutor,
     StartAllTasks,
     StateValue,
-    Stimulus,
     TakeSavepoint,
     TaskCheckpointed,
     TaskCounters,
@@ -154,7 +152,7 @@ class AppMaster(Service):
         self._savepoint_requests = itertools.count(1)
         self._savepoints: dict[int, asyncio.Future] = {}  # request id -> its checkpoint's meta
         self._instructions = {  # what the state machine (and its checkpoint coordinator) may ask
-            st.Logged: self._log, st.StoreEpoch: self._store_epoch,
+            st.Logged: common.log_instruction, st.StoreEpoch: self._store_epoch,
             st.RequestSlots: self._spawning(lambda i: self._request_slots(i.count), "request-slots"),
             st.RequestSlot: self._spawning(self._request_slot, "request-slot"),
             st.LaunchExecutor: self._spawning(self._launch_executor, "launch-executor"),
@@ -207,13 +205,7 @@ class AppMaster(Service):
         self.spawn(self.begin(), "begin")
 
     async def register(self) -> None:
-        registered = await self.bus.request(
-            subjects.appmaster_register(self.app_id),
-            RegisterAppMaster(self.app_id, self.worker_id, os.getpid(), attempt=self.launch.attempt),
-            expect=AppMasterRegistered,
-            retry_s=MASTER_RETRY_S,
-        )
-        self.heartbeat_interval = registered.heartbeat_interval_s
+        self.heartbeat_interval = await common.register(self.bus, self.launch, self.worker_id)
 
     async def on_master_changed(self, msg: MasterElected | ReRegister) -> None:
         """A new leader (or one that does not know this app): register again."""
@@ -339,21 +331,10 @@ class AppMaster(Service):
         """Do what the state machine asked, in order: quick steps at once, requests that
         wait on other processes in the background (they report back as events). An
         instruction this shell has no handler for is a bug, and fails loudly."""
-        for instruction in instructions:
-            handler = self._instructions.get(type(instruction))
-            if handler is None:
-                raise RuntimeError(f"the AppMaster cannot carry out {instruction!r}")
-            await handler(instruction)
+        await common.dispatch(self._instructions, instructions, "the AppMaster")
 
     def _spawning(self, method, name: str):
-        """A handler that runs ``method(instruction)`` in the background: it waits on
-        other processes, and reports back to the state machine as an event."""
-        async def start(instruction) -> None:
-            self.spawn(method(instruction), name)
-        return start
-
-    async def _log(self, logged: st.Logged) -> None:
-        getattr(log, logged.level)(logged.event, **dict(logged.data))
+        return common.spawning(self, method, name)
 
     async def _store_epoch(self, store: st.StoreEpoch) -> None:
         try:
@@ -631,10 +612,8 @@ class AppMaster(Service):
         """The state machine's stimulus log: how the app came to where it is."""
         if self.state is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still being planned", retryable=True)
-        now = time.monotonic()
-        stimuli = [Stimulus(s.stimulus_id, s.event, round(max(now - s.at, 0.0), 3), s.detail, list(s.decided))
-                   for s in self.state.stimuli.entries]
-        return AppStimuli(self.app_id, self.state.phase.value if self.state.phase else "", self.epoch, stimuli)
+        return common.stimuli(self.app_id, self.state.stimuli.entries, self.state.phase.value if self.state.phase else "",
+                              self.epoch)
 
     # --- rescaling ----------------------------------------------------------------
 
