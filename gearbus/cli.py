@@ -630,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     shell.add_argument("--workers", default="all", metavar="all|N|ID,...",
                        help="every live worker (default), the first N by id, or these ids (gearbus info lists them)")
     shell.add_argument("--timeout", type=float, default=None, metavar="S",
-                       help="stop the commands still running after S seconds (SIGTERM, then SIGKILL)")
+                       help="stop each command S seconds after it started (SIGTERM, then SIGKILL)")
     shell.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS...",
                        help="the command, run as given (no shell reads it)")
     shell.set_defaults(handler=_shell)

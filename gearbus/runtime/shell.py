@@ -15,12 +15,13 @@ Each worker's command is in one state; ``_COMMAND_MOVES`` enforces the moves::
     (new)      start                                     WAITING    RequestSlot
     WAITING    slot granted                              STARTING   LaunchExecutor
     STARTING   executor registered                       RUNNING
-    RUNNING    the deadline (--timeout) passed           STOPPING   StopCommand
+    RUNNING    its deadline passed (--timeout after it   STOPPING   StopCommand
+                 registered)
     RUNNING,   exited (ShellExited)                      EXITED
     STOPPING
     WAITING,   slot refused, launch failed, executor     LOST
-    STARTING,    stopped or worker lost before its exit,
-    RUNNING,     or the deadline passed before it ran
+    STARTING,    stopped or worker lost before its exit
+    RUNNING,
     STOPPING
 
 and the app in one phase (``_PHASE_MOVES``)::
@@ -198,6 +199,7 @@ class _Worker:
     first_line: int = 0  # the number of lines[0]
     kept_bytes: int = 0
     next_seq: int = 0  # the ShellLines batch expected next
+    deadline: float | None = None  # when it is stopped (--timeout after its executor registered)
 
     def __post_init__(self):
         self.lines = collections.deque()
@@ -235,8 +237,7 @@ class ShellAppState:
         self.timeout_s = float(timeout_s)
         self.output_bytes = output_bytes
         self.phase = Phase.STARTING
-        self.deadline: float | None = None
-        self.timed_out = False
+        self.timed_out = False  # a command was stopped at its deadline
         self.stopped = ""  # why the process was stopped (a kill), if it was
         self.outcome: tuple[str, AppError | None] | None = None
         self.active_reported = False
@@ -274,8 +275,6 @@ class ShellAppState:
     @stimulus
     def start(self, now: float) -> list[Instruction]:
         self._move(Phase.RUNNING)
-        if self.timeout_s:
-            self.deadline = now + self.timeout_s
         return [RequestSlot(i, w.worker_id) for i, w in enumerate(self.workers)]
 
     @stimulus
@@ -295,7 +294,7 @@ class ShellAppState:
         return self._lose(self.executor(executor_id), f"its executor could not be launched: {reason}")
 
     @stimulus
-    def executor_registered(self, executor_id: int, worker_id: str) -> list[Instruction]:
+    def executor_registered(self, executor_id: int, worker_id: str, now: float) -> list[Instruction]:
         """Raises Refused for an executor this app did not launch there, or whose command
         has ended (it then exits without running it)."""
         worker = self.executor(executor_id)
@@ -306,6 +305,7 @@ class ShellAppState:
             raise Refused(ErrorCode.CONFLICT, f"executor {executor_id} is {worker.state.value}: "
                                               "its command does not run (again)")
         self._command(worker, Command.RUNNING)
+        worker.deadline = now + self.timeout_s if self.timeout_s else None
         return self._maybe_active()
 
     @stimulus
@@ -352,15 +352,14 @@ class ShellAppState:
 
     @stimulus
     def tick(self, now: float) -> list[Instruction]:
-        if self.deadline is None or now < self.deadline or self.timed_out or self.phase is not Phase.RUNNING:
-            return []
-        self.timed_out = True
-        out: list[Instruction] = [Logged("shell_timed_out", "warning", (("timeout_s", self.timeout_s),))]
+        """Commands running past their deadline are stopped."""
+        out: list[Instruction] = []
         for executor_id, worker in enumerate(self.workers):
-            if worker.state is Command.RUNNING:
+            if worker.state is Command.RUNNING and worker.deadline is not None and now >= worker.deadline:
+                self.timed_out = True
+                out += [Logged("shell_timed_out", "warning", (("worker_id", worker.worker_id),
+                                                              ("timeout_s", self.timeout_s)))]
                 out += self._stop(executor_id, worker)
-            elif worker.state in (Command.WAITING, Command.STARTING):
-                out += self._lose(worker, f"the {self.timeout_s:g} s timeout passed before the command started")
         return out
 
     @stimulus
@@ -473,7 +472,7 @@ class ShellAppState:
         assert (self.outcome is None) or ended, "an outcome before every command ended"
         assert self.outcome is None or (self.outcome[0] == AppState.SUCCEEDED) == all(
             w.state is Command.EXITED and w.exit_code == 0 for w in self.workers), self.outcome
-        assert not self.timed_out or (self.deadline is not None and self.timeout_s > 0)
+        assert not self.timed_out or self.timeout_s > 0
         for w in self.workers:
             assert (w.exit_code is not None) == (w.state is Command.EXITED), w
             assert w.kept_bytes == sum(_size(line) for line in w.lines), w.worker_id
@@ -481,6 +480,7 @@ class ShellAppState:
             assert all(len(line.text) <= MAX_SHELL_LINE_CHARS + len(CUT_MARK) for line in w.lines), w.worker_id
             assert w.first_line >= 0 and w.next_seq >= 0
             assert w.state is not Command.STOPPING or self.timed_out, w
+            assert w.deadline is None or (self.timeout_s > 0 and w.state not in (Command.WAITING, Command.STARTING)), w
 
 
 def read(outputs: list[ShellWorkerOutput], offsets: dict[str, int], max_bytes: int) -> list[ShellWorkerOutput]:

@@ -87,7 +87,7 @@ from shared.messages import (
     WorkerLost,
 )
 from shared.security import Security
-from shared.service import Service, run_service
+from shared.service import run_service
 
 log = structlog.get_logger()
 
@@ -117,14 +117,9 @@ class AppFailure(Exception):
         self.error = error
 
 
-class AppMaster(Service):
-    role = "appmaster"
-
+class AppMaster(common.AppMasterProcess):
     def __init__(self, servers, launch: LaunchExecutor, worker_id: str, security: Security = Security()):
-        super().__init__(servers, node_id=f"app{launch.app_id}-appmaster", security=security)
-        self.launch = launch
-        self.app_id = launch.app_id
-        self.worker_id = worker_id
+        super().__init__(servers, launch, worker_id, security)
         self.app: Application | None = None  # as planned, with the code versions its processors run
         self.versions: AppVersions | None = None  # the app's code history (gearbus replace)
         self._running_versions: dict[int, int] = {}  # processor id -> the version it runs, where not 1
@@ -132,7 +127,6 @@ class AppMaster(Service):
         self.state: st.AppMasterState | None = None
         self.counters: dict[int, dict[tuple[int, int], TaskCounters]] = {}  # by executor, then task
         self.stopped: set[int] = set()  # executors that exited once the app was ending
-        self.heartbeat_interval = 1.0
         self.clock: ClockService | None = None
         self._stalled_logged: set[str] = set()
         self.config: dict = {}
@@ -203,14 +197,6 @@ class AppMaster(Service):
         await self.bus.listen(subjects.appmaster_reregister(self.app_id), {ReRegister: self.on_master_changed})
         self.spawn(self.heartbeat_loop(), "heartbeat")
         self.spawn(self.begin(), "begin")
-
-    async def register(self) -> None:
-        self.heartbeat_interval = await common.register(self.bus, self.launch, self.worker_id)
-
-    async def on_master_changed(self, msg: MasterElected | ReRegister) -> None:
-        """A new leader (or one that does not know this app): register again."""
-        log.info("reregistering", reason=type(msg).__name__)
-        self.spawn(self.register(), "reregister")
 
     # --- the application's start --------------------------------------------------
 

@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from shared import subjects
-from shared.messages import AppMasterRegistered, AppStimuli, LaunchExecutor, RegisterAppMaster, Stimulus
+from shared.messages import AppMasterRegistered, AppStimuli, LaunchExecutor, MasterElected, RegisterAppMaster, \
+    ReRegister, Stimulus
+from shared.security import Security
 from shared.service import Service
 
 log = structlog.get_logger()
@@ -28,6 +30,28 @@ async def register(bus, launch: LaunchExecutor, worker_id: str) -> float:
         retry_s=MASTER_RETRY_S,
     )
     return registered.heartbeat_interval_s
+
+
+class AppMasterProcess(Service):
+    """The process of one app's AppMaster, whatever its type: who it is, and its registration
+    with the leader (again when a new one takes office, or the leader does not know it)."""
+
+    role = "appmaster"
+
+    def __init__(self, servers, launch: LaunchExecutor, worker_id: str, security: Security = Security()):
+        super().__init__(servers, node_id=f"app{launch.app_id}-appmaster", security=security)
+        self.launch = launch
+        self.app_id = launch.app_id
+        self.worker_id = worker_id
+        self.heartbeat_interval = 1.0
+
+    async def register(self) -> None:
+        self.heartbeat_interval = await register(self.bus, self.launch, self.worker_id)
+
+    async def on_master_changed(self, msg: MasterElected | ReRegister) -> None:
+        """A new leader (or one that does not know this app): register again."""
+        log.info("reregistering", reason=type(msg).__name__)
+        self.spawn(self.register(), "reregister")
 
 
 async def dispatch(table: dict[type, Callable[[object], Awaitable[None]]], instructions: list, who: str) -> None:

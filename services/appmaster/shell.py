@@ -27,7 +27,7 @@ from shared.messages import (AppError, AppMasterHeartbeat, ApplicationStateChang
                              RegisterExecutor, ReRegister, RequestResource, ResourceAllocated, ShellExited,
                              ShellLines, ShellOutput, ShutdownExecutor, StopShellCommand, WorkerLost)
 from shared.security import Security
-from shared.service import Service, run_service
+from shared.service import run_service
 
 log = structlog.get_logger()
 
@@ -40,16 +40,10 @@ STOP_TIMEOUT_S = 5.0
 STOP_WAIT_S = 3.5
 
 
-class ShellAppMaster(Service):
-    role = "appmaster"
-
+class ShellAppMaster(common.AppMasterProcess):
     def __init__(self, servers, launch: LaunchExecutor, worker_id: str, security: Security = Security()):
-        super().__init__(servers, node_id=f"app{launch.app_id}-appmaster", security=security)
-        self.launch = launch
-        self.app_id = launch.app_id
-        self.worker_id = worker_id
+        super().__init__(servers, launch, worker_id, security)
         self.state: sh.ShellAppState | None = None
-        self.heartbeat_interval = 1.0
         self._changed = asyncio.Event()  # set (and replaced) whenever the machine took an event
         self._stored = asyncio.Event()  # the output is stored (or failed to be)
         self._instructions = {
@@ -76,12 +70,6 @@ class ShellAppMaster(Service):
         await self.bus.listen(subjects.appmaster_reregister(app), {ReRegister: self.on_master_changed})
         self.spawn(self.heartbeat_loop(), "heartbeat")
         self.spawn(self.begin(), "begin")
-
-    async def register(self) -> None:
-        self.heartbeat_interval = await common.register(self.bus, self.launch, self.worker_id)
-
-    async def on_master_changed(self, msg: MasterElected | ReRegister) -> None:
-        self.spawn(self.register(), "reregister")
 
     async def begin(self) -> None:
         if self.launch.attempt:
@@ -219,7 +207,8 @@ class ShellAppMaster(Service):
         await self.carry_out(instructions)
 
     async def on_register(self, msg: RegisterExecutor) -> ExecutorRegistered:
-        await self._take(lambda: self.state.executor_registered(msg.executor_id, msg.worker_id))
+        await self._take(lambda: self.state.executor_registered(msg.executor_id, msg.worker_id,
+                                                                   time.monotonic()))
         log.info("executor_registered", executor_id=msg.executor_id, worker_id=msg.worker_id)
         return ExecutorRegistered(self.app_id, msg.executor_id, self.heartbeat_interval)
 

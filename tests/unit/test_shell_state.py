@@ -44,7 +44,7 @@ def running(workers=("w0", "w1"), timeout_s=0.0, **kwargs) -> Checked:
     for i, w in enumerate(workers):
         assert m.slot_granted(i) == [LaunchExecutor(i, w)]
     for i, w in enumerate(workers):
-        out = m.executor_registered(i, w)
+        out = m.executor_registered(i, w, 0.0)
         assert out == ([ReportState(AppState.ACTIVE)] if i == len(workers) - 1 else [])
     return m
 
@@ -85,29 +85,21 @@ def test_a_batch_sent_again_is_kept_once_and_lines_keep_their_order():
     assert [x.text for x in m.outputs()[0].lines] == ["1", "2", "3"]
 
 
-def test_the_timeout_stops_running_commands_and_loses_those_not_started():
+def test_the_timeout_stops_each_command_that_long_after_it_started():
     m = Checked(["w0", "w1"], 5.0)
     m.start(10.0)
     m.slot_granted(0)
-    m.executor_registered(0, "w0")
+    m.executor_registered(0, "w0", 10.0)
+    m.slot_granted(1)
+    m.executor_registered(1, "w1", 13.0)  # its slot came later: it gets its 5 s all the same
     assert m.tick(14.9) == []
     out = m.tick(15.0)
     assert kinds(out, StopCommand) == [StopCommand(0, "stopped: it ran past the 5 s timeout")]
-    assert m.workers[1].state is Command.LOST and m.tick(16.0) == []
-    with pytest.raises(Refused):  # its slot came late: the executor is told its command does not run
-        m.executor_registered(1, "w1")
-    [_, report] = m.exited(0, 143, "stopped: it ran past the 5 s timeout; ended by SIGTERM")
-    assert report.error.error_type == "TimedOut" and "w1: lost" in report.error.message
-
-
-def test_a_command_whose_executor_did_not_register_by_the_deadline_is_lost_and_the_executor_refused():
-    m = Checked(["w0"], 1.0)
-    m.start(0.0)
-    m.slot_granted(0)
-    [_, _, store, report] = m.tick(1.0)
-    assert (store, report.error.error_type) == (StoreOutput(), "TimedOut")
-    with pytest.raises(Refused, match="is lost"):
-        m.executor_registered(0, "w0")
+    assert m.tick(16.0) == [] and m.workers[1].state is Command.RUNNING
+    assert m.exited(0, 143, "stopped: it ran past the 5 s timeout; ended by SIGTERM") == []
+    assert kinds(m.tick(18.0), StopCommand) == [StopCommand(1, "stopped: it ran past the 5 s timeout")]
+    [_, report] = m.exited(1, 143, "")
+    assert report.error.error_type == "TimedOut" and "w1: exit code 143" in report.error.message
 
 
 def test_an_executor_lost_before_its_exit_fails_the_app_and_its_later_end_changes_nothing():
@@ -126,7 +118,7 @@ def test_a_lost_worker_loses_its_command_and_a_refused_slot_too():
     out = m.slot_refused(1, "no 1 free slot(s) within 60 s")
     assert kinds(out, ReportState) == []
     m.slot_granted(0)
-    assert m.executor_registered(0, "w0") == [ReportState(AppState.ACTIVE)]  # the other will never start
+    assert m.executor_registered(0, "w0", 0.0) == [ReportState(AppState.ACTIVE)]  # the other will never start
     [_, _, report] = m.worker_lost("w0")
     assert report.state == AppState.FAILED and "no slot on the worker" in report.error.message
 
@@ -134,13 +126,13 @@ def test_a_lost_worker_loses_its_command_and_a_refused_slot_too():
 def test_registrations_and_messages_the_app_did_not_ask_for_are_refused():
     m = running(["w0"])
     with pytest.raises(Refused) as unknown:
-        m.executor_registered(3, "w0")
+        m.executor_registered(3, "w0", 0.0)
     assert unknown.value.code == ErrorCode.NOT_FOUND
     with pytest.raises(Refused) as again:
-        m.executor_registered(0, "w0")
+        m.executor_registered(0, "w0", 0.0)
     assert again.value.code == ErrorCode.CONFLICT
     with pytest.raises(Refused, match="not w9"):
-        Checked(["w0"]).executor_registered(0, "w9")
+        Checked(["w0"]).executor_registered(0, "w9", 0.0)
     with pytest.raises(Refused, match="unknown output stream"):
         m.lines(0, 0, lines("x", stream="stdin"))
     m.exited(0, 0, "")
@@ -223,7 +215,7 @@ def test_any_order_of_events_keeps_the_invariants_and_ends_once(events):
         try:
             out = {"granted": lambda: m.slot_granted(executor_id),
                    "refused": lambda: m.slot_refused(executor_id, "full"),
-                   "registered": lambda: m.executor_registered(executor_id, f"w{executor_id}"),
+                   "registered": lambda: m.executor_registered(executor_id, f"w{executor_id}", now),
                    "lines": lambda: m.lines(executor_id, n, lines(*(["l"] * n))),
                    "exited": lambda: m.exited(executor_id, n, ""),
                    "stopped": lambda: m.executor_stopped(executor_id, "exited"),
