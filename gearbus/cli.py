@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -20,6 +21,7 @@ from gearbus.client import Client
 from gearbus.planner import describe
 from gearbus.runners import ClusterRunner, LocalRunner, TestRunner, prepare
 from gearbus.runtime import state_query
+from gearbus.runtime.shell import WorkerChoiceError, choose_workers
 from gearbus.terminal import processor_table, show_progress, top
 from gearbus.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
 from gearbus.dashboard.server import add_arguments as dashboard_arguments
@@ -31,7 +33,8 @@ from gearbus.security import init as init_security
 from gearbus.security import summary as security_summary
 from shared.bus import DEFAULT_NATS_URL, NATS_URL_ENV, RequestError
 from shared.logging import configure
-from shared.messages import AppState, AppStimuli, AppSummary, AppVersion, CheckpointRecord, CheckpointStats, ClusterInfo
+from shared.messages import (SHELL_OUTPUT_BYTES, AppState, AppStimuli, AppSummary, AppType, AppVersion,
+                             CheckpointRecord, CheckpointStats, ClusterInfo, ShellStream, ShellWorkerOutput)
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
@@ -39,6 +42,7 @@ from shared.security import add_arguments as add_security_arguments
 
 #: Columns ``gearbus top --once`` may use when its output is not a terminal.
 PIPED_WIDTH = 200
+SHELL_WAIT_S = 5.0  # `gearbus shell` asks for output with this long a wait for new lines
 STATUS_HISTORY = 5  # checkpoints `gearbus status` lists (--json: every one the AppMaster keeps)
 
 
@@ -68,6 +72,8 @@ def format_status(app: AppSummary) -> str:
         f"  submitted {_format_time(app.submitted_ms)} by {app.user or '-'}; finished {_format_time(app.finished_ms)}",
         f"  appmaster on {app.appmaster_worker or '-'}; executors {app.executors}",
     ]
+    if app.app_type != AppType.STREAMING:
+        lines.append(f"  type: {app.app_type}")
     if app.clock is not None:
         lines.append(f"  application clock: {_format_clock(app.clock)}")
     if app.stalled_tasks:
@@ -230,8 +236,9 @@ def _security_init(args) -> int:
 
 
 def _security_user(args) -> int:
-    path = add_security_user(args.dir, args.name, args.publish, args.subscribe, args.stream)
-    print(f"wrote {path}: pass creds={path!r} to the pipeline's NATS and JetStream steps")
+    path = add_security_user(args.dir, args.name, args.publish, args.subscribe, args.stream, args.allow_shell)
+    print(f"wrote {path}: pass creds={path!r} to the pipeline's NATS and JetStream steps"
+          + (f", or --creds {path} to gearbus commands (gearbus shell included)" if args.allow_shell else ""))
     return 0
 
 
@@ -385,7 +392,7 @@ async def _list(args) -> int:
             print(_as_json(apps))
         else:
             for app in apps:
-                print(f"{app.app_id}\t{app.state}\t{app.name}\t{_format_time(app.submitted_ms)}")
+                print(f"{app.app_id}\t{app.state}\t{app.app_type}\t{app.name}\t{_format_time(app.submitted_ms)}")
         return 0
 
     return await _with_client(args, go)
@@ -454,6 +461,73 @@ async def _logs(args) -> int:
                     print(f"gearbus logs: no live worker holds logs of app {args.app_id}", file=sys.stderr)
                 return 0
             await asyncio.sleep(0.5)
+
+    return await _with_client(args, go)
+
+
+def _shell_argv(words: list[str]) -> list[str]:
+    argv = words[1:] if words[:1] == ["--"] else words
+    if not argv:
+        raise UsageError("name the command after --: gearbus shell [--workers all|N|ID,...] [--timeout S] -- "
+                         "COMMAND ARGS...")
+    return argv
+
+
+def _print_shell_lines(out: ShellWorkerOutput, as_json: bool) -> None:
+    """A worker's new lines, each labelled with the worker: stdout's to stdout, stderr's to stderr."""
+    if out.dropped:
+        print(f"[{out.worker_id}] ... {out.dropped} line(s) not kept (a worker's output keeps its last "
+              f"{SHELL_OUTPUT_BYTES // 1024} KiB)", file=sys.stderr, flush=True)
+    for line in out.lines:
+        if as_json:
+            print(json.dumps({"worker": out.worker_id, "stream": line.stream, "line": line.text}), flush=True)
+        else:
+            print(f"[{out.worker_id}] {line.text}", file=sys.stderr if line.stream == ShellStream.STDERR else sys.stdout,
+                  flush=True)
+
+
+def _shell_end(out: ShellWorkerOutput) -> str:
+    ended = f"exit {out.exit_code}" if out.exit_code is not None else out.status
+    return ended + (f" ({out.detail})" if out.detail else "")
+
+
+async def _shell(args) -> int:
+    argv = _shell_argv(args.argv)
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+
+    async def go(client: Client) -> int:
+        info = await client.info()
+        try:
+            workers = choose_workers(args.workers, [w.worker_id for w in info.workers if w.alive])
+        except WorkerChoiceError as exc:
+            raise UsageError(str(exc)) from None
+        app_id = await client.submit_shell(argv, workers, args.timeout or 0.0)
+        if not args.json:
+            print(f"app {app_id}: {shlex.join(argv)} on {', '.join(workers)} (`gearbus kill {app_id}` ends it)",
+                  file=sys.stderr, flush=True)
+        offsets: dict[str, int] = {}
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time()
+            reply = await client.shell_output(app_id, offsets, SHELL_WAIT_S)
+            for out in reply.workers:
+                _print_shell_lines(out, args.json)
+                offsets[out.worker_id] = out.next_line
+            if reply.ended:
+                break
+            if loop.time() - asked < 0.1 and not any(out.lines for out in reply.workers):
+                await asyncio.sleep(0.1)  # its AppMaster is not serving (starting, or ending): ask again soon
+        for out in reply.workers:
+            if args.json:
+                print(json.dumps({"worker": out.worker_id, "status": out.status, "exit_code": out.exit_code,
+                                  "detail": out.detail}), flush=True)
+            else:
+                print(f"[{out.worker_id}] {_shell_end(out)}", file=sys.stderr, flush=True)
+        if reply.state == AppState.SUCCEEDED:
+            return 0
+        print(f"gearbus shell: {error_text(await client.status(app_id))}", file=sys.stderr)
+        return 1
 
     return await _with_client(args, go)
 
@@ -550,6 +624,17 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also the AppMaster's last events, and what its state machine decided on each")
         p.set_defaults(handler=handler)
 
+    shell = sub.add_parser("shell", help="run a command on workers: each line labelled with its worker, then each "
+                                         "exit code (exit non-zero when any command did)")
+    cluster_args(shell)
+    shell.add_argument("--workers", default="all", metavar="all|N|ID,...",
+                       help="every live worker (default), the first N by id, or these ids (gearbus info lists them)")
+    shell.add_argument("--timeout", type=float, default=None, metavar="S",
+                       help="stop each command S seconds after it started (SIGTERM, then SIGKILL)")
+    shell.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS...",
+                       help="the command, run as given (no shell reads it)")
+    shell.set_defaults(handler=_shell)
+
     top_cmd = sub.add_parser("top", help="a live view of the running apps' processors (Ctrl-C to leave)")
     cluster_args(top_cmd)
     top_cmd.add_argument("--all", action="store_true", help="also apps that have ended")
@@ -639,6 +724,9 @@ def build_parser() -> argparse.ArgumentParser:
     security_user.add_argument("--publish", action="append", default=[], help="a subject it may publish to (repeatable)")
     security_user.add_argument("--subscribe", action="append", default=[],
                                help="a subject it may subscribe to (repeatable)")
+    security_user.add_argument("--allow-shell", action="store_true",
+                               help="also a client credential that may submit shell apps (gearbus shell runs a command "
+                                    "on every worker it names: grant it to operators only)")
     security_user.set_defaults(handler=_security_user)
     return parser
 

@@ -10,8 +10,12 @@ import nats.js.errors
 
 from gearbus.artifact import Artifact
 from shared import digests, subjects
-from shared.bus import Bus, RequestTimeout
+from shared.bus import Bus, RequestError, RequestTimeout
 from shared.messages import (
+    AppType,
+    ErrorCode,
+    ReadShellOutput,
+    ShellOutput,
     ApplicationList,
     ApplicationRestarted,
     ApplicationStateChanged,
@@ -105,6 +109,33 @@ class Client:
         result = await self._request(subjects.APP_SUBMIT, message, SubmitApplicationResult, SUBMIT_TIMEOUT_S,
                                      idempotent=False)
         return result.app_id
+
+    async def submit_shell(self, argv: Sequence[str], workers: Sequence[str], timeout_s: float = 0.0,
+                           name: str = "") -> int:
+        """Run ``argv`` (no shell reads it) once on each of ``workers`` as a shell app; its id.
+        On a secured cluster only a credential the operator granted shell may (RequestError
+        ``forbidden`` otherwise, saying so)."""
+        message = SubmitApplication(name=name or f"shell {argv[0]}", artifact="", entry="", args=list(argv),
+                                    user=getpass.getuser(), config={"timeout_s": timeout_s} if timeout_s else {},
+                                    app_type=AppType.SHELL, workers=list(workers))
+        try:
+            result = await self._request(subjects.APP_SUBMIT_SHELL, message, SubmitApplicationResult,
+                                         SUBMIT_TIMEOUT_S, idempotent=False)
+        except RequestError as exc:
+            if exc.code != ErrorCode.FORBIDDEN:
+                raise
+            raise RequestError(exc.code, f"this credential may not submit shell apps: {exc.message}; the operator "
+                                         "grants it with `gearbus security user DIR NAME --allow-shell`") from None
+        return result.app_id
+
+    async def shell_output(self, app_id: int, offsets: dict[str, int] | None = None,
+                           wait_s: float = 0.0) -> ShellOutput:
+        """A shell app's lines per worker from ``offsets`` (per worker: the ``next_line`` of the
+        last answer) on, and how each command ended; with ``wait_s``, the answer waits up to
+        that long for something new."""
+        return await self._request(subjects.APP_SHELL_OUTPUT,
+                                   ReadShellOutput(app_id, dict(offsets or {}), int(wait_s * 1000)), ShellOutput,
+                                   wait_s + QUERY_ATTEMPT_S + 5)
 
     async def status(self, app_id: int) -> AppSummary:
         reply = await self._request(subjects.APP_STATUS, QueryApplication(app_id), ApplicationStatus)

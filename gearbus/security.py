@@ -122,10 +122,11 @@ def init(directory: str, tls: bool = False, listen: str = "127.0.0.1:4222",
 
 
 def add_user(directory: str, name: str, publish: list[str] = (), subscribe: list[str] = (),
-             streams: list[str] = ()) -> str:
+             streams: list[str] = (), allow_shell: bool = False) -> str:
     """A user for your own data: it may publish and subscribe to these subjects and use these
-    JetStream streams, nothing of gearbus's. Signed with the account's signing key, so the
-    running server accepts it at once. Returns the path of NAME.creds."""
+    JetStream streams, nothing of gearbus's; with ``allow_shell``, also all a client may do and
+    submit shell apps (`gearbus shell`: a command on every worker it names). Signed with the
+    account's signing key, so the running server accepts it at once. Returns the path of NAME.creds."""
     made = SecurityDir(os.path.abspath(directory))
     if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or name in permissions.ROLES or re.fullmatch(r"app\d+", name):
         raise ValueError(f"user name {name!r}: use letters, digits, - and _, and neither a role's name nor app<N>")
@@ -135,7 +136,7 @@ def add_user(directory: str, name: str, publish: list[str] = (), subscribe: list
     with open(made.app_signer, encoding="utf-8") as f:
         signer = KeyPair.from_seed(f.read())
     token, _ = nats_jwt.parse_creds(made.security("master").credential)
-    allowed = permissions.data_user(name, list(publish), list(subscribe), list(streams))
+    allowed = permissions.data_user(name, list(publish), list(subscribe), list(streams), allow_shell)
     _write(path, nats_jwt.new_user_creds(signer, name, allowed.publish, allowed.subscribe,
                                          account=nats_jwt.claims(token)["iss"]), secret=True)
     return path

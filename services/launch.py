@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ctypes
 import os
 import signal
+import sys
+from collections.abc import Callable
 
 from gearbus.api.graph import Application
 from gearbus.artifact import ArtifactError, load_artifact
@@ -26,6 +29,16 @@ WORKDIR_ENV = "GEARBUS_WORKDIR"  # a scratch directory the worker removes when t
 #: The signal an executor gets when its worker dies (fatal until the executor is ready to
 #: report its own end: see services/executor/heartbeat.py).
 WORKER_GONE_SIGNAL = signal.SIGUSR1
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int) -> Callable[[], None]:
+    """For a child before exec: get ``sig`` when the process that starts it dies, even by
+    SIGKILL (Linux)."""
+    def set_death_signal() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    return set_death_signal
 
 
 def state_directory() -> str | None:

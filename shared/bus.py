@@ -8,6 +8,7 @@ import asyncio
 import collections
 import io
 import os
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
@@ -32,6 +33,8 @@ Handler = Callable[[Message], Awaitable[Message | None]]
 
 NATS_URL_ENV = "GEARBUS_NATS_URL"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+#: How nats-server refuses a publish this connection's credential may not make (the connection stays up).
+_PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
 def add_nats_argument(parser: argparse.ArgumentParser) -> None:
@@ -184,6 +187,7 @@ class Bus:
         self._inflight: set[asyncio.Task] = set()
         self._subs = []
         self._closing = False
+        self._refusals: dict[str, set[asyncio.Future]] = {}  # subject -> requests waiting on it
 
     async def connect(self, timeout: float = 10.0, reachable_within: float | None = None) -> None:
         """Connect, reconnecting for as long as the process lives once connected.
@@ -195,6 +199,10 @@ class Bus:
         async def on_error(exc):
             self.counters["connection_errors"] += 1
             log.warning("nats_error", error=repr(exc))
+            refused = _PUBLISH_REFUSED.search(str(exc))
+            for waiting in self._refusals.get(refused.group(1), ()) if refused else ():
+                if not waiting.done():
+                    waiting.set_result(str(exc))
 
         async def on_disconnect():
             if not self._closing:
@@ -288,7 +296,7 @@ class Bus:
         deadline, delay = loop.time() + retry_s, 0.02
         while True:
             try:
-                reply = await self.nc.request(subject, message.encode(), timeout=timeout)
+                reply = await self._request_once(subject, message.encode(), timeout)
                 break
             except nats.errors.NoRespondersError:
                 if loop.time() + delay > deadline:
@@ -309,6 +317,29 @@ class Bus:
                 f"{subject} answered {type(answer).__name__}, expected {', '.join(w.__name__ for w in wanted)}",
             )
         return answer
+
+    async def _request_once(self, subject: str, data: bytes, timeout: float) -> Msg:
+        """One request; a publish the server refuses this credential fails at once (FORBIDDEN),
+        not after the timeout."""
+        refused = asyncio.get_running_loop().create_future()
+        waiting = self._refusals.setdefault(subject, set())
+        waiting.add(refused)
+        request = asyncio.ensure_future(self.nc.request(subject, data, timeout=timeout))
+        try:
+            await asyncio.wait((request, refused), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            request.cancel()
+            raise
+        finally:
+            waiting.discard(refused)
+            if not waiting:
+                self._refusals.pop(subject, None)
+        if not request.done():
+            request.cancel()
+            raise RequestError(ErrorCode.FORBIDDEN, f"the NATS server refused this credential publishing to {subject} "
+                                                    f"({refused.result()})")
+        refused.cancel()
+        return request.result()
 
     async def gather(self, subject: str, message: Message, expect: type[M], count: int, timeout: float) -> list[M]:
         """Send a request every subscriber answers (scatter-gather); return the replies of

@@ -243,6 +243,23 @@ class ExecutorKind:
     EXECUTOR = "executor"
 
 
+class AppType:
+    """Application types (Gearpump's templates on one AppMaster/Executor machinery): what an
+    app's AppMaster decides and what its executors run (docs/application-types.md). A type
+    name is letters, digits and "_"; a third type is installed as a plug-in."""
+
+    STREAMING = "streaming"  # a DAG of processors joined by partitioners (the default)
+    SHELL = "shell"  # a command run on chosen workers (`gearbus shell`): submitted on app.submit.shell only
+
+
+class ShellStream:
+    """Which output of a shell command a line came from."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    ALL = frozenset({STDOUT, STDERR})
+
+
 class TaskId(Struct):
     processor: int
     index: int
@@ -404,6 +421,7 @@ class AppSummary(Struct):
     dag: AppDag | None = None  # once its AppMaster reported it
     processors: list[ProcessorMetrics] = dataclasses.field(default_factory=list)
     versions: list[AppVersion] = dataclasses.field(default_factory=list)  # its code's history (gearbus replace)
+    app_type: str = AppType.STREAMING  # what its AppMaster decides and its executors run
 
 
 class Allocation(Struct):
@@ -434,6 +452,7 @@ class ErrorCode:
     BAD_REQUEST = "bad_request"  # malformed, unknown type, wrong field or version
     NOT_FOUND = "not_found"  # unknown app id, worker id, executor id, artifact
     CONFLICT = "conflict"  # duplicate id, app already finished
+    FORBIDDEN = "forbidden"  # the sender's credential may not ask this (a shell app without the shell grant)
     UNAVAILABLE = "unavailable"  # no resources now, not ready; retry later
     INTERNAL = "internal"  # a handler raised; the message says what
     FENCED = "fenced"  # the sender was declared lost and replaced: it must stop
@@ -465,6 +484,10 @@ class SubmitApplication(Message):
     priority: int = 0
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     artifact_digest: str = ""  # SHA-256 (hex) of the artifact as uploaded; "" lets the master take the store's
+    #: AppType: what the app's AppMaster decides and its executors run (a shell app: on app.submit.shell only)
+    app_type: str = AppType.STREAMING
+    #: the live workers the app runs an executor on, one each (a shell app's); the master refuses unknown or lost ones
+    workers: list[str] = dataclasses.field(default_factory=list)
 
 
 class SubmitApplicationResult(Message):
@@ -746,6 +769,8 @@ class LaunchExecutor(Message):
     worker_id: str = ""  # on master.app.<app>.executor.launch: the allocated worker to start it on
     artifact_digest: str = ""  # SHA-256 (hex) of the artifact at submission: a changed artifact is not run
     credentials: str = ""  # the app's own NATS credentials file (text), issued by the master; "" on an open cluster
+    app_type: str = AppType.STREAMING  # which implementation the launched process runs (SubmitApplication's)
+    workers: list[str] = dataclasses.field(default_factory=list)  # SubmitApplication's, for the AppMaster
 
 
 class ExecutorLaunched(Message):
@@ -958,3 +983,91 @@ class CheckpointComplete(Message):
     final: bool = False
     compacted: int = 0  # the last checkpoint whose snapshots the AppMaster compacted (0: none)
     compacting: int = 0  # this checkpoint when the AppMaster starts compacting it now (0: none)
+
+
+# --- shell applications (gearbus shell) -------------------------------------------------
+
+
+class ShellLine(Struct):
+    """One line a shell command wrote, without its line end (a line longer than
+    ``MAX_SHELL_LINE_CHARS`` is cut there, and ends with " [cut]")."""
+
+    stream: str  # ShellStream: "stdout" or "stderr"
+    text: str
+
+
+#: The longest line a shell command's output keeps; what follows is cut.
+MAX_SHELL_LINE_CHARS = 16 * 1024
+
+
+class ShellLines(Message):
+    """A shell app's executor sends the lines its command wrote, in order, to its AppMaster
+    (request, answered Ack); ``seq`` counts its batches from 0, one in flight at a time, so
+    a batch sent again is recognised and kept once."""
+
+    app_id: int
+    executor_id: int
+    seq: int
+    lines: list[ShellLine] = dataclasses.field(default_factory=list)
+
+
+class ShellExited(Message):
+    """A shell app's command ended (after its last ShellLines was answered): its exit code
+    as a shell gives it (128 + N when signal N ended it; 127 when the command does not exist,
+    126 when it cannot be run), and why, when it was stopped."""
+
+    app_id: int
+    executor_id: int
+    exit_code: int
+    reason: str = ""
+
+
+class StopShellCommand(Message):
+    """The AppMaster asks a shell app's executor to end its command (past ``--timeout``):
+    SIGTERM to the command's process group, SIGKILL after a grace; the executor then sends
+    ShellExited with ``reason``."""
+
+    reason: str = ""
+
+
+class ReadShellOutput(Message):
+    """Read a shell app's output (on ``app.shell.output``; the master asks the app's
+    AppMaster, or reads what it stored once the app ended): per worker, the lines from line
+    ``offsets[worker]`` on (0 when absent). With ``wait_ms``, the answer waits that long for
+    a line or an end when there is nothing new yet."""
+
+    app_id: int
+    offsets: dict[str, int] = dataclasses.field(default_factory=dict)
+    wait_ms: int = 0
+    max_bytes: int = 256 * 1024  # per answer, counted as SHELL_OUTPUT_BYTES (at least one line per worker with any)
+
+
+class ShellWorkerOutput(Struct):
+    """What one worker's command wrote (kept: the last ``SHELL_OUTPUT_BYTES`` of it) and how
+    it ended. Lines are numbered from 0 over the command's whole output."""
+
+    worker_id: str
+    status: str  # "waiting" (for its slot), "starting", "running", "stopping", "exited", "lost"
+    first_line: int  # the number of lines[0]: offset or, where the lines from offset on are no longer kept, the first kept
+    lines: list[ShellLine] = dataclasses.field(default_factory=list)
+    next_line: int = 0  # the offset to read on from
+    total_lines: int = 0  # lines the command wrote so far
+    dropped: int = 0  # lines of the asked range that are no longer kept (past the bound), before first_line
+    exit_code: int | None = None  # once exited
+    detail: str = ""  # why it was stopped, or lost
+
+
+#: Output a shell app keeps per worker, in bytes of line text and SHELL_LINE_OVERHEAD per line (so that it is
+#: stored in one value under a NATS server's default 1 MB payload); past it the oldest lines go.
+SHELL_OUTPUT_BYTES = 512 * 1024
+SHELL_LINE_OVERHEAD = 16
+
+
+class ShellOutput(Message):
+    """The answer to ReadShellOutput: each worker's new lines and state. ``ended``: the app
+    ended and these are its last lines (read on from ``next_line`` finds nothing more)."""
+
+    app_id: int
+    state: str
+    workers: list[ShellWorkerOutput] = dataclasses.field(default_factory=list)
+    ended: bool = False

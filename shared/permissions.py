@@ -19,7 +19,8 @@ _ARTIFACTS = f"OBJ_{subjects.ARTIFACT_BUCKET}"
 _CHECKPOINT_KV = f"KV_{subjects.CHECKPOINT_BUCKET}"
 _CLIENT_REQUESTS = [subjects.APP_SUBMIT, subjects.APP_KILL, subjects.APP_STATUS, subjects.APP_LIST,
                     subjects.APP_SAVEPOINT, subjects.APP_RESTART, subjects.APP_STATE, subjects.APP_DEBUG,
-                    subjects.APP_RESCALE, subjects.APP_REPLACE, subjects.MASTER_INFO, subjects.LOGS_QUERY]
+                    subjects.APP_RESCALE, subjects.APP_REPLACE, subjects.APP_SHELL_OUTPUT, subjects.MASTER_INFO,
+                    subjects.LOGS_QUERY]
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,10 @@ def role(name: str) -> Permissions:
                      subjects.worker_shutdown("*", "*"), subjects.appmaster_reregister("*"),
                      subjects.appmaster_savepoint("*"), subjects.appmaster_state_query("*"), subjects.appmaster_debug("*"),
                      subjects.appmaster_rescale("*"), subjects.appmaster_replace("*"),
-                     subjects.appmaster_worker_lost("*"),
+                     subjects.appmaster_shell_output("*"), subjects.appmaster_worker_lost("*"),
                      subjects.MASTER_ELECTED, "$JS.API.>", f"$KV.{subjects.STATE_BUCKET}.>",
                      f"$KV.{subjects.MASTERS_BUCKET}.>", "$JS.ACK.>", "$JS.FC.>"],
-            subscribe=[*_CLIENT_REQUESTS[:-1], "master.>", inbox(name)])
+            subscribe=[*_CLIENT_REQUESTS[:-1], subjects.APP_SUBMIT_SHELL, "master.>", inbox(name)])
     if name == "worker":
         return Permissions(
             publish=[subjects.WORKER_REGISTER, subjects.WORKER_HEARTBEAT, subjects.EXECUTOR_STOPPED,
@@ -93,11 +94,18 @@ def app(app_id: int, savepoint_of: int | None = None) -> Permissions:
         subscribe=[*own, subjects.MASTER_ELECTED, inbox(app_identity(app_id))])
 
 
-def data_user(name: str, publish: list[str], subscribe: list[str], streams: list[str]) -> Permissions:
+def data_user(name: str, publish: list[str], subscribe: list[str], streams: list[str],
+              allow_shell: bool = False) -> Permissions:
     """A user of your own data (`gearbus security user`): its subjects, and everything of its
-    JetStream streams (the API names the stream in its subject, at one of these depths)."""
+    JetStream streams (the API names the stream in its subject, at one of these depths). With
+    ``allow_shell`` it is also a client (what ``client.creds`` may do) that may submit shell
+    apps, which run a command on every worker they name: the operator's explicit grant."""
     api = [pattern for stream in streams for pattern in (
         f"$JS.API.*.*.{stream}", f"$JS.API.*.*.{stream}.>", f"$JS.API.*.*.*.{stream}", f"$JS.API.*.*.*.{stream}.>",
         f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>")]
-    return Permissions(publish=[*publish, *api, "$JS.API.INFO", "$JS.API.STREAM.NAMES"] if streams else list(publish),
-                       subscribe=[*subscribe, inbox(name)])
+    publish = [*publish, *api, "$JS.API.INFO", "$JS.API.STREAM.NAMES"] if streams else list(publish)
+    if allow_shell:
+        client = role("client")
+        publish += [*client.publish, subjects.APP_SUBMIT_SHELL]
+        subscribe = [*subscribe, *(s for s in client.subscribe if s != inbox("client"))]
+    return Permissions(publish=list(dict.fromkeys(publish)), subscribe=[*subscribe, inbox(name)])

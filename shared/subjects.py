@@ -4,6 +4,9 @@ from __future__ import annotations
 
 # client -> leader master (request/reply)
 APP_SUBMIT = "app.submit"
+#: shell apps only: a credential may publish here only when the operator granted it (--allow-shell)
+APP_SUBMIT_SHELL = "app.submit.shell"
+APP_SHELL_OUTPUT = "app.shell.output"
 APP_KILL = "app.kill"
 APP_STATUS = "app.status"
 APP_LIST = "app.list"
@@ -202,6 +205,27 @@ def checkpoint_epoch_key(app_id: int) -> str:
 def versions_key(app_id: int) -> str:
     """The app's code versions (gearbus replace), kept for a relaunched AppMaster."""
     return f"{checkpoint_app_prefix(app_id)}.versions"
+
+
+def appmaster_shell_lines(app_id: int | str) -> str:
+    """A shell app's executors send their command's lines here."""
+    return f"appmaster.{app_id}.shell.lines"
+
+
+def appmaster_shell_exited(app_id: int | str) -> str:
+    """A shell app's executors report their command's end here."""
+    return f"appmaster.{app_id}.shell.exited"
+
+
+def appmaster_shell_output(app_id: int | str) -> str:
+    """The master passes a client's ReadShellOutput to the shell app's AppMaster."""
+    return f"appmaster.{app_id}.shell.output"
+
+
+def shell_output_key(app_id: int, executor_id: int) -> str:
+    """A shell app's output from one worker (its executor), stored by its AppMaster as the
+    app ends, in the checkpoint KV bucket."""
+    return f"{checkpoint_app_prefix(app_id)}.shell{executor_id}"
 
 
 def executor_reregister(app_id: int) -> str:

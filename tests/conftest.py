@@ -57,14 +57,21 @@ SPARK_FILES = {
 }
 
 
+#: Files whose tests share one cluster (a module-scoped fixture): one worker runs each such file whole.
+SHARED_CLUSTER_FILES = {"integration/test_shell.py"}
+
+
 class SparkOnOneWorker(LoadGroupScheduling):
     """.ci/run's ``--dist loadgroup``, with every Spark test in one group: xdist 3.8 groups
     tests by suffixing their node ids, which pytest 9.2's structured ids no longer take
     (pytest-xdist#1386), so each Spark test went to whichever worker was free and both
-    started a JVM. This picks the group by file instead."""
+    started a JVM. This picks the group by file instead (and keeps each of
+    SHARED_CLUSTER_FILES on one worker, with the cluster its tests share)."""
 
     def _split_scope(self, nodeid: str) -> str:
         path = nodeid.split("::")[0].removeprefix("tests/")
+        if path in SHARED_CLUSTER_FILES:
+            return path
         return "spark" if path in SPARK_FILES else super()._split_scope(nodeid)
 
 

@@ -28,6 +28,7 @@ from gearbus.runtime.replace import ReplaceError, check_replacement
 from gearbus.runtime.rescale import RescaleError, processors_of
 from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, compacted, savepoint_parts, task_states
 from gearbus.runtime.snapshots import COMPACT_DEPTH, TaskSnapshot
+from services.appmaster import common
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
@@ -41,7 +42,6 @@ from shared.messages import (
     AppError,
     AppDag,
     AppMasterHeartbeat,
-    AppMasterRegistered,
     AppRescaled,
     AppStimuli,
     AppVersion,
@@ -65,7 +65,6 @@ from shared.messages import (
     QueryState,
     QueryStimuli,
     QueryTaskState,
-    RegisterAppMaster,
     RegisterExecutor,
     ReRegister,
     ProcessorReplaced,
@@ -77,7 +76,6 @@ from shared.messages import (
     ShutdownExecutor,
     StartAllTasks,
     StateValue,
-    Stimulus,
     TakeSavepoint,
     TaskCheckpointed,
     TaskCounters,
@@ -90,7 +88,7 @@ from shared.messages import (
     WorkerLost,
 )
 from shared.security import Security
-from shared.service import Service, run_service
+from shared.service import run_service
 
 log = structlog.get_logger()
 
@@ -120,14 +118,9 @@ class AppFailure(Exception):
         self.error = error
 
 
-class AppMaster(Service):
-    role = "appmaster"
-
+class AppMaster(common.AppMasterProcess):
     def __init__(self, servers, launch: LaunchExecutor, worker_id: str, security: Security = Security()):
-        super().__init__(servers, node_id=f"app{launch.app_id}-appmaster", security=security)
-        self.launch = launch
-        self.app_id = launch.app_id
-        self.worker_id = worker_id
+        super().__init__(servers, launch, worker_id, security)
         self.app: Application | None = None  # as planned, with the code versions its processors run
         self.versions: AppVersions | None = None  # the app's code history (gearbus replace)
         self._running_versions: dict[int, int] = {}  # processor id -> the version it runs, where not 1
@@ -135,7 +128,6 @@ class AppMaster(Service):
         self.state: st.AppMasterState | None = None
         self.counters: dict[int, dict[tuple[int, int], TaskCounters]] = {}  # by executor, then task
         self.stopped: set[int] = set()  # executors that exited once the app was ending
-        self.heartbeat_interval = 1.0
         self.clock: ClockService | None = None
         self._stalled_logged: set[str] = set()
         self.config: dict = {}
@@ -155,7 +147,7 @@ class AppMaster(Service):
         self._savepoint_requests = itertools.count(1)
         self._savepoints: dict[int, asyncio.Future] = {}  # request id -> its checkpoint's meta
         self._instructions = {  # what the state machine (and its checkpoint coordinator) may ask
-            st.Logged: self._log, st.StoreEpoch: self._store_epoch,
+            st.Logged: common.log_instruction, st.StoreEpoch: self._store_epoch,
             st.RequestSlots: self._spawning(lambda i: self._request_slots(i.count), "request-slots"),
             st.RequestSlot: self._spawning(self._request_slot, "request-slot"),
             st.LaunchExecutor: self._spawning(self._launch_executor, "launch-executor"),
@@ -206,20 +198,6 @@ class AppMaster(Service):
         await self.bus.listen(subjects.appmaster_reregister(self.app_id), {ReRegister: self.on_master_changed})
         self.spawn(self.heartbeat_loop(), "heartbeat")
         self.spawn(self.begin(), "begin")
-
-    async def register(self) -> None:
-        registered = await self.bus.request(
-            subjects.appmaster_register(self.app_id),
-            RegisterAppMaster(self.app_id, self.worker_id, os.getpid(), attempt=self.launch.attempt),
-            expect=AppMasterRegistered,
-            retry_s=MASTER_RETRY_S,
-        )
-        self.heartbeat_interval = registered.heartbeat_interval_s
-
-    async def on_master_changed(self, msg: MasterElected | ReRegister) -> None:
-        """A new leader (or one that does not know this app): register again."""
-        log.info("reregistering", reason=type(msg).__name__)
-        self.spawn(self.register(), "reregister")
 
     # --- the application's start --------------------------------------------------
 
@@ -344,21 +322,10 @@ class AppMaster(Service):
         """Do what the state machine asked, in order: quick steps at once, requests that
         wait on other processes in the background (they report back as events). An
         instruction this shell has no handler for is a bug, and fails loudly."""
-        for instruction in instructions:
-            handler = self._instructions.get(type(instruction))
-            if handler is None:
-                raise RuntimeError(f"the AppMaster cannot carry out {instruction!r}")
-            await handler(instruction)
+        await common.dispatch(self._instructions, instructions, "the AppMaster")
 
     def _spawning(self, method, name: str):
-        """A handler that runs ``method(instruction)`` in the background: it waits on
-        other processes, and reports back to the state machine as an event."""
-        async def start(instruction) -> None:
-            self.spawn(method(instruction), name)
-        return start
-
-    async def _log(self, logged: st.Logged) -> None:
-        getattr(log, logged.level)(logged.event, **dict(logged.data))
+        return common.spawning(self, method, name)
 
     async def _store_epoch(self, store: st.StoreEpoch) -> None:
         try:
@@ -636,10 +603,8 @@ class AppMaster(Service):
         """The state machine's stimulus log: how the app came to where it is."""
         if self.state is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still being planned", retryable=True)
-        now = time.monotonic()
-        stimuli = [Stimulus(s.stimulus_id, s.event, round(max(now - s.at, 0.0), 3), s.detail, list(s.decided))
-                   for s in self.state.stimuli.entries]
-        return AppStimuli(self.app_id, self.state.phase.value if self.state.phase else "", self.epoch, stimuli)
+        return common.stimuli(self.app_id, self.state.stimuli.entries, self.state.phase.value if self.state.phase else "",
+                              self.epoch)
 
     # --- rescaling ----------------------------------------------------------------
 

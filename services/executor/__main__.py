@@ -1,5 +1,5 @@
 import sys
 
-from services.executor.executor import main
+from services.apptypes import run
 
-sys.exit(main())
+sys.exit(run("executor"))

@@ -17,7 +17,9 @@ import nats.errors
 import nats.js.errors
 import structlog
 
+from gearbus.runtime.shell import read as read_shell_output
 from gearbus.runtime.state_backend import backend_name
+from services import apptypes
 from services.master import lifecycle as lc
 from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
 from services.master.lease import LeaderLease
@@ -47,6 +49,7 @@ from shared.messages import (
     ApplicationStateChanged,
     ApplicationStatus,
     AppState,
+    AppType,
     ClusterInfo,
     ErrorCode,
     ExecutorKind,
@@ -63,9 +66,12 @@ from shared.messages import (
     QueryState,
     QueryStimuli,
     ProcessorReplaced,
+    ReadShellOutput,
     ReplaceProcessor,
     RescaleApplication,
     SavepointTaken,
+    ShellOutput,
+    ShellWorkerOutput,
     TakeSavepoint,
     QueryCluster,
     RegisterAppMaster,
@@ -225,6 +231,10 @@ class Master(Service):
         serve, listen, guard = self.bus.serve, self.bus.listen, self.lease.valid
         self._office = [
             await serve(subjects.APP_SUBMIT, {SubmitApplication: self.on_submit}, concurrent=True, guard=guard),
+            await serve(subjects.APP_SUBMIT_SHELL, {SubmitApplication: self.on_submit_shell}, concurrent=True,
+                        guard=guard),
+            await serve(subjects.APP_SHELL_OUTPUT, {ReadShellOutput: self.on_shell_output}, concurrent=True,
+                        guard=guard),
             await serve(subjects.APP_KILL, {KillApplication: self.on_kill}, guard=guard),
             await serve(subjects.APP_SAVEPOINT, {TakeSavepoint: self.on_savepoint}, concurrent=True, guard=guard),
             await serve(subjects.APP_RESTART, {RestartApplication: self.on_restart}, concurrent=True, guard=guard),
@@ -286,8 +296,86 @@ class Master(Service):
     # --- application handlers --------------------------------------------------
 
     async def on_submit(self, msg: SubmitApplication) -> SubmitApplicationResult:
+        return await self._submit(msg, subjects.APP_SUBMIT)
+
+    async def on_submit_shell(self, msg: SubmitApplication) -> SubmitApplicationResult:
+        """A shell app, on the subject of its own that only granted credentials may publish to."""
+        return await self._submit(msg, subjects.APP_SUBMIT_SHELL)
+
+    def _check_type(self, msg: SubmitApplication, subject: str) -> apptypes.ApplicationType | None:
+        """The app's type must be one this cluster knows, submitted where its type says; on a
+        secured cluster a type with a submit subject of its own (shell) is refused elsewhere.
+        Returns the built-in type's declaration (None for a plug-in: the master never loads one)."""
+        known = apptypes.names()
+        if msg.app_type not in known:
+            raise bad_request(f"SubmitApplication.app_type: unknown application type {msg.app_type!r}; this cluster "
+                              f"knows {', '.join(known)}")
+        declared = apptypes.built_in(msg.app_type)
+        wanted = declared.submit_subject if declared else subjects.APP_SUBMIT
+        if subject != wanted and subject != subjects.APP_SUBMIT:
+            raise bad_request(f"{subject} takes {wanted.rpartition('.')[2]} apps only; submit {msg.app_type} apps "
+                              f"on {wanted}")
+        if subject != wanted and self.app_credentials.signer is not None:
+            raise RequestError(ErrorCode.FORBIDDEN, (
+                f"a {msg.app_type} app runs code on every worker it names, so on this secured cluster it is "
+                f"submitted on {wanted} only, which only a credential the operator granted it may publish to "
+                f"(`gearbus security user DIR NAME --allow-{msg.app_type}`); refused on {subject}"))
+        return declared
+
+    def _check_workers(self, msg: SubmitApplication, declared: apptypes.ApplicationType | None) -> None:
+        """The workers an app names must be live, each named once."""
+        if declared is not None and declared.needs_workers and not msg.workers:
+            raise bad_request(f"SubmitApplication.workers: a {msg.app_type} app names the workers it runs on")
+        alive = sorted(w.worker_id for w in self.registry.alive())
+        doubled = sorted({w for w in msg.workers if msg.workers.count(w) > 1})
+        if doubled:
+            raise bad_request(f"SubmitApplication.workers names {', '.join(doubled)} more than once")
+        unknown = [w for w in msg.workers if w not in alive]
+        if unknown:
+            raise not_found(f"no live worker {', '.join(unknown)}: the cluster has {len(alive)} live worker(s)"
+                            + (f": {', '.join(alive)}" if alive else ""))
+
+    async def _submit(self, msg: SubmitApplication, subject: str) -> SubmitApplicationResult:
         if not msg.name.strip():
             raise bad_request("SubmitApplication.name must not be empty")
+        declared = self._check_type(msg, subject)
+        self._check_workers(msg, declared)
+        digest = await self._check_artifact(msg) if msg.artifact or (declared and declared.needs_artifact) else ""
+        app_id = await self.store.next_app_id()
+        record = ApplicationRecord(
+            app_id=app_id, name=msg.name, state=AppState.PENDING, submitted_ms=now_ms(), artifact=msg.artifact,
+            entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args), config=dict(msg.config),
+            user=msg.user, priority=msg.priority, artifact_digest=digest, app_type=msg.app_type,
+            workers=list(msg.workers),
+        )
+        allowed = self._relaunches_allowed(record)
+        await self.store.save(record)
+        # Durable first, then visible (app.list, app.kill) and known to the lifecycle machine
+        # in one step, with the answer waiting: whenever a kill comes from now on, it ends the
+        # app and answers this submission, and the machine launches nothing for it.
+        answer = self._submitters[app_id] = asyncio.get_running_loop().create_future()
+        self.lifecycles.accepted(app_id, allowed)
+        self.apps[app_id] = record
+        log.info("app_submitted", app_id=app_id, name=msg.name, app_type=msg.app_type)
+        try:
+            try:
+                await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
+                               f"creating the snapshot store of app {app_id}")
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError, RequestError) as exc:  # the app fails
+                await self._act(self.lifecycles.launch_failed(
+                    app_id, 0, f"its snapshot store could not be created: {exc!r}"))
+            else:
+                await self._act(self.lifecycles.submitted(app_id, allowed))
+            await answer
+        finally:
+            self._submitters.pop(app_id, None)
+        return SubmitApplicationResult(app_id)
+
+    async def _check_artifact(self, msg: SubmitApplication) -> str:
+        """The artifact's recorded SHA-256, once it is checked: its kind, its entry module, and
+        that it is in the object store as submitted."""
+        if not msg.artifact:
+            raise bad_request(f"SubmitApplication.artifact is empty: a {msg.app_type} app runs an uploaded artifact")
         if msg.artifact_kind not in ("module", "zip"):
             raise bad_request(f"SubmitApplication.artifact_kind must be 'module' or 'zip', got {msg.artifact_kind!r}")
         if not msg.entry.isidentifier():
@@ -311,34 +399,7 @@ class Master(Service):
         if msg.artifact_digest and digest and msg.artifact_digest.lower() != digest:
             raise bad_request(f"artifact {msg.artifact!r} in the object store has SHA-256 {digest}, not the "
                               f"submitted {msg.artifact_digest}: it changed after the upload")
-        app_id = await self.store.next_app_id()
-        record = ApplicationRecord(
-            app_id=app_id, name=msg.name, state=AppState.PENDING, submitted_ms=now_ms(), artifact=msg.artifact,
-            entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args), config=dict(msg.config),
-            user=msg.user, priority=msg.priority, artifact_digest=digest,
-        )
-        allowed = self._relaunches_allowed(record)
-        await self.store.save(record)
-        # Durable first, then visible (app.list, app.kill) and known to the lifecycle machine
-        # in one step, with the answer waiting: whenever a kill comes from now on, it ends the
-        # app and answers this submission, and the machine launches nothing for it.
-        answer = self._submitters[app_id] = asyncio.get_running_loop().create_future()
-        self.lifecycles.accepted(app_id, allowed)
-        self.apps[app_id] = record
-        log.info("app_submitted", app_id=app_id, name=msg.name)
-        try:
-            try:
-                await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
-                               f"creating the snapshot store of app {app_id}")
-            except (nats.errors.Error, nats.js.errors.Error, TimeoutError, RequestError) as exc:  # the app fails
-                await self._act(self.lifecycles.launch_failed(
-                    app_id, 0, f"its snapshot store could not be created: {exc!r}"))
-            else:
-                await self._act(self.lifecycles.submitted(app_id, allowed))
-            await answer
-        finally:
-            self._submitters.pop(app_id, None)
-        return SubmitApplicationResult(app_id)
+        return digest
 
     @staticmethod
     def _relaunches_allowed(record: ApplicationRecord) -> int:
@@ -417,6 +478,7 @@ class Master(Service):
                 args=list(record.args), config=dict(record.config), app_name=record.name, priority=record.priority,
                 attempt=attempt, start_ms=record.submitted_ms, artifact_digest=record.artifact_digest,
                 credentials=self.app_credentials.issue(record.app_id, await self._savepoint_source(record)),
+                app_type=record.app_type, workers=list(record.workers),
             )
             try:
                 await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
@@ -474,16 +536,65 @@ class Master(Service):
         record = self._app(msg.app_id)
         if record.state == AppState.PENDING:
             raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is still starting: restart it once it runs")
+        if record.state == AppState.ACTIVE and record.app_type != AppType.STREAMING:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is a running {record.app_type} app: only a "
+                                                   "streaming app hands its state on to a restart; kill it first")
         config = {k: v for k, v in record.config.items() if k not in ("from_savepoint", "allow_unclaimed_state")}
         savepoint = ""
         if record.state == AppState.ACTIVE:
             taken = await self.on_savepoint(TakeSavepoint(msg.app_id, f"restart-app{msg.app_id}-{now_ms()}", stop=True))
             savepoint = config["from_savepoint"] = taken.name
-        result = await self.on_submit(SubmitApplication(record.name, record.artifact, record.entry, record.artifact_kind,
+        result = await self._submit(SubmitApplication(record.name, record.artifact, record.entry, record.artifact_kind,
                                                         record.args, record.user, record.priority, config,
-                                                        record.artifact_digest))
+                                                        record.artifact_digest, record.app_type, record.workers),
+                                      subjects.APP_SUBMIT)  # as any client may: a restart grants nothing
         log.info("app_restarted", previous_app_id=msg.app_id, app_id=result.app_id, from_savepoint=savepoint)
         return ApplicationRestarted(msg.app_id, result.app_id, savepoint)
+
+    async def on_shell_output(self, msg: ReadShellOutput) -> ShellOutput:
+        """A shell app's output: from its AppMaster while the app runs (which may wait for
+        lines), from what the AppMaster stored once it ended. A killed app's AppMaster stores
+        its output as it stops, once the commands' ends came: until then it answers itself."""
+        record = self._app(msg.app_id)
+        if record.app_type != AppType.SHELL:
+            raise bad_request(f"app {msg.app_id} is a {record.app_type} app: only shell apps keep their output "
+                              "(gearbus logs reads what an app's processes print)")
+        if record.state not in AppState.TERMINAL:
+            reply = await self._ask_shell_appmaster(msg) or ShellOutput(msg.app_id, record.state)
+            if self.apps[msg.app_id].state not in AppState.TERMINAL:
+                return replace(reply, state=self.apps[msg.app_id].state, ended=False)
+            record = self.apps[msg.app_id]
+        stored, complete = await self._stored_shell_output(record)
+        if not complete:
+            if (reply := await self._ask_shell_appmaster(msg)) is not None:
+                return replace(reply, state=record.state, ended=False)  # still storing it
+            stored, _ = await self._stored_shell_output(record)  # it is gone: what it stored is all there is
+        views = read_shell_output(stored, msg.offsets, msg.max_bytes)
+        return ShellOutput(msg.app_id, record.state, views, all(v.next_line >= v.total_lines for v in views))
+
+    async def _ask_shell_appmaster(self, msg: ReadShellOutput) -> ShellOutput | None:
+        """The AppMaster's answer, or None when it does not give one (starting, or gone)."""
+        try:
+            return await self.bus.request(subjects.appmaster_shell_output(msg.app_id), msg, expect=ShellOutput,
+                                          timeout=min(max(msg.wait_ms, 0), 10_000) / 1000 + 5)
+        except RequestError as exc:
+            log.info("shell_output_not_read", app_id=msg.app_id, error=exc.message)
+            return None
+
+    async def _stored_shell_output(self, record: ApplicationRecord) -> tuple[list[ShellWorkerOutput], bool]:
+        """What an ended shell app's AppMaster stored of each worker's command, and whether it
+        stored every one."""
+        kv = await self.bus.js.key_value(subjects.CHECKPOINT_BUCKET)
+        outputs, complete = [], True
+        for executor_id, worker_id in enumerate(record.workers):
+            key = subjects.shell_output_key(record.app_id, executor_id)
+            try:
+                outputs.append(ShellWorkerOutput._from_fields(msgpack.unpackb((await kv.get(key)).value), key))
+            except nats.js.errors.KeyNotFoundError:
+                complete = False
+                outputs.append(ShellWorkerOutput(worker_id, "lost", 0, detail="its output was not kept: the app's "
+                                                                            "AppMaster ended before it stored it"))
+        return outputs, complete
 
     async def on_status(self, msg: QueryApplication) -> ApplicationStatus:
         return ApplicationStatus(self._summary(self._app(msg.app_id)))
@@ -597,7 +708,7 @@ class Master(Service):
         if msg.worker_id not in self.scheduler.workers_of(msg.app_id):
             raise RequestError(ErrorCode.CONFLICT, f"worker {msg.worker_id!r} holds no slot of app {msg.app_id}")
         launch = replace(msg, artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
-                         artifact_digest=record.artifact_digest, worker_id="",
+                         artifact_digest=record.artifact_digest, worker_id="", app_type=record.app_type,
                          credentials=self.app_credentials.issue(msg.app_id, await self._savepoint_source(record)))
         return await self.bus.request(subjects.worker_launch(msg.worker_id), launch, expect=ExecutorLaunched)
 

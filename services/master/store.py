@@ -13,7 +13,7 @@ import nats.js.errors
 
 from services.master.lease import LeaseLost
 from shared import subjects
-from shared.messages import AppError, AppState, AppSummary, Struct
+from shared.messages import AppError, AppState, AppSummary, AppType, Struct
 
 API_TIMEOUT_S = 5.0  # a JetStream API request (nats-py's default)
 
@@ -46,6 +46,8 @@ class ApplicationRecord(Struct):
     appmaster_worker: str = ""
     artifact_digest: str = ""
     appmaster_attempt: int = 0  # the current AppMaster's attempt (0 first; each relaunch adds 1)
+    app_type: str = AppType.STREAMING
+    workers: list[str] = dataclasses.field(default_factory=list)  # SubmitApplication.workers
 
     def can_become(self, state: str) -> bool:
         return state in TRANSITIONS[self.state]
@@ -60,6 +62,7 @@ class ApplicationRecord(Struct):
             user=self.user,
             error=self.error,
             appmaster_worker=self.appmaster_worker,
+            app_type=self.app_type,
             **live,
         )
 

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import structlog
 
-from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, WORKER_GONE_SIGNAL, encode_launch
+from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, WORKER_GONE_SIGNAL, die_with_parent, encode_launch
 from services.worker.last_error import last_error_line
 from shared import subjects
 from shared.bus import RequestError, RequestTimeout, add_nats_argument, bad_request, nats_servers
@@ -45,16 +42,7 @@ from shared.service import Service, role_command, run_service
 
 log = structlog.get_logger()
 
-PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0
-
-
-def _die_with_parent(sig: int) -> Callable[[], None]:
-    """For the child before exec: get ``sig`` when the worker dies, even by SIGKILL (Linux)."""
-    def set_death_signal() -> None:
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
-    return set_death_signal
 
 
 @dataclass
@@ -178,7 +166,7 @@ class Worker(Service):
             # kills it too unless it is far enough along to report its own end first.
             death = WORKER_GONE_SIGNAL if msg.kind == ExecutorKind.EXECUTOR else signal.SIGKILL
             with open(log_path, "ab") as output:  # the child writes it directly: it outlives this worker
-                process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=_die_with_parent(death),
+                process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=die_with_parent(death),
                                                                stdin=asyncio.subprocess.DEVNULL, stdout=output,
                                                                stderr=asyncio.subprocess.STDOUT)
         except OSError:

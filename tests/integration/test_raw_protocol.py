@@ -456,7 +456,7 @@ def test_doc_describes_every_message_field_and_subject():
                    "master_registry_key": "`master.<id>`",
                    "checkpoint_object": "`app<app>/cp<id>e<epoch>/<processor>.<index>`",
                    "checkpoint_key": "`app<app>.cp<id>`", "checkpoint_latest_key": "`app<app>.latest`",
-                   "checkpoint_epoch_key": "`app<app>.epoch`",
+                   "checkpoint_epoch_key": "`app<app>.epoch`", "shell_output_key": "`app<app>.shell<executor>`",
                    "checkpoint_app_prefix": "`app<app>.`",
                    "savepoint_object": "`savepoints/<name>/<step>/<index>`", "savepoint_key": "`savepoint.<name>`"}
         if name in kv_keys:  # keys and object names of the buckets, listed with the buckets

@@ -17,12 +17,13 @@ import pytest
 from gearbus.artifact import pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
-from gearbus.security import SecurityDir, init
+from gearbus.security import SecurityDir, add_user, init
 from services.master.credentials import AppCredentials
 from shared import digests, subjects
-from shared.bus import RemoteError
+from shared.bus import RemoteError, RequestError
 from shared.messages import (
     AppState,
+    AppType,
     ErrorCode,
     ExecutorKind,
     LaunchExecutor,
@@ -30,7 +31,8 @@ from shared.messages import (
     SubmitApplication,
 )
 from shared.security import Security
-from tests.support.cluster import wait_state
+from tests.support.cli import gearbus
+from tests.support.cluster import wait_for_cluster, wait_state
 from tests.support.paths import APPS, EXAMPLES, REPO
 from tests.support.ticker import read_ticks, wait_for_ticks
 
@@ -323,6 +325,29 @@ async def test_a_restart_from_a_savepoint_reads_the_old_apps_store_with_the_new_
         seen = await wait_for_ticks(client, ticks, max(read_ticks(ticks)) + 100, 30, watcher)
         await client.kill(second)
     assert sorted(seen) == list(range(max(seen) + 1)), "numbers lost or written twice across the restart"
+
+
+async def test_only_a_credential_the_operator_granted_shell_may_run_one(secure_cluster, security_dir):
+    """A shell app runs a command on every worker it names: the client credential may not
+    submit one (the server refuses its publish, the master one submitted elsewhere), each
+    refused with why; a user made with --allow-shell runs it."""
+    async with Client(secure_cluster.url, timeout=30, security=security_dir.security("client")) as client, \
+            Client(secure_cluster.url, timeout=30, security=security_dir.security("master")) as watcher:
+        await wait_for_cluster(client, lambda info: sum(w.alive for w in info.workers) == 2, watcher=watcher)
+        with pytest.raises(RequestError) as refused:
+            await client.submit_shell(["touch", "/tmp/never"], ["worker-0"])
+        assert refused.value.code == ErrorCode.FORBIDDEN
+        assert "may not submit shell apps" in refused.value.message and "--allow-shell" in refused.value.message
+        elsewhere = SubmitApplication("sneaky", "", "", args=["true"], app_type=AppType.SHELL, workers=["worker-0"])
+        with pytest.raises(RemoteError) as refused:
+            await client._request(subjects.APP_SUBMIT, elsewhere, timeout=10, idempotent=False)
+        assert refused.value.code == ErrorCode.FORBIDDEN and "submitted on app.submit.shell only" in \
+            refused.value.message
+        assert await client.list() == []
+    add_user(security_dir.path, "ops", allow_shell=True)
+    code, out, err = await gearbus("shell", "--nats", secure_cluster.url, *security_dir.role_args("ops"),
+                                   "--workers", "worker-1", "--", "echo", "granted")
+    assert code == 0 and out == "[worker-1] granted\n", err
 
 
 def run_master(*args: str) -> subprocess.CompletedProcess:
