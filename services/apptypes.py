@@ -13,7 +13,6 @@ read only the names) and the workers (whose processes load it)."""
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -23,7 +22,6 @@ from shared import subjects
 from shared.messages import AppType
 
 ENTRY_POINT_GROUP = "gearbus.app_types"
-TYPE_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 EXIT_UNKNOWN_TYPE = 2
 
 

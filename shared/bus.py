@@ -33,7 +33,8 @@ Handler = Callable[[Message], Awaitable[Message | None]]
 
 NATS_URL_ENV = "GEARBUS_NATS_URL"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-#: How nats-server refuses a publish this connection's credential may not make (the connection stays up).
+#: How nats-server refuses a publish this connection's credential may not make (the connection stays up;
+#: nats-py lowercases the error's text, so subjects are matched lowercased).
 _PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
@@ -187,7 +188,7 @@ class Bus:
         self._inflight: set[asyncio.Task] = set()
         self._subs = []
         self._closing = False
-        self._refusals: dict[str, set[asyncio.Future]] = {}  # subject -> requests waiting on it
+        self._refusals: dict[str, set[asyncio.Future]] = {}  # subject, lowercased -> requests waiting on it
 
     async def connect(self, timeout: float = 10.0, reachable_within: float | None = None) -> None:
         """Connect, reconnecting for as long as the process lives once connected.
@@ -322,7 +323,7 @@ class Bus:
         """One request; a publish the server refuses this credential fails at once (FORBIDDEN),
         not after the timeout."""
         refused = asyncio.get_running_loop().create_future()
-        waiting = self._refusals.setdefault(subject, set())
+        waiting = self._refusals.setdefault(subject.lower(), set())
         waiting.add(refused)
         request = asyncio.ensure_future(self.nc.request(subject, data, timeout=timeout))
         try:
@@ -333,7 +334,7 @@ class Bus:
         finally:
             waiting.discard(refused)
             if not waiting:
-                self._refusals.pop(subject, None)
+                self._refusals.pop(subject.lower(), None)
         if not request.done():
             request.cancel()
             raise RequestError(ErrorCode.FORBIDDEN, f"the NATS server refused this credential publishing to {subject} "

@@ -200,6 +200,7 @@ class _Worker:
     kept_bytes: int = 0
     next_seq: int = 0  # the ShellLines batch expected next
     deadline: float | None = None  # when it is stopped (--timeout after its executor registered)
+    timed_out: bool = False  # it was stopped at its deadline: a failure, however it exited
 
     def __post_init__(self):
         self.lines = collections.deque()
@@ -237,7 +238,6 @@ class ShellAppState:
         self.timeout_s = float(timeout_s)
         self.output_bytes = output_bytes
         self.phase = Phase.STARTING
-        self.timed_out = False  # a command was stopped at its deadline
         self.stopped = ""  # why the process was stopped (a kill), if it was
         self.outcome: tuple[str, AppError | None] | None = None
         self.active_reported = False
@@ -356,7 +356,6 @@ class ShellAppState:
         out: list[Instruction] = []
         for executor_id, worker in enumerate(self.workers):
             if worker.state is Command.RUNNING and worker.deadline is not None and now >= worker.deadline:
-                self.timed_out = True
                 out += [Logged("shell_timed_out", "warning", (("worker_id", worker.worker_id),
                                                               ("timeout_s", self.timeout_s)))]
                 out += self._stop(executor_id, worker)
@@ -420,6 +419,7 @@ class ShellAppState:
 
     def _stop(self, executor_id: int, worker: _Worker) -> list[Instruction]:
         self._command(worker, Command.STOPPING)
+        worker.timed_out = True
         worker.detail = f"stopped: it ran past the {self.timeout_s:g} s timeout"
         return [StopCommand(executor_id, worker.detail)]
 
@@ -445,14 +445,14 @@ class ShellAppState:
         if self.phase is Phase.STOPPING:  # killed: the master decided the app's end
             self._move(Phase.ENDED)
             return [StoreOutput()]
-        failed = [w for w in self.workers if w.state is Command.LOST or w.exit_code != 0]
+        failed = [w for w in self.workers if w.state is Command.LOST or w.exit_code != 0 or w.timed_out]
         if not failed:
             self.outcome = (AppState.SUCCEEDED, None)
         else:
             what = "; ".join(f"{w.worker_id}: " + (f"exit code {w.exit_code}" if w.state is Command.EXITED
                                                    else "lost") + (f" ({w.detail})" if w.detail else "")
                              for w in failed)
-            kind = "TimedOut" if self.timed_out else "CommandLost" if all(
+            kind = "TimedOut" if all(w.timed_out for w in failed) else "CommandLost" if all(
                 w.state is Command.LOST for w in failed) else "CommandFailed"
             self.outcome = (AppState.FAILED, AppError(
                 kind, f"the command failed on {len(failed)} of {len(self.workers)} worker(s): {what}",
@@ -471,15 +471,15 @@ class ShellAppState:
         assert self.phase is not Phase.STARTING or all(w.state is Command.WAITING for w in self.workers)
         assert (self.outcome is None) or ended, "an outcome before every command ended"
         assert self.outcome is None or (self.outcome[0] == AppState.SUCCEEDED) == all(
-            w.state is Command.EXITED and w.exit_code == 0 for w in self.workers), self.outcome
-        assert not self.timed_out or self.timeout_s > 0
+            w.state is Command.EXITED and w.exit_code == 0 and not w.timed_out for w in self.workers), self.outcome
         for w in self.workers:
             assert (w.exit_code is not None) == (w.state is Command.EXITED), w
             assert w.kept_bytes == sum(_size(line) for line in w.lines), w.worker_id
             assert w.kept_bytes <= self.output_bytes or len(w.lines) == 1, w.worker_id
             assert all(len(line.text) <= MAX_SHELL_LINE_CHARS + len(CUT_MARK) for line in w.lines), w.worker_id
             assert w.first_line >= 0 and w.next_seq >= 0
-            assert w.state is not Command.STOPPING or self.timed_out, w
+            assert w.state is not Command.STOPPING or w.timed_out, w
+            assert not w.timed_out or (self.timeout_s > 0 and w.state in (Command.STOPPING, *ENDED_COMMANDS)), w
             assert w.deadline is None or (self.timeout_s > 0 and w.state not in (Command.WAITING, Command.STARTING)), w
 
 

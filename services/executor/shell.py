@@ -4,7 +4,8 @@ sends its stdout and stderr lines to the AppMaster in order as they come, then i
 code. A command that does not exist exits 127 with a line on stderr saying so, as a shell
 would. Asked to stop (StopShellCommand, past the app's timeout) or stopped itself (SIGTERM:
 the app was killed), it ends the command's process group with SIGTERM, then SIGKILL after
-``STOP_GRACE_S``, and reports how it ended."""
+``STOP_GRACE_S`` to whatever of the group is left (children that outlive the command's own
+process included), and reports how it ended."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ log = structlog.get_logger()
 
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this (within the worker's own 5 s grace for this process)
 LINGER_S = 0.05  # lines wait this long for more before they are sent
-BATCH_BYTES = 256 * 1024  # at most this much line text per ShellLines
+BATCH_BYTES = 256 * 1024  # at most this much per ShellLines, encoded (well under NATS's 1 MB default payload)
+LINE_OVERHEAD = 32  # what a ShellLine costs on the wire beside its text (a msgpack map of two)
 PENDING_BYTES = 4 * 1024 * 1024  # lines not sent yet beyond this: the command's output is read no further for now
 READ_BYTES = 64 * 1024
 LINE_BYTES = 4 * MAX_SHELL_LINE_CHARS  # a longer line is passed on cut (the AppMaster keeps MAX_SHELL_LINE_CHARS)
@@ -75,11 +77,11 @@ class ShellExecutor(Service):
         self.command = self.spawn(self.run_command(), "command")
 
     async def shutdown(self) -> None:
-        """SIGTERM (the app was killed, or the worker stops): end the command, and report it
-        while the AppMaster may still hear."""
+        """SIGTERM (the app was killed, or the worker stops): end the command (or keep it
+        from starting), and report it while the AppMaster may still hear."""
         self._closing = True
-        if self.process is not None and self.process.returncode is None:
-            self.stop_reason = self.stop_reason or "stopped: the app was killed"
+        self.stop_reason = self.stop_reason or "stopped: the app was killed"
+        if self.process is not None:
             await self.terminate()
         if self.command is not None and not self.command.done():
             await asyncio.wait([self.command], timeout=2 * CLOSING_PATIENCE_S)
@@ -89,7 +91,7 @@ class ShellExecutor(Service):
     async def on_stop(self, msg: StopShellCommand) -> None:
         self.stop_reason = msg.reason or "stopped by its AppMaster"
         log.info("shell_command_stopping", reason=self.stop_reason)
-        if self._terminating is None:
+        if self._terminating is None and self.process is not None:  # else run_command stops it once started
             self._terminating = self.spawn(self.terminate(), "terminate")
 
     # --- the command --------------------------------------------------------------------
@@ -98,6 +100,8 @@ class ShellExecutor(Service):
         argv = list(self.launch.args)
         env = {k: v for k, v in os.environ.items() if not k.startswith(PRIVATE_ENV_PREFIX)}
         try:
+            if not argv:
+                raise ValueError("no command")
             self.process = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
@@ -123,20 +127,24 @@ class ShellExecutor(Service):
         await self._finish(exit_code_of(returncode), returncode)
 
     async def terminate(self) -> None:
-        """SIGTERM to the command's process group, SIGKILL after the grace."""
+        """SIGTERM to the command's process group; SIGKILL after the grace to what is left of
+        it, the command's own process or any child of it (the group outlives its leader, and
+        a child holding the pipes keeps the command from ending)."""
         process = self.process
-        if process is None or process.returncode is not None:
+        if process is None:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_GRACE_S
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(process.pid, sig)
-            except ProcessLookupError:
+            except ProcessLookupError:  # the group is gone
                 return
-            try:
-                await asyncio.wait_for(asyncio.shield(process.wait()), STOP_GRACE_S)
-                return
-            except asyncio.TimeoutError:
-                log.warning("shell_command_ignored_sigterm", pid=process.pid, grace_s=STOP_GRACE_S)
+            while sig == signal.SIGTERM and loop.time() < deadline:
+                if process.returncode is not None and not _group_alive(process.pid):
+                    return
+                await asyncio.sleep(0.05)
+        log.warning("shell_command_killed", pid=process.pid, grace_s=STOP_GRACE_S)
 
     async def _finish(self, code: int, returncode: int | None = None) -> None:
         if not self.all_read:  # not started: its one line
@@ -177,7 +185,7 @@ class ShellExecutor(Service):
     def _add(self, stream: str, raw: bytes) -> None:
         text = raw[:LINE_BYTES].decode("utf-8", "replace").removesuffix("\r")
         self.pending.append(ShellLine(stream, text))
-        self.pending_bytes += len(text)
+        self.pending_bytes += _wire_size(text)
         self.lines_ready.set()
         if self.pending_bytes > PENDING_BYTES:
             self.room.clear()
@@ -195,10 +203,10 @@ class ShellExecutor(Service):
                 await asyncio.sleep(LINGER_S)
             batch, size = [], 0
             for line in self.pending:
-                if batch and size + len(line.text) > BATCH_BYTES:
+                if batch and size + _wire_size(line.text) > BATCH_BYTES:
                     break
                 batch.append(line)
-                size += len(line.text)
+                size += _wire_size(line.text)
             del self.pending[:len(batch)]
             self.pending_bytes -= size
             if self.pending_bytes <= PENDING_BYTES:
@@ -218,6 +226,20 @@ class ShellExecutor(Service):
             if not self._closing:
                 await self.terminate()
                 raise RuntimeError(f"the AppMaster did not take {type(message).__name__}: {exc.message}") from None
+
+
+def _wire_size(text: str) -> int:
+    """What a line costs in a ShellLines message (an empty one too)."""
+    return len(text.encode()) + LINE_OVERHEAD
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a process (a zombie one included)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

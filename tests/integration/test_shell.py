@@ -78,6 +78,12 @@ async def test_a_command_past_its_timeout_is_stopped(shell_cluster):
     assert code == 1
     assert "[worker-0] exit 143 (stopped: it ran past the 1 s timeout; ended by SIGTERM)" in err, err
     assert "TimedOut" in err
+    # The command's own process exits 0 at once; a child that ignores SIGTERM holds its
+    # output open: the group is killed after the grace, and the app fails all the same.
+    code, out, err = await shell(shell_cluster, "--workers", "1", "--timeout", "1", "--", "sh", "-c",
+                                 '(trap "" TERM; exec sleep 600) & echo left a child')
+    assert (code, out) == (1, "[worker-0] left a child\n"), err
+    assert "[worker-0] exit 0 (stopped: it ran past the 1 s timeout)" in err and "TimedOut" in err, err
 
 
 async def test_more_workers_than_the_cluster_has_are_refused_before_anything_runs(shell_cluster, client):

@@ -102,6 +102,23 @@ def test_the_timeout_stops_each_command_that_long_after_it_started():
     assert report.error.error_type == "TimedOut" and "w1: exit code 143" in report.error.message
 
 
+def test_a_command_stopped_at_the_deadline_fails_the_app_even_when_it_exits_zero():
+    """A command that traps SIGTERM and exits 0 (or ends by itself as the stop comes) ran
+    past its timeout all the same; the other worker's real failure names the kind."""
+    m = running(timeout_s=5.0)
+    assert kinds(m.tick(5.0), StopCommand) == [StopCommand(0, "stopped: it ran past the 5 s timeout"),
+                                               StopCommand(1, "stopped: it ran past the 5 s timeout")]
+    m.exited(0, 0, "stopped: it ran past the 5 s timeout")
+    [_, report] = m.exited(1, 0, "")
+    assert report.state == AppState.FAILED and report.error.error_type == "TimedOut"
+    assert "2 of 2" in report.error.message
+    mixed = running(timeout_s=5.0)
+    mixed.exited(1, 1, "")
+    mixed.tick(5.0)
+    [_, report] = mixed.exited(0, 0, "")
+    assert report.error.error_type == "CommandFailed" and "w1: exit code 1" in report.error.message
+
+
 def test_an_executor_lost_before_its_exit_fails_the_app_and_its_later_end_changes_nothing():
     m = running()
     m.exited(1, 0, "")
