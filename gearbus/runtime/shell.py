@@ -219,6 +219,10 @@ class _Worker:
             self.first_line += 1
 
 
+#: The most line bytes one read answers with (beside one line of a worker when less came before).
+MAX_READ_BYTES = 512 * 1024
+
+
 def _size(line: ShellLine) -> int:
     return len(line.text.encode("utf-8", "surrogatepass")) + SHELL_LINE_OVERHEAD
 
@@ -485,20 +489,22 @@ class ShellAppState:
 
 def read(outputs: list[ShellWorkerOutput], offsets: dict[str, int], max_bytes: int) -> list[ShellWorkerOutput]:
     """Each worker's kept lines from ``offsets[worker]`` (0 when absent) on, within
-    ``max_bytes`` of text in all but at least one line per worker with any: from the
-    AppMaster's machine, or from what it stored."""
-    budget, views = max(max_bytes, 0), []
+    ``max_bytes`` of text in all (at most MAX_READ_BYTES) but at least one line per worker
+    with any while the reply holds less than MAX_READ_BYTES (so it stays under NATS's
+    payload limit, however many workers): from the AppMaster's machine, or from what it
+    stored. A reader reads on from each ``next_line``."""
+    budget, total, views = min(max(max_bytes, 0), MAX_READ_BYTES), 0, []
     for out in outputs:
         offset = max(int(offsets.get(out.worker_id, 0)), 0)
         start = max(offset, out.first_line)
         dropped = max(out.first_line - offset, 0)
         taken, size = [], 0
         for line in out.lines[min(start - out.first_line, len(out.lines)):]:
-            if taken and size + _size(line) > budget:
+            if (taken or total >= MAX_READ_BYTES) and size + _size(line) > budget:
                 break
             taken.append(line)
             size += _size(line)
-        budget = max(budget - size, 0)
+        budget, total = max(budget - size, 0), total + size
         next_line = start + len(taken)
         views.append(ShellWorkerOutput(out.worker_id, out.status, start, taken, next_line, out.total_lines,
                                        dropped, out.exit_code, out.detail))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gearbus.runtime.shell import (CUT_MARK, Command, LaunchExecutor, Logged, Phase, Refused, ReportState,
+from gearbus.runtime.shell import (CUT_MARK, MAX_READ_BYTES, Command, LaunchExecutor, Logged, Phase, Refused, ReportState,
                                    RequestSlot, ShellAppState, Shutdown, StopCommand, StoreOutput, WorkerChoiceError,
                                    choose_workers)
 from shared.messages import MAX_SHELL_LINE_CHARS, AppState, ErrorCode, ShellLine
@@ -197,6 +197,22 @@ def test_a_long_line_is_cut_and_a_read_takes_at_least_one_line_per_worker():
     [w0, w1] = m.output({}, 1)
     assert w0.lines[0].text.endswith(CUT_MARK) and len(w0.lines) == 1
     assert [x.text for x in w1.lines] == ["y"] and w1.next_line == 1
+
+
+def test_a_read_stays_within_its_bound_however_many_workers_and_readers_read_on():
+    """Sixty workers with a long line each: one read would be ~1 MB with a line per worker;
+    it stops at the bound and the rest come from the next reads."""
+    workers = [f"w{i}" for i in range(60)]
+    m = running(workers)
+    for i in range(60):
+        m.lines(i, 0, lines("x" * MAX_SHELL_LINE_CHARS))
+    offsets, reads = {}, 0
+    while not offsets or any(offsets[w] < 1 for w in workers):
+        views = m.output(offsets, 10**9)
+        assert sum(len(line.text) for v in views for line in v.lines) <= MAX_READ_BYTES + MAX_SHELL_LINE_CHARS
+        offsets.update({v.worker_id: v.next_line for v in views})
+        reads += 1
+    assert reads == 2
 
 
 def test_which_workers_a_selection_means():
