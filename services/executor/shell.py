@@ -15,7 +15,7 @@ import signal
 
 import structlog
 
-from services.launch import WORKER_ENV, die_with_parent, launch_from_env, launch_security, parse_launched_args
+from services.launch import WORKER_ENV, WORKER_GONE_SIGNAL, die_with_parent, launch_from_env, launch_security, parse_launched_args
 from shared import subjects
 from shared.bus import RequestError
 from shared.logging import configure
@@ -39,6 +39,7 @@ CLOSING_PATIENCE_S = 2.0  # while this process is being stopped
 REGISTER_PATIENCE_S = 15.0
 EXIT_NOT_FOUND = 127  # a shell's codes: no such command,
 EXIT_CANNOT_RUN = 126  # and a command that cannot be run
+EXIT_WORKER_GONE = 128 + WORKER_GONE_SIGNAL  # this process, when its worker died
 #: Variables of the launch (the app's NATS credential among them) that the command must not see.
 PRIVATE_ENV_PREFIX = "GEARBUS_"
 
@@ -69,6 +70,7 @@ class ShellExecutor(Service):
         self._closing = False
 
     async def setup(self) -> None:
+        signal.signal(WORKER_GONE_SIGNAL, self._worker_gone)
         await self.bus.serve(subjects.executor_control(self.app_id, self.executor_id),
                              {StopShellCommand: self.on_stop})
         await self.bus.request(subjects.appmaster_executor_register(self.app_id),
@@ -85,6 +87,16 @@ class ShellExecutor(Service):
             await self.terminate()
         if self.command is not None and not self.command.done():
             await asyncio.wait([self.command], timeout=2 * CLOSING_PATIENCE_S)
+
+    def _worker_gone(self, signum, frame) -> None:
+        """The worker died (its death signal to this process): the command's whole group
+        dies with it, as this process does (the AppMaster counts the command lost)."""
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(EXIT_WORKER_GONE)
 
     # --- handlers ----------------------------------------------------------------------
 

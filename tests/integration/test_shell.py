@@ -124,3 +124,28 @@ async def test_kill_ends_a_long_running_shell_and_its_commands(shell_cluster, cl
     for worker in WORKERS:
         assert f"[{worker}] exit 143 (stopped: the app was killed; ended by SIGTERM)" in err.decode()
     assert (await client.status(app_id)).state == AppState.TERMINATED
+
+
+async def test_a_dead_worker_takes_its_whole_command_with_it(shell_cluster, client):
+    """The worker is SIGKILLed: its executor's death signal kills the command's process
+    group, a child that ignores SIGTERM included, and the shell ends non-zero. (Last in
+    this file: the shared cluster has one worker left after it.)"""
+    process = await asyncio.create_subprocess_exec(
+        *GEARBUS, "shell", "--nats", shell_cluster.url, "--workers", "worker-1", "--", "sh", "-c",
+        '(trap "" TERM; exec sleep 601) & echo started; exec sleep 601', cwd=REPO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(60):
+            assert await process.stdout.readline() == b"[worker-1] started\n"
+        [executor] = [pid for pid, worker, kind in shell_cluster.processes() if kind == "executor"]
+        [command] = children_of(executor)
+        [left_behind] = children_of(command)
+        shell_cluster.workers["worker-1"].kill()
+        async with asyncio.timeout(30):
+            await asyncio.gather(wait_exited(command, 30), wait_exited(left_behind, 30))
+            await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 1
