@@ -44,7 +44,8 @@ class ShellAppMaster(common.AppMasterProcess):
     def __init__(self, servers, launch: LaunchExecutor, worker_id: str, security: Security = Security()):
         super().__init__(servers, launch, worker_id, security)
         self.state: sh.ShellAppState | None = None
-        self._changed = asyncio.Event()  # set (and replaced) whenever the machine took an event
+        self._changed = asyncio.Event()  # set (and replaced) whenever what a reader sees changed
+        self._seen_changes = 0  # the machine's change count when readers were last woken
         self._stored = asyncio.Event()  # the output is stored (or failed to be)
         self._instructions = {
             sh.RequestSlot: self._spawning(self._request_slot, "request-slot"),
@@ -121,9 +122,14 @@ class ShellAppMaster(common.AppMasterProcess):
     # --- carrying out the machine's instructions ---------------------------------------------
 
     async def carry_out(self, instructions: list) -> None:
-        """Do what the machine asked, in order; an instruction with no handler is a bug, and fails loudly."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Wake the readers waiting if what they see changed (new lines, a command's or the
+        app's state: the machine counts it, a tick with nothing due changes nothing), then do
+        what the machine asked, in order; an instruction with no handler is a bug, and fails
+        loudly."""
+        if self.state is not None and self.state.changes != self._seen_changes:
+            self._seen_changes = self.state.changes
+            self._changed.set()
+            self._changed = asyncio.Event()
         await common.dispatch(self._instructions, instructions, "the shell AppMaster")
 
     def _spawning(self, method, name: str):

@@ -594,6 +594,9 @@ class Master(Service):
                 complete = False
                 outputs.append(ShellWorkerOutput(worker_id, "lost", 0, detail="its output was not kept: the app's "
                                                                             "AppMaster ended before it stored it"))
+            except (ValueError, TypeError, msgpack.UnpackException) as exc:  # not what an AppMaster stores
+                log.error("shell_output_unreadable", app_id=record.app_id, key=key, error=repr(exc))
+                outputs.append(ShellWorkerOutput(worker_id, "lost", 0, detail=f"its stored output is unreadable: {exc}"))
         return outputs, complete
 
     async def on_status(self, msg: QueryApplication) -> ApplicationStatus:
