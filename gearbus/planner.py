@@ -59,6 +59,7 @@ from gearbus.api.steps import (
     Step,
     TableJoin,
     WindowJoin,
+    for_step,
 )
 from gearbus.api.windows import GlobalWindows
 from gearbus.runtime.async_map import AsyncMapOp
@@ -84,6 +85,7 @@ from gearbus.runtime.windows import WindowOperator
 DEFAULT_COMBINE_KEYS = 100_000
 RUNNERS = ("test", "local", "cluster")
 HASH_BY_KEY = functools.partial(HashPartitioner, by_key=True)
+JOIN_SIDES = ("left", "right")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -241,8 +243,7 @@ def connect(layout: Layout) -> None:
             upstream = layout.segment_of[input_step]
             if isinstance(segment.head, Join) or isinstance(input_step, GroupBy):
                 via = input_step.via if isinstance(input_step, Repartition) else "jetstream" if every_shuffle else "bus"
-                edge = f"{segment.head.name}.{('left', 'right')[side]}" if isinstance(segment.head, Join) \
-                    else input_step.name
+                edge = _join_side(segment.head, side) if isinstance(segment.head, Join) else input_step.name
                 partitioner = HASH_BY_KEY() if via == "bus" else IntermediateStream(
                     edge, getattr(input_step, "partitions", None) or 0)
             elif upstream.parallelism == segment.parallelism:
@@ -273,7 +274,7 @@ def key_join_inputs(layout: Layout) -> None:
             if len(layout.consumers[input_step]) == 1 and not isinstance(upstream.head, Process):
                 upstream.ops.append(key_op)
                 continue
-            keying = Segment(JoinInput(name=f"{join.name}.{('left', 'right')[side]}", inputs=(input_step,)),
+            keying = Segment(JoinInput(name=_join_side(join, side), inputs=(input_step,)),
                               upstream.parallelism)
             keying.steps.append(keying.head)
             keying.inputs.append((upstream, CoLocationPartitioner()))
@@ -281,6 +282,11 @@ def key_join_inputs(layout: Layout) -> None:
             layout.segments.insert(after, keying)
             after += 1
             join_segment.inputs[side] = (keying, join_segment.inputs[side][1])
+
+
+def _join_side(join: Join, side: int) -> str:
+    """The name of one input of ``join``: ``<join>.left`` or ``<join>.right``."""
+    return f"{join.name}.{JOIN_SIDES[side]}"
 
 
 def combine_map_side(layout: Layout, combine_keys: int) -> None:
@@ -467,7 +473,7 @@ _OPERATORS: dict[type[Step], Callable[[Any], Op]] = {
 def _operator(step: Step) -> Op | None:
     """The chained operator of ``step``; sources, merges, custom processors and join
     inputs have none (their processor does their part)."""
-    make = next((_OPERATORS[kind] for kind in type(step).__mro__ if kind in _OPERATORS), None)
+    make = for_step(_OPERATORS, step)
     return make(step) if make is not None else None
 
 
@@ -554,10 +560,11 @@ def describe(app: Application) -> dict:
     plan = {"name": app.name, "processors": processors, "edges": edges, "config": _jsonable(app.config)}
     streams = intermediate_streams(app)
     if streams:
-        stage_of = {p: n for n, members in enumerate(stages(app)) for p in members}
+        cut = stages(app)
+        stage_of = {p: n for n, members in enumerate(cut) for p in members}
         for processor in processors:
             processor["stage"] = stage_of[processor["id"]]
-        plan["stages"] = [{"stage": n, "processors": members} for n, members in enumerate(stages(app))]
+        plan["stages"] = [{"stage": n, "processors": members} for n, members in enumerate(cut)]
         plan["streams"] = [{"name": s.stream, "subjects": s.subjects, "partitions": s.partitions, "edge": s.edge,
                             "from": e.upstream.id, "to": e.downstream.id, "from_stage": stage_of[e.upstream.id],
                             "to_stage": stage_of[e.downstream.id]} for e, s in streams]
@@ -575,7 +582,7 @@ def _join_description(graph, processor: Processor) -> dict:
         at_sender = [op for branch, _ in _branches(edge.partitioner) for op in branch]
         for op in edge.upstream.config.get("ops", []) + at_sender:
             if isinstance(op, JoinInputOp) and op.step == ops[0].step:
-                sides[("left", "right")[op.side]] = edge.upstream.id
+                sides[JOIN_SIDES[op.side]] = edge.upstream.id
     return {"join": {"step": ops[0].step, "operator": type(ops[0]).__name__, **sides,
                      "co_partitioned": f"both sides hash-partitioned by the join key into {processor.parallelism} tasks"}}
 

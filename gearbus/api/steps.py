@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from gearbus.api.aggregators import Aggregator
 from gearbus.api.task import DataSink, DataSource, Task
@@ -167,3 +167,12 @@ class Process(Step):
 class Sink(Step):
     kind: ClassVar[str] = "sink"
     data_sink: DataSink
+
+
+T = TypeVar("T")
+
+
+def for_step(table: dict[type[Step], T], step: Step) -> T | None:
+    """What ``table`` holds for ``step``'s class or the nearest of its bases (a repartition
+    is translated as a group_by unless the table says otherwise); None for none."""
+    return next((table[kind] for kind in type(step).__mro__ if kind in table), None)

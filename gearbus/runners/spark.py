@@ -56,6 +56,7 @@ from gearbus.api.steps import (
     Step,
     TableJoin,
     WindowJoin,
+    for_step,
 )
 from gearbus.api.graph import GraphError
 from gearbus.api.task import now_ms
@@ -167,7 +168,7 @@ class SparkPlan:
         self.cached: list = []   # RDDs persisted for this run, released after it
         self.ingestion_ms = now_ms()
         for step in pipeline.steps:
-            translate = next((TRANSLATIONS[kind] for kind in type(step).__mro__ if kind in TRANSLATIONS), None)
+            translate = for_step(TRANSLATIONS, step)
             if translate is None:
                 raise GraphError(f"step {step.name!r} ({step.kind}) cannot run on the spark runner")
             translate(self, step)
