@@ -250,7 +250,6 @@ class _Pending:
     root: int = 0  # the oldest root among the acks so far (0: none yet)
     chained: list[TaskKey] = dataclasses.field(default_factory=list)  # tasks whose snapshot builds on another
     depth: int = 0  # the deepest of their chains
-    park: bool = False  # the tasks park after it
 
 
 @dataclass(frozen=True)
@@ -401,7 +400,7 @@ class CheckpointCoordinator:
                         + self._final_if_due(now))
             if self._phase is Phase.IN_FLIGHT and now - p.triggered_at >= REPEAT_AFTER_S:
                 p.triggered_at = now
-                return [RetriggerCheckpoint(p.checkpoint_id, p.epoch, p.park)]
+                return [RetriggerCheckpoint(p.checkpoint_id, p.epoch, p.checkpoint_id == self._parked_at)]
             return []
         if self._final_due():
             return self._trigger(now)  # regardless of the interval
@@ -636,7 +635,7 @@ class CheckpointCoordinator:
     def _trigger(self, now: float) -> list[Action]:
         self._enter(Phase.IN_FLIGHT)
         park = self._park_requested and self._ended != self.tasks
-        self._pending = _Pending(self._next_id, self.epoch, now, {}, triggered_at=now, park=park)
+        self._pending = _Pending(self._next_id, self.epoch, now, {}, triggered_at=now)
         self._history.append(CheckpointRecord(self._next_id, self.epoch, Outcome.IN_PROGRESS, now))
         self._next_id += 1
         self._requested = self._park_requested = False
