@@ -429,7 +429,7 @@ class InProcessEngine:
 
     def _open(self, executor_id: int, open_tasks: lifecycle.OpenTasks) -> None:
         launch = open_tasks.launch
-        keys = [(task.processor, task.index) for task in launch.tasks if task not in launch.keep_running]
+        keys = [(task.processor, task.index) for task in open_tasks.tasks]
         for key in keys:
             self._stop_before(key, launch.epoch)
         self.nodes.update(self._build(launch.epoch, keys))

@@ -111,6 +111,11 @@ class OpenTasks:
     inboxes; if that fails, call ``launch_failed``."""
     launch: LaunchTasks
 
+    @property
+    def tasks(self) -> list[TaskId]:
+        """The tasks to open: the launch's, but those it keeps running (rewired instead)."""
+        return [task for task in self.launch.tasks if task not in self.launch.keep_running]
+
 
 @dataclass(frozen=True)
 class RewireTasks:

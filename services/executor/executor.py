@@ -251,9 +251,7 @@ class Executor(Service):
         launch = open_tasks.launch
         old: dict[tuple[int, int], TaskSnapshot] = {}  # the old tasks' snapshots read for a rescale's new ones
         try:
-            for task_id in launch.tasks:
-                if task_id in launch.keep_running:  # rewired already
-                    continue
+            for task_id in open_tasks.tasks:
                 envelope = None
                 if launch.restore_checkpoint:
                     envelope = await self._restored(launch, task_id, old)
