@@ -74,6 +74,14 @@ def format_status(app: AppSummary) -> str:
     ]
     if app.app_type != AppType.STREAMING:
         lines.append(f"  type: {app.app_type}")
+    if app.stage_apps:
+        lines.append(f"  stages: {', '.join(f'{n}: app {i}' for n, i in enumerate(app.stage_apps))}")
+    if app.stage_of:
+        lines.append(f"  stage {app.stage} of app {app.stage_of}")
+    for stream in app.streams:
+        held = "could not be read" if stream.messages < 0 else f"backlog {stream.messages} messages, {stream.bytes} bytes"
+        lines.append(f"  stream {stream.name} (stage {stream.from_stage} -> {stream.to_stage}, "
+                     f"{stream.partitions} partitions): {held}")
     if app.clock is not None:
         lines.append(f"  application clock: {_format_clock(app.clock)}")
     if app.stalled_tasks:

@@ -519,17 +519,6 @@ def stages(app: Application) -> list[list[int]]:
     return sorted(members.values())
 
 
-def refuse_stages(app: Application, runner: str) -> None:
-    """The bus runners do not run intermediate streams yet: they refuse an app that has
-    any, naming them (the spark runner runs the same pipeline in one stage)."""
-    streams = intermediate_streams(app)
-    if streams:
-        names = ", ".join(sorted({repr(s.stream) for _, s in streams}))
-        raise GraphError(f"app {app.name!r}: intermediate streams ({names}; from repartition(via='jetstream') or "
-                         f"config intermediate_streams='all') do not run on the {runner} runner yet, only on the "
-                         "spark runner (as shuffles); use via='bus' here")
-
-
 def intermediate_streams(app: Application) -> list[tuple[Edge, IntermediateStream]]:
     """The app's intermediate streams, each with the edge it carries."""
     return [(edge, p) for edge in app.graph.edges for _, p in _branches(edge.partitioner)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from gearbus.api.graph import Application
 from gearbus.artifact import ArtifactError, load_artifact
+from gearbus.stages import stage_app
 from shared import digests, subjects
 from shared.bus import object_bytes, ride_out
 from shared.messages import AppVersion, LaunchExecutor, decode
@@ -102,5 +103,7 @@ async def _fetch(bus, launch: LaunchExecutor | AppVersion, module_name: str = ""
     if launch.artifact_digest and digests.sha256_hex(data) != launch.artifact_digest:
         raise ArtifactError(f"artifact {launch.artifact} is not the one submitted (SHA-256 {digests.sha256_hex(data)}, "
                             f"recorded {launch.artifact_digest}): refusing to run it")
-    return load_artifact(data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV),
-                         module_name)
+    app = load_artifact(data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV),
+                        module_name)
+    stage = launch.config.get("stage") if isinstance(launch, LaunchExecutor) else None
+    return app if stage is None else stage_app(app, int(stage))

@@ -422,6 +422,22 @@ class AppSummary(Struct):
     processors: list[ProcessorMetrics] = dataclasses.field(default_factory=list)
     versions: list[AppVersion] = dataclasses.field(default_factory=list)  # its code's history (gearbus replace)
     app_type: str = AppType.STREAMING  # what its AppMaster decides and its executors run
+    stage_apps: list[int] = dataclasses.field(default_factory=list)  # a multi-stage app's: one app per stage
+    stage_of: int = 0  # a stage's: the multi-stage app it is a stage of (0: none)
+    stage: int = 0     # ... and which (the stages are numbered from 0)
+    streams: list[StreamBacklog] = dataclasses.field(default_factory=list)  # a multi-stage app's
+
+
+class StreamBacklog(Struct):
+    """One intermediate stream of a multi-stage app, as ``gearbus status`` shows it: what it
+    holds is what the stage that reads it has not yet read and checkpointed."""
+
+    name: str
+    partitions: int
+    from_stage: int
+    to_stage: int
+    messages: int = 0  # held now (-1: the stream could not be read)
+    bytes: int = 0
 
 
 class Allocation(Struct):
@@ -492,6 +508,31 @@ class SubmitApplication(Message):
 
 class SubmitApplicationResult(Message):
     app_id: int
+
+
+class IntermediateStreamSpec(Struct):
+    """An intermediate stream of a multi-stage app, as its AppMaster planned it."""
+
+    name: str  # the JetStream stream; its subjects are <name>.<partition>
+    partitions: int
+    edge: str  # the step (or join side) whose records it carries
+    from_stage: int
+    to_stage: int
+
+
+class PlanStages(Message):
+    """A multi-stage app's AppMaster asks the master (on ``master.app.<id>.stages``) to make
+    its intermediate streams and start one app per stage; asked again (a relaunched
+    AppMaster), the master answers with the stages it started."""
+
+    app_id: int
+    stages: int
+    streams: list[IntermediateStreamSpec]
+
+
+class StagesStarted(Message):
+    app_id: int
+    stage_apps: list[int]  # stage n's app id at position n
 
 
 class KillApplication(Message):

@@ -28,6 +28,17 @@ class Permissions:
     publish: list[str]
     subscribe: list[str]
 
+    def with_streams(self, streams: list[str]) -> Permissions:
+        """These, and everything of those JetStream streams (the API names the stream in
+        its subject, at one of these depths)."""
+        if not streams:
+            return self
+        api = [pattern for stream in streams for pattern in (
+            f"$JS.API.*.*.{stream}", f"$JS.API.*.*.{stream}.>", f"$JS.API.*.*.*.{stream}", f"$JS.API.*.*.*.{stream}.>",
+            f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>")]
+        publish = [*self.publish, *api, "$JS.API.INFO", "$JS.API.STREAM.NAMES"]
+        return Permissions(list(dict.fromkeys(publish)), self.subscribe)
+
 
 def inbox(identity: str) -> str:
     return f"_INBOX.{identity}.>"
@@ -76,11 +87,12 @@ def app_identity(app_id: int) -> str:
     return f"app{app_id}"
 
 
-def app(app_id: int, savepoint_of: int | None = None) -> Permissions:
+def app(app_id: int, savepoint_of: int | None = None, streams: list[str] = ()) -> Permissions:
     """The AppMaster and executors of one application: its own data plane and control
     subjects, its checkpoint records and snapshot store, and reading its artifact (and the
-    snapshot store of ``savepoint_of``, the app whose savepoint it starts from). Nothing
-    else of another app's."""
+    snapshot store of ``savepoint_of``, the app whose savepoint it starts from); a stage of
+    a multi-stage app, also the intermediate ``streams`` of its app (written, read and
+    purged). Nothing else of another app's."""
     own = [f"data.{app_id}.>", f"credit.{app_id}.>", f"appmaster.{app_id}.>", f"executor.{app_id}.>"]
     snapshots = subjects.snapshot_bucket(app_id)
     readable = [f"OBJ_{snapshots}", _CHECKPOINT_KV, _ARTIFACTS]
@@ -91,7 +103,7 @@ def app(app_id: int, savepoint_of: int | None = None) -> Permissions:
                  f"$KV.{subjects.CHECKPOINT_BUCKET}.{subjects.checkpoint_app_prefix(app_id)}.>",
                  f"$KV.{subjects.CHECKPOINT_BUCKET}.savepoint.>", f"$O.{snapshots}.>",
                  f"$JS.API.STREAM.PURGE.OBJ_{snapshots}", *(api for stream in readable for api in _read_stream(stream))],
-        subscribe=[*own, subjects.MASTER_ELECTED, inbox(app_identity(app_id))])
+        subscribe=[*own, subjects.MASTER_ELECTED, inbox(app_identity(app_id))]).with_streams(streams)
 
 
 def data_user(name: str, publish: list[str], subscribe: list[str], streams: list[str],
@@ -100,10 +112,7 @@ def data_user(name: str, publish: list[str], subscribe: list[str], streams: list
     JetStream streams (the API names the stream in its subject, at one of these depths). With
     ``allow_shell`` it is also a client (what ``client.creds`` may do) that may submit shell
     apps, which run a command on every worker they name: the operator's explicit grant."""
-    api = [pattern for stream in streams for pattern in (
-        f"$JS.API.*.*.{stream}", f"$JS.API.*.*.{stream}.>", f"$JS.API.*.*.*.{stream}", f"$JS.API.*.*.*.{stream}.>",
-        f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>")]
-    publish = [*publish, *api, "$JS.API.INFO", "$JS.API.STREAM.NAMES"] if streams else list(publish)
+    publish = Permissions(list(publish), []).with_streams(streams).publish
     if allow_shell:
         client = role("client")
         publish += [*client.publish, subjects.APP_SUBMIT_SHELL]

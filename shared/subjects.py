@@ -61,6 +61,11 @@ def executor_launch(app_id: int | str) -> str:
     return f"master.app.{app_id}.executor.launch"
 
 
+def appmaster_stages(app_id: int | str) -> str:
+    """A multi-stage app's AppMaster asks the master to make its streams and start its stages."""
+    return f"master.app.{app_id}.stages"
+
+
 def app_state_events(app_id: int) -> str:
     """The master publishes ApplicationStateChanged here on every state change."""
     return f"app.{app_id}.state"

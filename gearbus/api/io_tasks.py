@@ -50,6 +50,12 @@ class DataSourceTask(Task):
     def on_batch(self, records: list[Record]) -> None:
         self.output.extend(records)
 
+    def prepare_checkpoint(self, checkpoint_id: int) -> None:
+        self.source.prepare_checkpoint(checkpoint_id)
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.source.checkpoint_complete(checkpoint_id)
+
     def snapshot(self):
         return {"source": self.source.snapshot(), "watermarks": self.watermarks.snapshot()}
 

@@ -250,6 +250,13 @@ class DataSource:
         not_rescalable(states, f"source {type(self).__name__}")
         return None
 
+    def prepare_checkpoint(self, checkpoint_id: int) -> None:
+        """A checkpoint's barrier: :meth:`snapshot` follows, for ``checkpoint_id``."""
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Every task's snapshot of ``checkpoint_id`` is stored: no recovery goes back
+        before it, so a source may drop what it had read by then."""
+
     def close(self) -> None:
         """Release what :meth:`open` acquired."""
 

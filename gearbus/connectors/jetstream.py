@@ -44,6 +44,17 @@ class JetStreamError(RuntimeError):
     """A JetStream API error, or a stream that cannot be read or written as asked."""
 
 
+def close_thread(owner, shutdown, name: str) -> None:
+    """Stop ``owner``'s connector thread (once: ``owner._thread``) after ``shutdown()`` ran
+    on it; a failure there is logged, not raised (the connector is closing anyway)."""
+    thread, owner._thread = getattr(owner, "_thread", None), None
+    if thread is None:
+        return
+    failure = thread.stop(shutdown())
+    if failure is not None:
+        log.debug("%s: closing: %s", name, failure)
+
+
 def run_fresh(coro):
     """Run a coroutine on a fresh event loop (the planning process and the workers have none)."""
     loop = asyncio.new_event_loop()

@@ -22,7 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gearbus.api.task import DataSource, NotRescalable, Record, TaskContext, new_record, now_ms
 from gearbus.api.watermarks import WATERMARK_MIN
-from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, api, connect, on_connection,
+from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, api, close_thread, connect, on_connection,
                                         server_list, servers_for, stream_info)
 from gearbus.connectors.jetstream_reader import CONSUMER_INACTIVE_S, PullReader
 from shared.loop_thread import LoopThread
@@ -307,12 +307,7 @@ class JetStreamSource(_Decoding, DataSource):
 
     def close(self) -> None:
         """Stop the reader, remove its consumer and disconnect."""
-        thread, self._thread = getattr(self, "_thread", None), None
-        if thread is None:
-            return
-        failure = thread.stop(self._shutdown())
-        if failure is not None:
-            log.debug("%s: closing: %s", self._name, failure)
+        close_thread(self, self._shutdown, self._name)
 
     async def _shutdown(self) -> None:
         if self._probing is not None:

@@ -23,9 +23,12 @@ from gearbus.api.task import TaskContext
 from gearbus.artifact import Artifact, load_local, load_pipeline as load_pipeline_file, pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
-from gearbus.planner import plan, refuse_stages
+from gearbus.connectors import intermediate
+from gearbus.connectors.jetstream import on_connection
+from gearbus.planner import plan
 from gearbus.security import init as init_security
 from gearbus.runners.inprocess import InProcessEngine, PipelineFailed
+from gearbus.stages import stream_specs
 from shared.messages import AppError, AppState, AppSummary
 from shared.security import Security
 
@@ -78,7 +81,6 @@ def _resolve(app, args, runner: str) -> Application:
         application = app
     else:
         application = load_local(app, list(args), runner)
-    refuse_stages(application, runner)
     return application
 
 
@@ -171,10 +173,29 @@ def prepare(app_path: str, args: Sequence[str], runner: str,
     cannot run, or (with the cluster's ``servers``) a stream that does not exist are
     reported before anything is submitted."""
     app = load_local(app_path, list(args), runner)
-    refuse_stages(app, runner)
     if servers:
-        check_sources(app, [servers] if isinstance(servers, str) else list(servers))
+        servers = [servers] if isinstance(servers, str) else list(servers)
+        check_sources(app, servers)
+        check_streams(app, servers)
     return pack(app_path), app.name
+
+
+def check_streams(app: Application, servers: list[str]) -> None:
+    """The app's intermediate streams are free to take: none is a stream of something else."""
+    specs = stream_specs(app)
+    if not specs:
+        return
+
+    async def check(nc) -> None:
+        for spec in specs:
+            info = await intermediate.existing(nc, spec.name)
+            try:
+                if info is not None:
+                    intermediate.refuse_taken(spec.name, info, app.name)
+            except intermediate.StreamTaken as exc:
+                raise GraphError(f"step {spec.edge!r}: {exc}") from None
+
+    on_connection(servers, check, name="gearbus-submit")
 
 
 def check_sources(app: Application, servers: list[str]) -> None:

@@ -528,6 +528,15 @@ class SinkOp(Op):
             self.sink = None
 
 
+class StreamWriteOp(SinkOp):
+    """Writes an intermediate stream (gearbus/connectors/intermediate.py): a sink that
+    passes each watermark on to the stream's readers."""
+
+    def on_watermark(self, watermark):
+        self.sink.on_watermark(watermark)
+        return []
+
+
 class ChainTask(Task):
     """Runs a processor's chained steps (``config["ops"]``) over each batch."""
 
@@ -670,6 +679,14 @@ class ChainSourceTask(ChainTask, DataSourceTask):
 
     def builds_on_base(self, snapshot) -> bool:
         return ChainTask.builds_on_base(self, snapshot["steps"])
+
+    def prepare_checkpoint(self, checkpoint_id):
+        DataSourceTask.prepare_checkpoint(self, checkpoint_id)
+        ChainTask.prepare_checkpoint(self, checkpoint_id)
+
+    def checkpoint_complete(self, checkpoint_id):
+        ChainTask.checkpoint_complete(self, checkpoint_id)
+        DataSourceTask.checkpoint_complete(self, checkpoint_id)
 
     def restore(self, state) -> None:
         if state["source"] is not None:  # None: restored from a savepoint that had no state for it

@@ -21,7 +21,7 @@ from gearbus.api.graph import Application, GraphError
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
-from gearbus.planner import refuse_stages
+from gearbus.stages import stage_count, stream_specs
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.artifact import ArtifactError
 from gearbus.runtime.replace import ReplaceError, check_replacement
@@ -61,6 +61,7 @@ from shared.messages import (
     LaunchTasks,
     MasterElected,
     Placement,
+    PlanStages,
     ProcessorInfo,
     QueryState,
     QueryStimuli,
@@ -74,6 +75,7 @@ from shared.messages import (
     ResourceAllocated,
     SavepointTaken,
     ShutdownExecutor,
+    StagesStarted,
     StartAllTasks,
     StateValue,
     TakeSavepoint,
@@ -93,6 +95,7 @@ from shared.service import run_service
 log = structlog.get_logger()
 
 MASTER_RETRY_S = 30.0  # how long requests to the master are retried while it fails over
+STAGES_TIMEOUT_S = 60.0  # the master makes a multi-stage app's streams and records its stages
 RESOURCE_TIMEOUT_S = 65.0  # a slot request waits at most this (the master's own wait, and a margin)
 #: How long a launch that restores state may take to reply: its tasks reply once they hold
 #: their state again, which takes time in step with its size (10 s, the default of a
@@ -122,6 +125,8 @@ class AppMaster(common.AppMasterProcess):
     def __init__(self, servers, launch: LaunchExecutor, worker_id: str, security: Security = Security()):
         super().__init__(servers, launch, worker_id, security)
         self.app: Application | None = None  # as planned, with the code versions its processors run
+        self._loaded: Application | None = None  # as submitted
+        self.stage_apps: list[int] = []  # a multi-stage app's AppMaster: the apps that run its stages
         self.versions: AppVersions | None = None  # the app's code history (gearbus replace)
         self._running_versions: dict[int, int] = {}  # processor id -> the version it runs, where not 1
         self.plan: Application | None = None  # at the parallelism it runs (a rescale changes it)
@@ -205,6 +210,8 @@ class AppMaster(common.AppMasterProcess):
         """Load and plan the app and start its state machine (a relaunched AppMaster
         adopts the running executors); from then on events drive it."""
         try:
+            if await self._leads_stages():
+                return
             if self.launch.attempt:
                 record = await self.store.latest()
                 latest = cp.CheckpointMeta.from_dict(record) if record else None
@@ -234,12 +241,50 @@ class AppMaster(common.AppMasterProcess):
         self.spawn(self.tick_loop(), "ticks")
         await self.carry_out(actions)
 
-    async def _load(self, version: AppVersion | None = None) -> Application:
+    async def _leads_stages(self) -> bool:
+        """A multi-stage app's AppMaster runs no tasks: it has the master make the app's
+        intermediate streams and start an app per stage (each checkpoints and recovers on
+        its own), and reports the app running; the master ends it with its stages
+        (services/master/stages.py). A relaunched one finds the stages started."""
+        if "stage" in self.launch.config:
+            return False
+        app = await self._load()
+        stages = stage_count(app)
+        if stages < 2:
+            return False
+        self.app = self.plan = app
+        self.dag = dag_of(app)
         try:
-            return await fetch_application(self.bus, version or self.launch)
+            started = await self.bus.request(subjects.appmaster_stages(self.app_id),
+                                             PlanStages(self.app_id, stages, stream_specs(app)), expect=StagesStarted,
+                                             timeout=STAGES_TIMEOUT_S, retry_s=MASTER_RETRY_S)
+        except RequestError as exc:
+            raise AppFailure(AppError("StagesNotStarted", exc.message, "starting the stages")) from None
+        self.stage_apps = list(started.stage_apps)
+        log.info("stages_started", stage_apps=self.stage_apps)
+        if not self.launch.attempt:
+            failure, _ = await self._request_state(AppState.ACTIVE, None)
+            if failure:
+                log.error("state_report_failed", state=AppState.ACTIVE, error=failure)
+        return True
+
+    def _refuse_if_staged(self) -> None:
+        """What runs tasks is asked of a stage's app, not of a multi-stage app's AppMaster."""
+        if self.stage_apps:
+            raise RequestError(ErrorCode.CONFLICT, f"app {self.app_id} runs in stages, each an app of its own "
+                                                   f"({', '.join(map(str, self.stage_apps))}): ask the stage's app")
+
+    async def _load(self, version: AppVersion | None = None) -> Application:
+        if version is None and self._loaded is not None:
+            return self._loaded
+        try:
+            app = await fetch_application(self.bus, version or self.launch)
         except Exception as exc:
             raise AppFailure(AppError(type(exc).__name__, str(exc), "loading the application",
                                      traceback.format_exc())) from None
+        if version is None:
+            self._loaded = app
+        return app
 
     def _plan_tasks(self) -> list[TaskId]:
         return [TaskId(p.id, i) for p in self.plan.graph.processors for i in range(p.parallelism)]
@@ -265,10 +310,6 @@ class AppMaster(common.AppMasterProcess):
                 self.versions.loaded(number, await self._load(self.versions.history[number - 1]))
         self._running_versions = dict(versions or {})
         self.app = self.versions.plan(self._running_versions)
-        try:
-            refuse_stages(self.app, "cluster")
-        except GraphError as exc:
-            raise AppFailure(AppError("GraphError", str(exc), "planning the application")) from None
         self._replan(parallelism or {})
         return self._plan_tasks()
 
@@ -582,6 +623,7 @@ class AppMaster(common.AppMasterProcess):
 
     async def on_state_query(self, msg: QueryState) -> StateValue:
         """Ask the task that owns the key for the step's state of it (the app runs on)."""
+        self._refuse_if_staged()
         if self.state is None or not self.state.running:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is not running: its state cannot be "
                                                       "read now", retryable=True)
@@ -601,6 +643,7 @@ class AppMaster(common.AppMasterProcess):
 
     async def on_stimuli_query(self, msg: QueryStimuli) -> AppStimuli:
         """The state machine's stimulus log: how the app came to where it is."""
+        self._refuse_if_staged()
         if self.state is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still being planned", retryable=True)
         return common.stimuli(self.app_id, self.state.stimuli.entries, self.state.phase.value if self.state.phase else "",
@@ -611,6 +654,7 @@ class AppMaster(common.AppMasterProcess):
     async def on_rescale(self, msg: RescaleApplication) -> AppRescaled:
         """Run steps at another parallelism while the app runs; answered once its tasks
         run at it (the state machine decides how: see gearbus/runtime/appmaster_state.py)."""
+        self._refuse_if_staged()
         if self.state is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still starting", retryable=True)
         try:
@@ -631,6 +675,7 @@ class AppMaster(common.AppMasterProcess):
         loaded and checked against the running plan here (what is wrong is refused, the
         app untouched), and answered once the new code took a checkpoint (the state machine
         decides when, and rolls it back if it fails before: gearbus/runtime/appmaster_state.py)."""
+        self._refuse_if_staged()
         if self.state is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still starting", retryable=True)
         version = AppVersion(0, msg.artifact, msg.entry, msg.artifact_kind, list(msg.args),
@@ -699,6 +744,7 @@ class AppMaster(common.AppMasterProcess):
     async def on_savepoint(self, msg: TakeSavepoint) -> SavepointTaken:
         """Checkpoint now, then keep that checkpoint's state by step under ``msg.name``;
         with ``msg.stop`` the app then ends (TERMINATED)."""
+        self._refuse_if_staged()
         if self.state is None or not self.state.running:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is not running: no savepoint now",
                                retryable=True)

@@ -44,10 +44,11 @@ class AppCredentials:
         token, _ = nats_jwt.parse_creds(security.credential)
         return cls(signer, nats_jwt.claims(token)["iss"])
 
-    def issue(self, app_id: int, savepoint_of: int | None = None) -> str:
-        """``savepoint_of``: the app whose savepoint this one starts from (read access)."""
+    def issue(self, app_id: int, savepoint_of: int | None = None, streams: list[str] = ()) -> str:
+        """``savepoint_of``: the app whose savepoint this one starts from (read access);
+        ``streams``: a stage's intermediate streams."""
         if self.signer is None:
             return ""
-        allowed = permissions.app(app_id, savepoint_of)
+        allowed = permissions.app(app_id, savepoint_of, streams)
         return nats_jwt.new_user_creds(self.signer, permissions.app_identity(app_id), allowed.publish,
                                        allowed.subscribe, account=self.account)

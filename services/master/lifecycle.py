@@ -25,7 +25,8 @@ Each app not yet ended is in one phase; ``_ALLOWED`` enforces the moves::
     RUNNING      deadline passed, AppMaster exited,        "lost"
     UNCONFIRMED    its worker lost, or its worker came
                    back without it
-    any          state report: ended, or kill              ENDED        SetState [+ StopAppProcesses]
+    any          state report: ended, or kill, or the      ENDED        SetState [+ StopAppProcesses]
+                   master ends it (a multi-stage app)
 
 A submission is known here from the moment clients can see its app (``accepted``), not
 only once the master has made the app's stores and asks for a slot (``submitted``): a kill
@@ -281,12 +282,18 @@ class AppLifecycles:
         return answer
 
     def kill(self, app_id: int) -> list[Instruction]:
+        return self.end(app_id, AppState.TERMINATED, None, "killed by request", "was killed")
+
+    def end(self, app_id: int, state: str, error: AppError | None, reason: str, what: str = "") -> list[Instruction]:
+        """The master ends the app (a kill; a multi-stage app when its stages end) for
+        ``reason``: its processes are stopped; a submitter still waiting hears that the app
+        ``what`` (default: ended, why) while starting."""
         app = self._apps.get(app_id)
         if app is None or app.phase is Phase.ENDED:
             return []
-        answer = [AnswerSubmission(app_id, f"app {app_id} was killed while starting", "conflict")] \
-            if app.answering else []
-        return answer + self._end(app_id, app, AppState.TERMINATED, None, "killed by request")
+        what = what or f"ended ({reason})"
+        answer = [AnswerSubmission(app_id, f"app {app_id} {what} while starting", "conflict")] if app.answering else []
+        return answer + self._end(app_id, app, state, error, reason)
 
     def tick(self, now: float) -> list[Instruction]:
         """Deadlines: a launched AppMaster that never registered, a running one that went

@@ -17,10 +17,14 @@ import nats.errors
 import nats.js.errors
 import structlog
 
+from gearbus.api.partitioners import MAX_PARALLELISM
+from gearbus.connectors import intermediate
+from gearbus.connectors.jetstream import JetStreamError
 from gearbus.runtime.shell import read as read_shell_output
 from gearbus.runtime.state_backend import backend_name
 from services import apptypes
 from services.master import lifecycle as lc
+from services.master import stages as family
 from services.master.scheduler import InvalidResourceRequest, Scheduler, SchedulingError
 from services.master.lease import LeaderLease
 from services.master.store import ApplicationRecord, StateStore, WorkerRecord
@@ -61,6 +65,7 @@ from shared.messages import (
     ListApplications,
     Message,
     Placement,
+    PlanStages,
     ProcessorMetrics,
     QueryApplication,
     QueryState,
@@ -81,6 +86,7 @@ from shared.messages import (
     RestartApplication,
     ResourceAllocated,
     ShutdownExecutor,
+    StagesStarted,
     StateValue,
     SubmitApplication,
     SubmitApplicationResult,
@@ -98,6 +104,8 @@ log = structlog.get_logger()
 Reply = TypeVar("Reply", bound=Message)
 
 APPMASTER_EXECUTOR_ID = -1
+MAX_STAGES = 64  # stages of one multi-stage app at most
+STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
 STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
 MASTERS_LOOKUP_S = 2.0
 SETUP_DEADLINE_S = 60.0  # how long a master waits at start for JetStream (a new cluster elects leaders)
@@ -254,6 +262,8 @@ class Master(Service):
                         guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
             await serve(subjects.executor_launch("*"), {LaunchExecutor: self.on_executor_launch}, concurrent=True,
                         guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
+            await serve(subjects.appmaster_stages("*"), {PlanStages: self.on_plan_stages}, concurrent=True,
+                        guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
             await listen(subjects.WORKER_HEARTBEAT, {WorkerHeartbeat: self.on_worker_heartbeat}, guard=guard),
             await listen(subjects.appmaster_heartbeat("*"), {AppMasterHeartbeat: self.on_appmaster_heartbeat},
                          guard=guard, app_token=subjects.APP_TOKEN_IN_MASTER_SUBJECTS),
@@ -338,6 +348,9 @@ class Master(Service):
     async def _submit(self, msg: SubmitApplication, subject: str) -> SubmitApplicationResult:
         if not msg.name.strip():
             raise bad_request("SubmitApplication.name must not be empty")
+        if "stage" in msg.config:
+            raise bad_request("SubmitApplication.config: 'stage' is the master's to set, on the apps it starts for "
+                              "the stages of a multi-stage app")
         declared = self._check_type(msg, subject)
         self._check_workers(msg, declared)
         digest = await self._check_artifact(msg) if msg.artifact or (declared and declared.needs_artifact) else ""
@@ -348,28 +361,80 @@ class Master(Service):
             user=msg.user, priority=msg.priority, artifact_digest=digest, app_type=msg.app_type,
             workers=list(msg.workers),
         )
-        allowed = self._relaunches_allowed(record)
-        await self.store.save(record)
         # Durable first, then visible (app.list, app.kill) and known to the lifecycle machine
         # in one step, with the answer waiting: whenever a kill comes from now on, it ends the
         # app and answers this submission, and the machine launches nothing for it.
         answer = self._submitters[app_id] = asyncio.get_running_loop().create_future()
-        self.lifecycles.accepted(app_id, allowed)
-        self.apps[app_id] = record
-        log.info("app_submitted", app_id=app_id, name=msg.name, app_type=msg.app_type)
         try:
-            try:
-                await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
-                               f"creating the snapshot store of app {app_id}")
-            except (nats.errors.Error, nats.js.errors.Error, TimeoutError, RequestError) as exc:  # the app fails
-                await self._act(self.lifecycles.launch_failed(
-                    app_id, 0, f"its snapshot store could not be created: {exc!r}"))
-            else:
-                await self._act(self.lifecycles.submitted(app_id, allowed))
+            await self._admit(record)
             await answer
         finally:
             self._submitters.pop(app_id, None)
         return SubmitApplicationResult(app_id)
+
+    async def _admit(self, record: ApplicationRecord) -> None:
+        """Record a new app, make its stores and launch its AppMaster."""
+        app_id, allowed = record.app_id, self._relaunches_allowed(record)
+        await self.store.save(record)
+        self.lifecycles.accepted(app_id, allowed)
+        self.apps[app_id] = record
+        log.info("app_submitted", app_id=app_id, name=record.name, app_type=record.app_type, stage_of=record.stage_of)
+        try:
+            await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
+                           f"creating the snapshot store of app {app_id}")
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError, RequestError) as exc:  # the app fails
+            await self._act(self.lifecycles.launch_failed(app_id, 0, f"its snapshot store could not be created: {exc!r}"))
+        else:
+            await self._act(self.lifecycles.submitted(app_id, allowed))
+
+    async def on_plan_stages(self, msg: PlanStages) -> StagesStarted:
+        """A multi-stage app's AppMaster planned its stages: make its intermediate streams
+        (refusing a name that is not the app's) and start an app per stage, once."""
+        record = self._app(msg.app_id)
+        if record.state in AppState.TERMINAL:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
+        if record.stage_apps:
+            return StagesStarted(msg.app_id, list(record.stage_apps))
+        if record.stage_of:
+            raise bad_request(f"app {msg.app_id} is a stage of app {record.stage_of}: it has no stages of its own")
+        self._check_stages(msg)
+        names = {s.name for s in msg.streams}
+        for other in self.apps.values():
+            shared = names & {s.name for s in other.streams}
+            if shared and other.state not in AppState.TERMINAL and not other.stage_of:
+                raise RequestError(ErrorCode.CONFLICT, f"intermediate stream(s) {', '.join(sorted(shared))} belong to "
+                                                       f"app {other.app_id} ({other.name}), which is running")
+        try:
+            await intermediate.create_streams(self.bus.nc, list(msg.streams), record.name, self.bus.replicas,
+                                              int(record.config.get("intermediate_stream_max_bytes", -1)))
+        except intermediate.StreamTaken as exc:
+            raise RequestError(ErrorCode.CONFLICT, str(exc)) from None
+        except JetStreamError as exc:
+            raise RequestError(ErrorCode.UNAVAILABLE, f"making the intermediate streams: {exc}", True) from None
+        stages = []
+        for stage in range(msg.stages):
+            stages.append(replace(record, app_id=await self.store.next_app_id(), name=f"{record.name}.stage{stage}",
+                                  state=AppState.PENDING, submitted_ms=now_ms(), config={**record.config, "stage": stage},
+                                  appmaster_worker="", appmaster_attempt=0, stage_of=record.app_id, stage=stage,
+                                  streams=list(msg.streams)))
+        await self._save(replace(record, stage_apps=[s.app_id for s in stages], streams=list(msg.streams)))
+        for stage in stages:
+            await self._admit(stage)
+        return StagesStarted(msg.app_id, [s.app_id for s in stages])
+
+    @staticmethod
+    def _check_stages(msg: PlanStages) -> None:
+        if not 2 <= msg.stages <= MAX_STAGES:
+            raise bad_request(f"PlanStages.stages must be 2 to {MAX_STAGES}, got {msg.stages}")
+        for spec in msg.streams:
+            if not STREAM_NAME.fullmatch(spec.name):
+                raise bad_request(f"PlanStages: {spec.name!r} is not a stream name (letters, digits, '_' and '-')")
+            if not 1 <= spec.partitions <= MAX_PARALLELISM:
+                raise bad_request(f"PlanStages: stream {spec.name!r} has {spec.partitions} partitions, not 1 to "
+                                  f"{MAX_PARALLELISM}")
+            if not (0 <= spec.from_stage < msg.stages and 0 <= spec.to_stage < msg.stages):
+                raise bad_request(f"PlanStages: stream {spec.name!r} joins stages {spec.from_stage} and "
+                                  f"{spec.to_stage}, not among the app's {msg.stages}")
 
     async def _check_artifact(self, msg: SubmitApplication) -> str:
         """The artifact's recorded SHA-256, once it is checked: its kind, its entry module, and
@@ -477,7 +542,7 @@ class Master(Service):
                 artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
                 args=list(record.args), config=dict(record.config), app_name=record.name, priority=record.priority,
                 attempt=attempt, start_ms=record.submitted_ms, artifact_digest=record.artifact_digest,
-                credentials=self.app_credentials.issue(record.app_id, await self._savepoint_source(record)),
+                credentials=await self._credential(record),
                 app_type=record.app_type, workers=list(record.workers),
             )
             try:
@@ -539,6 +604,12 @@ class Master(Service):
         if record.state == AppState.ACTIVE and record.app_type != AppType.STREAMING:
             raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is a running {record.app_type} app: only a "
                                                    "streaming app hands its state on to a restart; kill it first")
+        if record.stage_of:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is stage {record.stage} of app {record.stage_of}: "
+                                                   f"restart app {record.stage_of}")
+        if record.stage_apps and record.state == AppState.ACTIVE:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} runs in stages, which take no savepoint "
+                                                   "together yet: kill it, then restart it (afresh)")
         config = {k: v for k, v in record.config.items() if k not in ("from_savepoint", "allow_unclaimed_state")}
         savepoint = ""
         if record.state == AppState.ACTIVE:
@@ -600,7 +671,13 @@ class Master(Service):
         return outputs, complete
 
     async def on_status(self, msg: QueryApplication) -> ApplicationStatus:
-        return ApplicationStatus(self._summary(self._app(msg.app_id)))
+        """The app's summary; a multi-stage app's with what each of its streams holds now
+        (while they exist: till it succeeded or was killed)."""
+        record = self._app(msg.app_id)
+        summary = self._summary(record)
+        if record.streams and not record.stage_of and record.state not in (AppState.SUCCEEDED, AppState.TERMINATED):
+            summary = replace(summary, streams=await intermediate.backlogs(self.bus.nc, list(record.streams)))
+        return ApplicationStatus(summary)
 
     async def on_list(self, msg: ListApplications) -> ApplicationList:
         records = sorted(self.apps.values(), key=lambda r: r.app_id)
@@ -712,8 +789,13 @@ class Master(Service):
             raise RequestError(ErrorCode.CONFLICT, f"worker {msg.worker_id!r} holds no slot of app {msg.app_id}")
         launch = replace(msg, artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
                          artifact_digest=record.artifact_digest, worker_id="", app_type=record.app_type,
-                         credentials=self.app_credentials.issue(msg.app_id, await self._savepoint_source(record)))
+                         credentials=await self._credential(record))
         return await self.bus.request(subjects.worker_launch(msg.worker_id), launch, expect=ExecutorLaunched)
+
+    async def _credential(self, record: ApplicationRecord) -> str:
+        """The app's own credential (a stage's reaches its app's intermediate streams)."""
+        return self.app_credentials.issue(record.app_id, await self._savepoint_source(record),
+                                          [s.name for s in record.streams] if record.stage_of else [])
 
     async def _savepoint_source(self, record: ApplicationRecord) -> int | None:
         """The app whose savepoint this one starts from (its credential may read that app's
@@ -775,6 +857,23 @@ class Master(Service):
         await self._act(self.lifecycles.state_reported(app_id, state))
         log.info("app_state_changed", app_id=app_id, state=state, error=error.message if error else None)
         await self.bus.publish(subjects.app_state_events(app_id), ApplicationStateChanged(app_id, state, error))
+        if state in AppState.TERMINAL:
+            await self._follow(family.after_end(self.apps[app_id], self.apps))
+
+    async def _follow(self, instructions: list) -> None:
+        """Carry out what the end of one app of a multi-stage family means for the others."""
+        for instruction in instructions:
+            if isinstance(instruction, family.EndApp):
+                await self._act(self.lifecycles.end(instruction.app_id, instruction.state, instruction.error,
+                                                    instruction.reason))
+            elif isinstance(instruction, family.DeleteStreams):
+                try:
+                    await intermediate.delete_streams(self.bus.nc, list(instruction.names))
+                except JetStreamError as exc:
+                    log.warning("streams_not_deleted", app_id=instruction.app_id, streams=instruction.names,
+                                error=str(exc))
+            else:
+                raise RuntimeError(f"the master cannot carry out {instruction!r}")
 
     async def _stop_app_processes(self, app_id: int, reason: str) -> None:
         for worker_id in self.scheduler.workers_of(app_id):

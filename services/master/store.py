@@ -13,7 +13,7 @@ import nats.js.errors
 
 from services.master.lease import LeaseLost
 from shared import subjects
-from shared.messages import AppError, AppState, AppSummary, AppType, Struct
+from shared.messages import AppError, AppState, AppSummary, AppType, IntermediateStreamSpec, Struct
 
 API_TIMEOUT_S = 5.0  # a JetStream API request (nats-py's default)
 
@@ -48,6 +48,10 @@ class ApplicationRecord(Struct):
     appmaster_attempt: int = 0  # the current AppMaster's attempt (0 first; each relaunch adds 1)
     app_type: str = AppType.STREAMING
     workers: list[str] = dataclasses.field(default_factory=list)  # SubmitApplication.workers
+    stage_apps: list[int] = dataclasses.field(default_factory=list)  # a multi-stage app's stages, in order
+    streams: list[IntermediateStreamSpec] = dataclasses.field(default_factory=list)  # ... and its streams
+    stage_of: int = 0  # a stage's multi-stage app (0: none)
+    stage: int = 0
 
     def can_become(self, state: str) -> bool:
         return state in TRANSITIONS[self.state]
@@ -63,6 +67,9 @@ class ApplicationRecord(Struct):
             error=self.error,
             appmaster_worker=self.appmaster_worker,
             app_type=self.app_type,
+            stage_apps=list(self.stage_apps),
+            stage_of=self.stage_of,
+            stage=self.stage,
             **live,
         )
 

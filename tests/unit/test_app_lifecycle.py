@@ -17,7 +17,7 @@ from services.master.lifecycle import (
     StopAppProcesses,
     Timeouts,
 )
-from shared.messages import AppState
+from shared.messages import AppError, AppState
 
 TIMEOUTS = Timeouts(register_s=60, heartbeat_s=10, reconfirm_s=5)
 
@@ -285,3 +285,13 @@ def test_any_ordering_keeps_the_invariants(sequence):
                 assert instruction.attempt == m.attempt(instruction.app_id) <= 2
                 assert instruction.attempt > last_attempt.get(instruction.app_id, -1)
                 last_attempt[instruction.app_id] = instruction.attempt
+
+
+def test_the_master_ends_a_running_app_with_a_state_of_its_choosing():
+    m = machine()
+    running(m)
+    error = AppError("ValueError", "stage 0 (app 2) failed: boom", "stage 0")
+    assert m.end(1, AppState.FAILED, error, "stage 0 failed") == [
+        SetState(1, AppState.FAILED, error), StopAppProcesses(1, "stage 0 failed")]
+    assert m.end(1, AppState.SUCCEEDED, None, "again") == []
+    m.validate()

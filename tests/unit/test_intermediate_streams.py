@@ -8,8 +8,10 @@ import pytest
 
 from gearbus import CollectSink, GraphError, Pipeline, TumblingWindows
 from gearbus.api.partitioners import HashPartitioner, IntermediateStream
+from gearbus.connectors.intermediate import partitions_read
 from gearbus.planner import describe, plan, size_streams, stages
 from gearbus.runners import TestRunner
+from gearbus.stages import stage_app, stage_count, stream_specs
 
 pytestmark = pytest.mark.unit
 
@@ -147,9 +149,68 @@ def test_bad_stream_config_is_refused_at_plan_time(config, message):
         plan(chain(config=config), "test")
 
 
-def test_the_bus_runners_refuse_intermediate_streams_naming_them():
-    with pytest.raises(GraphError, match="'gearbus_chain_first', 'gearbus_chain_second'.*do not run on the test runner"):
-        TestRunner().run(chain())
+def collected(pipeline: Pipeline) -> list:
+    TestRunner().run(pipeline)
+    return sorted(next(s for s in pipeline.steps if s.name == "out").data_sink.values)
+
+
+def test_the_test_runner_runs_the_stages_as_one_with_the_streams_as_shuffles():
+    def bus():
+        p = Pipeline("chain")
+        (p.from_collection(range(20), parallelism=2, name="src").repartition(lambda v: v % 5, via="bus", name="first")
+            .stateful_map(running_total, name="totals", parallelism=4)
+            .repartition(lambda pair: pair[0] % 3, via="bus", name="second")
+            .count(name="count").sink(CollectSink(), name="out"))
+        return p
+    assert collected(chain()) == collected(bus()) != []
+
+
+def stage_layout(app) -> list[tuple[str, int, str, list[str]]]:
+    """Each processor of a stage's app: name, parallelism, what reads or writes a stream."""
+    out = []
+    for p in app.graph.processors:
+        source = type(p.data_source).__name__ if p.data_source else ""
+        ops = [type(op).__name__ for op in p.config.get("ops", []) if type(op).__name__ == "StreamWriteOp"]
+        out.append((p.name, p.parallelism, source, ops))
+    return out
+
+
+def test_each_stage_reads_its_streams_in_its_own_tasks_or_through_a_reader_per_partition():
+    p = chain()
+    p.parallelism = 3
+    app = plan(p, "test")
+    assert stage_count(app) == 3
+    first, second, third = (stage_app(app, n) for n in range(3))
+    assert stage_layout(first) == [("src+first", 2, "CollectionSource", ["StreamWriteOp"])]
+    # 4 partitions, 4 tasks: each task reads its own partition and writes the next stream
+    assert stage_layout(second) == [("totals+second", 4, "StreamReader", ["StreamWriteOp"])]
+    # 4 partitions, 3 tasks: a reader task per partition, hash-partitioned into count
+    assert stage_layout(third) == [("gearbus_chain_second reader", 4, "StreamReader", []), ("count", 3, "", []),
+                                   ("out", 1, "", [])]
+    assert [type(e.partitioner).__name__ for e in third.graph.edges] == ["HashPartitioner", "ShufflePartitioner"]
+    assert [s.config["stage"] for s in (first, second, third)] == [0, 1, 2]
+    assert [(s.name, s.partitions, s.from_stage, s.to_stage) for s in stream_specs(app)] == [
+        ("gearbus_chain_first", 4, 0, 1), ("gearbus_chain_second", 4, 1, 2)]
+    with pytest.raises(GraphError, match="has 3 stage"):
+        stage_app(app, 3)
+
+
+def test_a_join_of_two_streams_reads_both_in_its_own_tasks():
+    app = plan(joined(4, 8, {"intermediate_streams": "all"}), "test")
+    assert stage_count(app) == 3  # each side's source, and the join
+    processor, _ = stage_app(app, 2).graph.processors
+    assert (processor.name, type(processor.data_source).__name__) == ("pairs", "StreamReader")
+    assert sorted(s.partitions for s in processor.data_source.streams) == [8, 8]
+
+
+def test_partitions_are_read_by_one_task_each_and_only_when_they_divide():
+    assert [partitions_read(i, 2, 4) for i in range(2)] == [[0, 1], [2, 3]]
+    assert [partitions_read(i, 4, 4) for i in range(4)] == [[0], [1], [2], [3]]
+    for partitions, tasks in ((8, 2), (6, 3), (128, 4), (5, 1)):
+        read = [p for i in range(tasks) for p in partitions_read(i, tasks, partitions)]
+        assert sorted(read) == list(range(partitions))
+    with pytest.raises(ValueError, match="multiple of the readers"):
+        partitions_read(0, 3, 4)
 
 
 def test_a_raising_key_function_fails_the_app_naming_the_step_and_the_record():

@@ -121,6 +121,12 @@ function showFacts(a) {
     ["restarts", a.restarts],
     ["checkpoints", c ? `${c.completed} done, ${c.failed} failed` + (c.last_id ? `, last #${c.last_id} ${fmtMs(c.last_duration_ms)} ${fmtBytes(c.last_size_bytes)}` : "") : "–"],
   ];
+  if (a.stage_apps.length) facts.push(["stages", a.stage_apps.map((id, n) => `${n}: app ${id}`).join(", ")]);
+  if (a.stage_of) facts.push(["stage", `${a.stage} of app ${a.stage_of}`]);
+  for (const s of a.streams) {
+    facts.push([`stream ${s.name}`, `stage ${s.from_stage} → ${s.to_stage}, ${s.partitions} partitions: ` +
+      (s.messages < 0 ? "could not be read" : `backlog ${fmtCount(s.messages)} messages, ${fmtBytes(s.bytes)}`)]);
+  }
   if (a.stalled_tasks.length) facts.push(["stalled tasks", a.stalled_tasks.join(", ")]);
   if (a.blacklisted_workers.length) facts.push(["blacklisted workers", a.blacklisted_workers.join(", ")]);
   fillFacts(document.getElementById("app-facts"), facts);

@@ -1,0 +1,180 @@
+"""Multi-stage apps on a real cluster (Samza's intermediate streams): each stage runs as an
+app of its own over a JetStream stream the app owns; the output is exact; a killed
+executor of the downstream stage recovers that stage alone while the upstream one goes on
+checkpointing; the streams go when the app ends, and stay when it fails."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import textwrap
+
+import pytest
+
+from gearbus.api.graph import GraphError
+from gearbus.artifact import pack
+from gearbus.cli import format_status
+from gearbus.connectors import intermediate
+from gearbus.connectors.jetstream import ensure_stream, on_connection
+from gearbus.runners import prepare
+from shared import subjects
+from shared.messages import AppState
+from tests.support.cluster import wait_state, wait_until
+
+STAGED = """
+    from gearbus import Pipeline, TumblingWindows
+    from gearbus.connectors.generator import RateSource
+
+
+    def key(word):
+        if word == "{poison}":
+            raise ValueError("a poisoned word")
+        return word
+
+
+    def application(args):
+        p = Pipeline("{name}", parallelism=2, config={{"checkpoint_interval_ms": 200}})
+        (p.source(RateSource(rate={rate}, count={count}), parallelism=2, name="numbers", timestamp_fn=lambda n: n)
+            .map(lambda n: f"w{{n % 37}}", name="word")
+            .repartition(key, via="jetstream", name="by_word")
+            .window(TumblingWindows(1000)).count(name="count")
+            .map(list, name="row")
+            .write_jsonl(args[0], name="out"))
+        return p
+"""
+
+
+def staged_app(tmp_path, name: str, rate: int, count: int, poison: str = "") -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(STAGED.format(name=name, rate=rate, count=count, poison=poison)))
+    return str(path)
+
+
+def expected(count: int) -> dict:
+    counts = collections.Counter((f"w{n % 37}", n // 1000) for n in range(count))
+    return dict(counts)
+
+
+def written(path) -> dict:
+    rows = [json.loads(line) for line in open(path)]
+    found = {(word, start // 1000): n for word, n, start, _, _ in rows}
+    assert len(found) == len(rows), "a window was written twice"
+    return found
+
+
+def stream_exists(url: str, name: str) -> bool:
+    async def look(nc):
+        return await intermediate.existing(nc, name) is not None
+
+    return on_connection([url], look)
+
+
+def executors_of(cluster, app_id: int) -> list[int]:
+    """The pids of an app's executors (their work directories name the app)."""
+    found = []
+    for pid, _, kind in cluster.processes():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if kind == "executor" and f"gearbus-app{app_id}-executor".encode() in environ:
+            found.append(pid)
+    return found
+
+
+async def test_a_two_stage_app_is_exact_and_its_streams_go_with_it(cluster, client, tmp_path):
+    out = tmp_path / "counts.jsonl"
+    app_id = await client.submit(pack(staged_app(tmp_path, "twostage", 5000, 20_000)), [str(out)])
+    await wait_state(client, app_id, AppState.ACTIVE)
+    status = await client.status(app_id)
+    assert len(status.stage_apps) == 2
+    (stream,) = status.streams
+    assert (stream.name, stream.partitions, stream.from_stage, stream.to_stage) == ("gearbus_twostage_by_word", 2, 0, 1)
+    assert stream.messages >= 0
+    assert "stream gearbus_twostage_by_word (stage 0 -> 1, 2 partitions): backlog" in format_status(status)
+    stages = [await client.status(i) for i in status.stage_apps]
+    assert [(s.stage_of, s.stage, s.name) for s in stages] == [(app_id, 0, "twostage.stage0"),
+                                                               (app_id, 1, "twostage.stage1")]
+    final = await client.wait(app_id, timeout=90)
+    assert final.state == AppState.SUCCEEDED, final.error
+    assert written(out) == expected(20_000)
+    assert {(await client.status(i)).state for i in status.stage_apps} == {AppState.SUCCEEDED}
+    assert not stream_exists(cluster.url, "gearbus_twostage_by_word")
+
+
+@pytest.mark.chaos
+async def test_a_killed_downstream_executor_recovers_its_stage_alone_while_upstream_checkpoints_go_on(
+        cluster, client, tmp_path):
+    out = tmp_path / "counts.jsonl"
+    app_id = await client.submit(pack(staged_app(tmp_path, "killed", 3000, 45_000)), [str(out)])
+    await wait_state(client, app_id, AppState.ACTIVE)
+    upstream, downstream = (await client.status(app_id)).stage_apps
+
+    async def checkpointed(app: int, at_least: int):
+        async def probe():
+            status = await client.status(app)
+            assert status.state not in AppState.TERMINAL, f"app {app} ended early: {status.state} {status.error}"
+            done = status.checkpoints.completed if status.checkpoints else 0
+            return status if done >= at_least else None
+        return await wait_until(client, subjects.checkpoint_complete(app), probe, timeout=60)
+
+    await checkpointed(downstream, 2)
+    before = (await client.status(upstream)).checkpoints.completed
+    for pid in executors_of(cluster, downstream):
+        os.kill(pid, signal.SIGKILL)
+
+    async def recovered():
+        status = await client.status(downstream)
+        return status if status.restarts >= 1 and status.checkpoints.epoch >= 1 and \
+            status.checkpoints.last_id > 0 and status.checkpoints.completed > 0 else None
+    recovery = await wait_until(client, subjects.checkpoint_complete(downstream), recovered, timeout=60)
+    meanwhile = await client.status(upstream)
+    assert meanwhile.restarts == 0 and meanwhile.checkpoints.epoch == 0
+    assert meanwhile.checkpoints.completed >= before + 2, "the upstream stage stopped checkpointing"
+    assert recovery.restarts >= 1
+    final = await client.wait(app_id, timeout=120)
+    assert final.state == AppState.SUCCEEDED, final.error
+    assert written(out) == expected(45_000)
+
+
+async def test_a_failing_stage_fails_the_app_naming_the_step_and_keeps_the_stream(cluster, client, tmp_path):
+    out = tmp_path / "counts.jsonl"
+    app_id = await client.submit(pack(staged_app(tmp_path, "poisoned", 5000, 10_000, poison="w5")), [str(out)])
+    final = await client.wait(app_id, timeout=90)
+    assert final.state == AppState.FAILED
+    assert final.error.error_type == "ValueError"
+    assert "stage 0" in final.error.message and "step 'by_word'" in final.error.message
+    assert "'w5'" in final.error.message and "a poisoned word" in final.error.message
+    upstream, downstream = final.stage_apps
+    assert (await client.status(upstream)).state == AppState.FAILED
+    assert (await client.status(downstream)).state == AppState.TERMINATED
+    assert stream_exists(cluster.url, "gearbus_poisoned_by_word")
+
+
+async def test_a_stream_name_that_belongs_to_something_else_is_refused(cluster, client, tmp_path):
+    path = staged_app(tmp_path, "taken", 5000, 1_000)
+    ensure_stream(cluster.url, "gearbus_taken_by_word", ["elsewhere.>"])
+    with pytest.raises(GraphError, match="step 'by_word'.*gearbus_taken_by_word.*belongs to something else"):
+        prepare(path, [str(tmp_path / "out")], "cluster", cluster.url)
+    # a client that does not check first: the app fails before any stage starts
+    app_id = await client.submit(pack(path), [str(tmp_path / "out")])
+    final = await client.wait(app_id, timeout=60)
+    assert final.state == AppState.FAILED and final.stage_apps == []
+    assert "gearbus_taken_by_word" in final.error.message and "belongs to something else" in final.error.message
+    assert stream_exists(cluster.url, "gearbus_taken_by_word")
+
+
+async def test_killing_the_app_kills_its_stages_and_deletes_its_streams(cluster, client, tmp_path):
+    app_id = await client.submit(pack(staged_app(tmp_path, "endless", 500, 10**9)), [str(tmp_path / "out")])
+    await wait_state(client, app_id, AppState.ACTIVE)
+    stage_apps = (await client.status(app_id)).stage_apps
+    for stage in stage_apps:
+        await wait_state(client, stage, AppState.ACTIVE)
+    await client.kill(app_id)
+    for stage in stage_apps:
+        final = await client.wait(stage, timeout=30)
+        assert final.state == AppState.TERMINATED
+    assert not stream_exists(cluster.url, "gearbus_endless_by_word")
