@@ -54,7 +54,8 @@ def stage_app(app: Application, stage: int) -> Application:
         bus = [(ops, p) for ops, p in _branches(edge.partitioner) if not isinstance(p, IntermediateStream)]
         for ops, stream in ((ops, p) for ops, p in _branches(edge.partitioner) if isinstance(p, IntermediateStream)):
             if up_in:
-                _write(new_graph, copies[edge.upstream.id], graph, edge, ops, stream)
+                _write(new_graph, copies[edge.upstream.id], graph, edge, ops,
+                       StreamWriter(stream, int(app.config.get("intermediate_stream_max_bytes", -1))))
             elif copies[edge.downstream.id].data_source is None:
                 reader = new_graph.add(Processor(ChainSourceTask, stream.partitions, f"{stream.stream} reader",
                                                  {"ops": [], "steps": [f"{stream.stream} reader"]},
@@ -84,10 +85,11 @@ def _reader(processor: Processor, into: list[IntermediateStream]) -> Processor:
                      {**processor.config, "timestamp_fn": None}, data_source=StreamReader(into))
 
 
-def _write(new_graph: Graph, upstream: Processor, graph: Graph, edge: Edge, ops: list, stream: IntermediateStream) -> None:
-    """``upstream``'s tasks write ``stream`` at the end of their chain when that is all
-    their output; else a writer processor of as many tasks, in the same places, does."""
-    write = StreamWriteOp(f"{stream.stream} writer", StreamWriter(stream))
+def _write(new_graph: Graph, upstream: Processor, graph: Graph, edge: Edge, ops: list, writer: StreamWriter) -> None:
+    """``upstream``'s tasks write a stream at the end of their chain when that is all their
+    output; else a writer processor of as many tasks, in the same places, does."""
+    stream = writer.target
+    write = StreamWriteOp(f"{stream.stream} writer", writer)
     only_output = len(graph.outputs_of(edge.upstream)) == 1 and len(_branches(edge.partitioner)) == 1
     if only_output and upstream.task_class in (ChainTask, ChainSourceTask):
         upstream.config["ops"] = [*upstream.config["ops"], *ops, write]

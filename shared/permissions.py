@@ -99,7 +99,8 @@ def app(app_id: int, savepoint_of: int | None = None, streams: list[str] = ()) -
     if savepoint_of is not None and savepoint_of != app_id:
         readable.append(f"OBJ_{subjects.snapshot_bucket(savepoint_of)}")
     return Permissions(
-        publish=[*own, f"master.app.{app_id}.>", subjects.worker_shutdown("*", app_id), "$JS.API.INFO",
+        publish=[*own, *(f"{stream}.*" for stream in streams), f"master.app.{app_id}.>",
+                 subjects.worker_shutdown("*", app_id), "$JS.API.INFO",
                  f"$KV.{subjects.CHECKPOINT_BUCKET}.{subjects.checkpoint_app_prefix(app_id)}.>",
                  f"$KV.{subjects.CHECKPOINT_BUCKET}.savepoint.>", f"$O.{snapshots}.>",
                  f"$JS.API.STREAM.PURGE.OBJ_{snapshots}", *(api for stream in readable for api in _read_stream(stream))],

@@ -53,7 +53,7 @@ class TaskContext:
                  app_start_ms: int = 0, epoch: int = 0,
                  nats_servers: list[str] | None = None, clock: Callable[[], int] = now_ms,
                  request_poll: Callable[[], None] = _nothing, state_backend: str = "memory",
-                 state_dir: str | None = None, local_copies: bool = True):
+                 state_dir: str | None = None, local_copies: bool = True, app_security=None):
         """``clock`` and ``request_poll`` come from the driver running the task (see
         :meth:`now_ms` and :attr:`request_poll`)."""
         self.app_id = app_id
@@ -81,6 +81,9 @@ class TaskContext:
         self.state_dir = state_dir
         #: whether state on disk is kept as local copies to restore from (gearbus/runtime/local_copies.py)
         self.local_copies = local_copies
+        #: The app's own NATS credential and TLS files (a shared.security.Security; None off a
+        #: cluster): for what the app itself owns, its intermediate streams; never a user's streams.
+        self.app_security = app_security
         self._clock = clock
         #: Tells the driver that results came in without input (an async call finished): it
         #: calls :meth:`Task.poll` soon. Call it on the task's event loop.

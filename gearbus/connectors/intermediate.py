@@ -9,31 +9,37 @@ partitions are a multiple of the readers (the planner reads through a processor 
 task per partition otherwise): no reader filters, and keyed state downstream is where a
 bus shuffle would have put it.
 
-Each message is one writer task's batch ``[writer, writers, watermark, values,
-timestamps, keys]`` (values encoded by :mod:`shared.values`, so tuples stay tuples); the
-watermark holds after its records. A writer sends its watermark to every partition (an
+Each message is one writer task's batch: its place (:data:`PLACE`: the checkpoint that
+committed it and its position in that transaction), then ``[writer, writers, watermark,
+values, timestamps, keys]`` (values encoded by :mod:`shared.values`, so tuples stay
+tuples); the watermark holds after its records. A writer sends its watermark to every partition (an
 empty batch when it has no records for one), and WATERMARK_MAX at its end. A partition's
 watermark is the lowest of its writers'; it has ended when every writer's is
 WATERMARK_MAX.
 
 The writer is a two-phase-commit sink (:class:`JetStreamTransactionalSink`): a batch is
 published, with a ``Nats-Msg-Id`` from its position, once the upstream checkpoint that
-holds it completes, so the stream holds committed records only, once each. The reader
-records its read position in the downstream checkpoint and, once that checkpoint
-completes, purges what it had read: what the stream holds is the downstream stage's
-backlog.
+holds it completes, so the stream holds committed records only. JetStream drops a
+message published again within its duplicate window (2 minutes); the reader drops one
+published again later (a commit retried for long, a restore of an old checkpoint): a
+writer's places only grow, as its transactions commit in checkpoint order, so the reader
+keeps the last place it read of each writer in each partition. The reader records its
+read positions in the downstream checkpoint and, once that checkpoint completes, purges
+what it had read: what the stream holds is the downstream stage's backlog.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
+import threading
 
 from gearbus.api.partitioners import IntermediateStream, group_owner, owned_groups
 from gearbus.api.task import DataSource, Record, TaskContext, new_record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, JetStreamTransactionalSink, Publisher, api,
-                                        close_thread, connect, servers_for, stream_info)
+from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, JetStreamTransactionalSink, api, close_thread,
+                                        connect, servers_for, stream_info)
 from gearbus.connectors.jetstream_reader import PullReader
 from shared import values
 from shared.loop_thread import LoopThread
@@ -42,7 +48,8 @@ from shared.messages import IntermediateStreamSpec, StreamBacklog
 log = logging.getLogger(__name__)
 
 MESSAGE_RECORDS = 2_000   # records in one stream message at most
-FULL_WAIT_S = 1.0         # a full stream: how long a writer waits before it publishes again
+FULL_WAIT_S = 1.0         # a full stream: how long a writer waits before it looks again
+PLACE = struct.Struct(">QI")  # heads each message: its transaction's checkpoint id, its position in it
 OWNER = "gearbus_app"     # the stream's metadata: the app whose intermediate stream it is
 DUPLICATE_WINDOW_NS = 120 * 10**9
 READ_BUFFER = 64          # messages a reading task holds ahead of its pipeline
@@ -76,13 +83,17 @@ def decode(data: bytes) -> tuple[int, int, int, list[Record]]:
 
 class StreamWriter(JetStreamTransactionalSink):
     """An upstream task's writes into an intermediate stream, committed with its stage's
-    checkpoints (see the module). Records arrive keyed (the edge's key step ran before)."""
+    checkpoints (see the module). Records arrive keyed (the edge's key step ran before).
+    With ``max_bytes`` (> 0), a commit waits while the stream holds that much: the stage
+    waits for its reader, and nothing is dropped or reordered."""
 
-    def __init__(self, stream: IntermediateStream, servers: list[str] | None = None):
+    def __init__(self, stream: IntermediateStream, max_bytes: int = -1, servers: list[str] | None = None):
         super().__init__(f"{stream.stream}.*", servers=servers)
         self.target = stream
+        self.max_bytes = max_bytes
 
     def open(self, context: TaskContext) -> None:
+        self._security = context.app_security
         super().open(context)
         self._writer, self._writers = context.index, context.parallelism
         partitions = self.target.partitions
@@ -118,23 +129,24 @@ class StreamWriter(JetStreamTransactionalSink):
         super().pre_commit(checkpoint_id)
 
     async def _publish(self, transactions) -> None:
-        """Publish the transactions; while the stream is full (its ``max_bytes``), wait and
-        publish them again (what was stored is dropped as a duplicate): the upstream stage
-        waits for its reader, and nothing is lost."""
-        while True:
-            try:
-                for prefix, _, messages, _ in transactions:
-                    for i, (to, data) in enumerate(messages):
-                        await self._publisher.publish(to, data, f"{prefix}/{i}")
-                await self._publisher.drain()
-                return
-            except JetStreamError as exc:
-                if "maximum bytes" not in str(exc):
-                    raise
-                log.warning("intermediate stream %s is full: waiting %g s for its reader", self.target.stream,
-                            FULL_WAIT_S)
+        """Publish each transaction's messages in order, each headed by its place (the
+        checkpoint and its position in it), by which a reader drops one published again
+        later than the stream's duplicate window."""
+        for prefix, checkpoint_id, messages, _ in transactions:
+            if self.max_bytes > 0:
+                await self._wait_for_room()
+            for i, (to, body) in enumerate(messages):
+                await self._publisher.publish(to, PLACE.pack(checkpoint_id, i) + body, f"{prefix}/{i}")
+        await self._publisher.drain()
+
+    async def _wait_for_room(self) -> None:
+        warned = False
+        while (await stream_info(self._nc, self.target.stream))["state"]["bytes"] >= self.max_bytes:
+            if not warned:
+                log.warning("intermediate stream %s holds %d bytes or more: the writer waits for its reader",
+                            self.target.stream, self.max_bytes)
+                warned = True
             await asyncio.sleep(FULL_WAIT_S)
-            self._publisher = await Publisher(self._nc).open()  # the full one's error stays with it
 
     def rescale(self, states: list, index: int, parallelism: int) -> list:
         raise JetStreamError("a stage that writes an intermediate stream cannot be rescaled: its readers count "
@@ -143,7 +155,10 @@ class StreamWriter(JetStreamTransactionalSink):
 
 class StreamReader(DataSource):
     """A downstream task's reads of one or more intermediate streams (the inputs of a join),
-    replayable from the position its checkpoint holds (see the module)."""
+    replayable from the positions its checkpoint holds (see the module).
+
+    Each partition is read through a consumer of its own, with a position of its own: a
+    purge of one partition then moves no other's consumer past what it has not read."""
 
     replayable = True
     event_time = True
@@ -155,34 +170,40 @@ class StreamReader(DataSource):
     def open(self, context: TaskContext) -> None:
         servers = servers_for(self.servers, context, "an intermediate stream")
         self._name = f"intermediate stream reader {context.processor_name}[{context.index}]"
-        #: stream -> the subjects this task reads
-        self._subjects = {s.stream: [subject(s.stream, p) for p in partitions_read(context.index, context.parallelism,
-                                                                                   s.partitions)]
-                          for s in self.streams}
-        self._position = {s.stream: 0 for s in self.streams}       # the last sequence read
-        self._writers: dict[str, int] = {}                          # stream -> its writer tasks
-        self._watermarks: dict[str, dict[int, int]] = {subj: {} for subs in self._subjects.values() for subj in subs}
+        #: subject -> its stream, for the partitions this task reads
+        self._stream_of = {subject(s.stream, p): s.stream for s in self.streams
+                           for p in partitions_read(context.index, context.parallelism, s.partitions)}
+        self._position = dict.fromkeys(self._stream_of, 0)          # the last sequence read
+        self._writers: dict[str, int] = {}                           # stream -> its writer tasks
+        self._marks: dict[str, dict[int, int]] = {subj: {} for subj in self._stream_of}  # each writer's watermark
+        self._low = dict.fromkeys(self._stream_of, WATERMARK_MIN)    # the partition's: its writers' lowest
+        self._seen: dict[str, dict[int, tuple[int, int]]] = {subj: {} for subj in self._stream_of}  # last place read
         self._readers: dict[str, PullReader] = {}
-        self._checkpoints: list[tuple[int, dict[str, int]]] = []    # (checkpoint id, positions) not yet complete
+        self._lock = threading.Lock()  # checkpoints are prepared on the task's thread, completed on another
+        self._checkpoints: list[tuple[int, dict[str, int]]] = []     # (checkpoint id, positions) not yet complete
+        self._purged = dict.fromkeys(self._stream_of, 0)
         self._thread = LoopThread("intermediate-reader")
         try:
-            self._nc = self._thread.call(connect(servers, name="gearbus-intermediate-reader"))
+            self._nc = self._thread.call(connect(servers, name="gearbus-intermediate-reader",
+                                                 security=context.app_security))
         except BaseException:
             self.close()
             raise
 
     def snapshot(self) -> dict:
         return {"position": dict(self._position), "writers": dict(self._writers),
-                "watermarks": {subj: dict(w) for subj, w in self._watermarks.items()}}
+                "watermarks": {subj: dict(m) for subj, m in self._marks.items()},
+                "seen": {subj: dict(s) for subj, s in self._seen.items()}}
 
     def restore(self, state: dict) -> None:
         if self._readers:
             raise RuntimeError(f"{self._name}: restore() after the first read()")
-        self._position.update(state["position"])
         self._writers.update(state["writers"])
-        for subj, marks in state["watermarks"].items():
-            if subj in self._watermarks:
-                self._watermarks[subj] = dict(marks)
+        for subj in self._stream_of:
+            self._position[subj] = state["position"].get(subj, 0)
+            self._marks[subj] = dict(state["watermarks"].get(subj, {}))
+            self._seen[subj] = {w: tuple(place) for w, place in state["seen"].get(subj, {}).items()}
+            self._low[subj] = self._lowest(subj)
 
     def read(self, max_records: int) -> list[Record] | None:
         if self._ended():
@@ -190,69 +211,87 @@ class StreamReader(DataSource):
         if not self._readers:
             self._start()
         records: list[Record] = []
-        for stream, reader in self._readers.items():
+        for subj, reader in self._readers.items():
             if reader.error is not None:
                 raise reader.error
-            for seq, subj, data, _ in reader.take(TAKE_MESSAGES):
-                writer, writers, watermark, batch = decode(data)
-                self._writers[stream] = writers
-                marks = self._watermarks[subj]
-                if watermark > marks.get(writer, WATERMARK_MIN):
-                    marks[writer] = watermark
-                records.extend(batch)
-                self._position[stream] = seq
+            for seq, _, data, _ in reader.take(TAKE_MESSAGES):
+                self._position[subj] = seq
+                self._take(subj, data, records)
+            if len(records) >= max_records:
+                break
         return records
+
+    def _take(self, subj: str, data: bytes, records: list[Record]) -> None:
+        """One message's records and watermark, unless it was read before (published again
+        by a writer's recovery, after the stream's duplicate window)."""
+        place = PLACE.unpack_from(data)
+        writer, writers, watermark, batch = decode(memoryview(data)[PLACE.size:])
+        seen = self._seen[subj]
+        if place <= seen.get(writer, (-1, -1)):
+            return
+        seen[writer] = place
+        records.extend(batch)
+        stream = self._stream_of[subj]
+        if self._writers.get(stream) != writers:
+            self._writers[stream] = writers
+            for other in self._stream_of:
+                self._low[other] = self._lowest(other)
+        marks = self._marks[subj]
+        if watermark > marks.get(writer, WATERMARK_MIN):
+            marks[writer] = watermark
+            self._low[subj] = self._lowest(subj)
+
+    def _lowest(self, subj: str) -> int:
+        """The partition's watermark: its writers' lowest (WATERMARK_MIN until its stream has
+        said how many writers it has)."""
+        writers = self._writers.get(self._stream_of[subj])
+        if writers is None:
+            return WATERMARK_MIN
+        marks = self._marks[subj]
+        return min(marks.get(w, WATERMARK_MIN) for w in range(writers))
 
     def _ended(self) -> bool:
         """Every partition read has WATERMARK_MAX from every writer of its stream."""
-        return all(stream in self._writers and all(self._partition_watermark(subj, self._writers[stream])
-                                                    == WATERMARK_MAX for subj in subs)
-                   for stream, subs in self._subjects.items())
-
-    def _partition_watermark(self, subj: str, writers: int) -> int:
-        marks = self._watermarks[subj]
-        return min(marks.get(w, WATERMARK_MIN) for w in range(writers))
+        return min(self._low.values()) == WATERMARK_MAX
 
     def watermark(self) -> int:
-        """The lowest over the partitions read of their writers' lowest (WATERMARK_MIN until
-        every stream has said how many writers it has)."""
-        lowest = WATERMARK_MAX
-        for stream, subs in self._subjects.items():
-            writers = self._writers.get(stream)
-            if writers is None:
-                return WATERMARK_MIN
-            for subj in subs:
-                lowest = min(lowest, self._partition_watermark(subj, writers))
-        return lowest
+        """The lowest of the partitions' watermarks."""
+        return min(self._low.values())
 
     def idle_wait_s(self) -> float:
         return 0.0 if any(r.buffer for r in self._readers.values()) else 0.005
 
     def _start(self) -> None:
-        for stream, subs in self._subjects.items():
-            reader = PullReader(self._nc, stream, subs, self._position[stream], None, name=self._name,
+        for subj, stream in self._stream_of.items():
+            reader = PullReader(self._nc, stream, [subj], self._position[subj], None, name=f"{self._name} {subj}",
                                 max_records=READ_BUFFER, batch=READ_BUFFER // 2, in_flight=2)
-            self._readers[stream] = reader
+            self._readers[subj] = reader
             self._thread.submit(reader.run())
 
     def prepare_checkpoint(self, checkpoint_id: int) -> None:
-        self._checkpoints.append((checkpoint_id, dict(self._position)))
+        with self._lock:
+            self._checkpoints.append((checkpoint_id, dict(self._position)))
 
     def checkpoint_complete(self, checkpoint_id: int) -> None:
         """Purge what this task had read at the completed checkpoint: no recovery reads it again."""
-        done = [positions for cid, positions in self._checkpoints if cid <= checkpoint_id]
-        self._checkpoints = [(cid, p) for cid, p in self._checkpoints if cid > checkpoint_id]
+        with self._lock:
+            done = [positions for cid, positions in self._checkpoints if cid <= checkpoint_id]
+            self._checkpoints = [(cid, p) for cid, p in self._checkpoints if cid > checkpoint_id]
         if done:
-            self._thread.submit(self._purge(done[-1]))
+            moved = {subj: seq for subj, seq in done[-1].items() if seq > self._purged[subj]}
+            self._purged.update(moved)
+            if moved:
+                self._thread.submit(self._purge(moved))
 
     async def _purge(self, positions: dict[str, int]) -> None:
-        for stream, position in positions.items():
-            for subj in self._subjects[stream]:
-                try:
-                    await api(self._nc, f"$JS.API.STREAM.PURGE.{stream}", {"filter": subj, "seq": position + 1},
-                              timeout=API_TIMEOUT)
-                except JetStreamError as exc:  # the next checkpoint purges it
-                    log.warning("%s: purging %s up to %d: %s", self._name, subj, position, exc)
+        async def purge(subj: str, position: int) -> None:
+            try:
+                await api(self._nc, f"$JS.API.STREAM.PURGE.{self._stream_of[subj]}",
+                          {"filter": subj, "seq": position + 1}, timeout=API_TIMEOUT)
+            except JetStreamError as exc:  # what it keeps, the next checkpoint's purge takes
+                log.warning("%s: purging %s up to %d: %s", self._name, subj, position, exc)
+
+        await asyncio.gather(*(purge(subj, position) for subj, position in positions.items()))
 
     def close(self) -> None:
         close_thread(self, self._shutdown, getattr(self, "_name", "intermediate stream reader"))
@@ -294,8 +333,7 @@ def refuse_taken(name: str, info: dict, app: str) -> None:
                           f"not to app {app!r}: rename the app or the step, or delete that stream")
 
 
-async def create_streams(nc, specs: list[IntermediateStreamSpec], app: str, replicas: int = 1,
-                         max_bytes: int = -1) -> None:
+async def create_streams(nc, specs: list[IntermediateStreamSpec], app: str, replicas: int = 1) -> None:
     """Make an app's streams; one it left behind (it failed) is emptied and taken again (a
     fresh start reads none of it); one that is not the app's is refused (StreamTaken)."""
     for spec in specs:
@@ -306,7 +344,7 @@ async def create_streams(nc, specs: list[IntermediateStreamSpec], app: str, repl
             continue
         await api(nc, f"$JS.API.STREAM.CREATE.{spec.name}", {
             "name": spec.name, "subjects": [f"{spec.name}.*"], "storage": "file", "retention": "limits",
-            "discard": "new", "max_bytes": max_bytes, "duplicate_window": DUPLICATE_WINDOW_NS,
+            "duplicate_window": DUPLICATE_WINDOW_NS,
             "num_replicas": replicas, "description": f"gearbus app {app}: the intermediate stream of {spec.edge}",
             "metadata": {OWNER: app}})
 

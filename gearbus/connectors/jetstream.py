@@ -77,11 +77,13 @@ def connector_security(creds: str | None) -> Security:
     return Security.load(creds or None, environ={k: v for k, v in os.environ.items() if k != ENV_CREDS})
 
 
-async def connect(servers: list[str], name: str = "gearbus-spark", creds: str | None = None):
-    """A connection of its own for a connector; a refused credential or certificate is a
-    JetStreamError that says so (the app fails: no recovery can fix it)."""
+async def connect(servers: list[str], name: str = "gearbus-spark", creds: str | None = None,
+                  security: Security | None = None):
+    """A connection of its own for a connector (with ``creds``, or ``security``: the app's
+    own, for what the app owns); a refused credential or certificate is a JetStreamError
+    that says so (the app fails: no recovery can fix it)."""
     try:
-        return await nats_connect(servers, connector_security(creds), name=name, connect_timeout=5,
+        return await nats_connect(servers, security or connector_security(creds), name=name, connect_timeout=5,
                                   allow_reconnect=True, max_reconnect_attempts=10, reconnect_time_wait=0.5,
                                   error_cb=_quiet_error_cb)
     except ConnectionError as exc:
@@ -281,6 +283,7 @@ class JetStreamTransactionalSink(DataSink):
     """
 
     transactional = True
+    _security: Security | None = None  # a connection's own credential, when not ``creds``'s
 
     def __init__(self, subject: str, *, stream: str | None = None, id_fn=None, servers: str | list[str] | None = None,
                  duplicate_window_s: float = 120.0, creds: str | None = None):
@@ -308,7 +311,7 @@ class JetStreamTransactionalSink(DataSink):
                                                   "file"))
 
     async def _connect(self, servers: list[str]) -> None:
-        self._nc = await connect(servers, name="gearbus-jetstream-tx-sink", creds=self.creds)
+        self._nc = await connect(servers, name="gearbus-jetstream-tx-sink", creds=self.creds, security=self._security)
         self._publisher = await Publisher(self._nc).open()
 
     def write(self, records: list[Record]) -> None:

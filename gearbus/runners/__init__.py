@@ -24,7 +24,7 @@ from gearbus.artifact import Artifact, load_local, load_pipeline as load_pipelin
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
 from gearbus.connectors import intermediate
-from gearbus.connectors.jetstream import on_connection
+from gearbus.connectors.jetstream import JetStreamError, on_connection
 from gearbus.planner import plan
 from gearbus.security import init as init_security
 from gearbus.runners.inprocess import InProcessEngine, PipelineFailed
@@ -181,7 +181,9 @@ def prepare(app_path: str, args: Sequence[str], runner: str,
 
 
 def check_streams(app: Application, servers: list[str]) -> None:
-    """The app's intermediate streams are free to take: none is a stream of something else."""
+    """The app's intermediate streams are free to take: none is a stream of something else.
+    Where this machine cannot look (a secured cluster's client may not read streams), the
+    master checks it when the app starts, and fails it before any stage runs."""
     specs = stream_specs(app)
     if not specs:
         return
@@ -195,7 +197,10 @@ def check_streams(app: Application, servers: list[str]) -> None:
             except intermediate.StreamTaken as exc:
                 raise GraphError(f"step {spec.edge!r}: {exc}") from None
 
-    on_connection(servers, check, name="gearbus-submit")
+    try:
+        on_connection(servers, check, name="gearbus-submit")
+    except JetStreamError:
+        return
 
 
 def check_sources(app: Application, servers: list[str]) -> None:

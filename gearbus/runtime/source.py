@@ -53,8 +53,10 @@ class SourceLoop:
         count = self.task.read(self.batch_records)
         if count is None:
             actions += self.core.end_source()
-        elif count:
-            self.records_read += count
-            actions += self.core.advance_source(self.task.watermark)
+            return SourceStep(actions, count)
+        self.records_read += count
+        # a read without records may move the watermark too (a stream's watermark-only message)
+        actions += self.core.advance_source(self.task.watermark)
+        if count:
             actions.append(self.core.flush())  # the batch, when the watermark did not move
         return SourceStep(actions, count)

@@ -262,10 +262,9 @@ class AppMaster(common.AppMasterProcess):
             raise AppFailure(AppError("StagesNotStarted", exc.message, "starting the stages")) from None
         self.stage_apps = list(started.stage_apps)
         log.info("stages_started", stage_apps=self.stage_apps)
-        if not self.launch.attempt:
-            failure, _ = await self._request_state(AppState.ACTIVE, None)
-            if failure:
-                log.error("state_report_failed", state=AppState.ACTIVE, error=failure)
+        failure, _ = await self._request_state(AppState.ACTIVE, None)  # again when relaunched: it may not have been
+        if failure:
+            log.error("state_report_failed", state=AppState.ACTIVE, error=failure)
         return True
 
     def _refuse_if_staged(self) -> None:

@@ -261,7 +261,7 @@ class Executor(Service):
                 runner = TaskRunner(
                     self.bus.nc, self.plan, self.app_id, task_id, self.executor_id, self.config, self.on_task_done,
                     self.on_snapshot, self.on_task_ended, launch.start_ms, launch.epoch, envelope, self.servers,
-                    launch.hold_from.get(task_id.processor),
+                    launch.hold_from.get(task_id.processor), self.bus.security,
                 )
                 self.runners = {**self.runners, task_id: runner}  # replaced, never resized: the heartbeat reads it
                 await runner.subscribe()

@@ -73,9 +73,11 @@ class TaskRunner:
         restore: TaskSnapshot | None = None,
         servers: list[str] | None = None,
         hold_from: int | None = None,
+        security=None,
     ):
         """``restore``: the snapshot to resume from (None: a fresh start); ``hold_from``:
-        see :class:`gearbus.runtime.core.TaskCore`."""
+        see :class:`gearbus.runtime.core.TaskCore`; ``security``: the app's own (its tasks'
+        ``TaskContext.app_security``)."""
         graph = app.graph
         self.nc = nc
         self.app_id = app_id
@@ -91,7 +93,7 @@ class TaskRunner:
         self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id, start_ms,
                                    epoch=epoch, nats_servers=servers, request_poll=self._request_poll,
                                    state_backend=config.state_backend, state_dir=state_directory(),
-                                   local_copies=config.local_copies)
+                                   local_copies=config.local_copies, app_security=security)
         self.name = self.context.task_name
         self.task = self.processor.task_class(self.context)
         senders = senders_of(graph, self.processor)

@@ -171,6 +171,7 @@ class Master(Service):
         self.scheduler = Scheduler()
         self._waiting_resources: dict[int, asyncio.Future] = {}  # by request arrival number
         self._submitters: dict[int, asyncio.Future] = {}  # app id -> the waiting submission's answer
+        self._stage_planning: dict[int, asyncio.Lock] = {}  # a multi-stage app -> its PlanStages, one at a time
         self._launching: dict[int, asyncio.Task] = {}  # app id -> its AppMaster's launch under way
         self.lifecycles = lc.AppLifecycles(lc.Timeouts(
             register_s=appmaster_register_timeout, heartbeat_s=appmaster_timeout or APPMASTER_TIMEOUT_HEARTBEATS * heartbeat_interval,
@@ -379,6 +380,11 @@ class Master(Service):
         self.lifecycles.accepted(app_id, allowed)
         self.apps[app_id] = record
         log.info("app_submitted", app_id=app_id, name=record.name, app_type=record.app_type, stage_of=record.stage_of)
+        parent = self.apps.get(record.stage_of)
+        if parent is not None and parent.state in AppState.TERMINAL:
+            await self._act(self.lifecycles.end(app_id, AppState.TERMINATED, None,
+                                                f"app {parent.app_id}, whose stage it is, ended first"))
+            return
         try:
             await ride_out(lambda: ensure_snapshot_bucket(self.bus.js, app_id, self.bus.replicas),
                            f"creating the snapshot store of app {app_id}")
@@ -390,6 +396,10 @@ class Master(Service):
     async def on_plan_stages(self, msg: PlanStages) -> StagesStarted:
         """A multi-stage app's AppMaster planned its stages: make its intermediate streams
         (refusing a name that is not the app's) and start an app per stage, once."""
+        async with self._stage_planning.setdefault(msg.app_id, asyncio.Lock()):  # an AppMaster's retry waits
+            return await self._plan_stages(msg)
+
+    async def _plan_stages(self, msg: PlanStages) -> StagesStarted:
         record = self._app(msg.app_id)
         if record.state in AppState.TERMINAL:
             raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} has already ended ({record.state})")
@@ -405,8 +415,7 @@ class Master(Service):
                 raise RequestError(ErrorCode.CONFLICT, f"intermediate stream(s) {', '.join(sorted(shared))} belong to "
                                                        f"app {other.app_id} ({other.name}), which is running")
         try:
-            await intermediate.create_streams(self.bus.nc, list(msg.streams), record.name, self.bus.replicas,
-                                              int(record.config.get("intermediate_stream_max_bytes", -1)))
+            await intermediate.create_streams(self.bus.nc, list(msg.streams), record.name, self.bus.replicas)
         except intermediate.StreamTaken as exc:
             raise RequestError(ErrorCode.CONFLICT, str(exc)) from None
         except JetStreamError as exc:
@@ -417,9 +426,14 @@ class Master(Service):
                                   state=AppState.PENDING, submitted_ms=now_ms(), config={**record.config, "stage": stage},
                                   appmaster_worker="", appmaster_attempt=0, stage_of=record.app_id, stage=stage,
                                   streams=list(msg.streams)))
+            await self.store.save(stages[-1])  # durable before the app names it: a new leader fails it, so the app
+        record = self._app(msg.app_id)        # as it is now: a kill may have come meanwhile
         await self._save(replace(record, stage_apps=[s.app_id for s in stages], streams=list(msg.streams)))
         for stage in stages:
             await self._admit(stage)
+        if self.apps[msg.app_id].state in AppState.TERMINAL:  # ended meanwhile: what follows its end, now
+            await self._follow(family.after_end(self.apps[msg.app_id], self.apps))
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} ended while its stages were starting")
         return StagesStarted(msg.app_id, [s.app_id for s in stages])
 
     @staticmethod
@@ -772,6 +786,8 @@ class Master(Service):
             raise bad_request(f"unknown application state {msg.state!r}")
         if record.state in AppState.TERMINAL:
             log.info("late_state_report_ignored", app_id=msg.app_id, state=msg.state, current=record.state)
+            return
+        if msg.state == record.state:  # said again (a relaunched AppMaster's)
             return
         if not record.can_become(msg.state):
             raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} cannot go from {record.state} to {msg.state}")

@@ -43,7 +43,7 @@ def after_end(ended: ApplicationRecord, apps: dict[int, ApplicationRecord]) -> l
         if app is None or app.state in AppState.TERMINAL:
             return []
         if ended.state == AppState.SUCCEEDED:
-            if all(apps[i].state == AppState.SUCCEEDED for i in app.stage_apps if i in apps):
+            if all(i in apps and apps[i].state == AppState.SUCCEEDED for i in app.stage_apps):
                 return [EndApp(app.app_id, AppState.SUCCEEDED, None, "every stage succeeded")]
             return []
         how = "was killed" if ended.state == AppState.TERMINATED else "failed"

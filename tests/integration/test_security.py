@@ -93,14 +93,17 @@ class Connection:
         assert self.errors.empty(), f"{subject}: {self.errors.get_nowait()}"
 
 
-async def test_a_secure_cluster_runs_wordcount_exactly(secure_cluster, security_dir, tmp_path):
+@pytest.mark.parametrize("stages", [[], ["--stages"]], ids=["one-stage", "two-stages"])
+async def test_a_secure_cluster_runs_wordcount_exactly(secure_cluster, security_dir, tmp_path, stages):
+    """Two stages: each stage's own credential reaches the app's intermediate stream."""
     source = os.path.join(EXAMPLES, "data", "sample.txt")
     output = tmp_path / "counts.jsonl"
     async with Client(secure_cluster.url, timeout=60, security=security_dir.security("client")) as client:
         app_id = await client.submit(pack(os.path.join(EXAMPLES, "wordcount.py")),
-                                     ["--input", source, "--output", str(output)])
+                                     ["--input", source, "--output", str(output), *stages])
         final = await client.wait(app_id, timeout=120)
     assert final.state == AppState.SUCCEEDED, final.error
+    assert len(final.stage_apps) == (2 if stages else 0)
     with open(source, encoding="utf-8") as f:
         expected = collections.Counter(f.read().split())
     rows = [json.loads(line) for line in output.read_text().splitlines()]

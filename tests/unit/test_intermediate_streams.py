@@ -220,3 +220,12 @@ def test_a_raising_key_function_fails_the_app_naming_the_step_and_the_record():
     result = TestRunner().run(p, raise_on_failure=False)
     assert result.state == "FAILED" and result.error.error_type == "ZeroDivisionError"
     assert "step 'inverse' on record 0" in result.error.message
+
+
+def test_a_stream_message_carries_its_writer_its_watermark_and_records_as_they_were():
+    from gearbus.api.task import Record
+    from gearbus.connectors.intermediate import decode, encode
+
+    records = [Record(("w", 1), 5, "w"), Record({"n": [1, 2]}, 7, ("k", 2)), Record(None, 9, None)]
+    assert decode(encode(1, 3, 6, records)) == (1, 3, 6, records)
+    assert decode(encode(0, 2, 2**63 - 1, [])) == (0, 2, 2**63 - 1, [])

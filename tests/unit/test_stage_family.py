@@ -95,3 +95,9 @@ def test_an_end_after_the_app_ended_changes_nothing():
     apps = make_family(2)
     end(apps, 1, AppState.TERMINATED)
     assert family.after_end(apps[2], apps) == []
+
+
+def test_a_stage_the_master_never_recorded_keeps_the_app_from_succeeding():
+    apps = make_family(2)
+    del apps[3]  # named by the app, lost with a master before it was recorded
+    assert family.after_end(dataclasses.replace(apps[2], state=AppState.SUCCEEDED), apps) == []
