@@ -10,17 +10,21 @@ import json
 import os
 import signal
 import textwrap
+import threading
 
 import pytest
 
-from gearbus.api.graph import GraphError
+from gearbus.api.graph import GraphError, Processor
+from gearbus.api.partitioners import IntermediateStream
+from gearbus.api.task import Record, TaskContext
 from gearbus.artifact import pack
 from gearbus.cli import format_status
 from gearbus.connectors import intermediate
-from gearbus.connectors.jetstream import ensure_stream, on_connection
+from gearbus.connectors.intermediate import FULL_WAIT_S, PLACE, StreamWriter, decode
+from gearbus.connectors.jetstream import api, ensure_stream, on_connection, publish_messages, stream_state
 from gearbus.runners import prepare
 from shared import subjects
-from shared.messages import AppState
+from shared.messages import AppState, IntermediateStreamSpec
 from tests.support.cluster import wait_state, wait_until
 
 STAGED = """
@@ -69,6 +73,15 @@ def stream_exists(url: str, name: str) -> bool:
         return await intermediate.existing(nc, name) is not None
 
     return on_connection([url], look)
+
+
+def stored_messages(url: str, stream: str) -> list[bytes]:
+    async def read(nc):
+        jsm = nc.jsm()
+        state = (await jsm.stream_info(stream)).state
+        return [(await jsm.get_msg(stream, seq)).data for seq in range(state.first_seq, state.last_seq + 1)]
+
+    return on_connection([url], read)
 
 
 def executors_of(cluster, app_id: int) -> list[int]:
@@ -138,6 +151,44 @@ async def test_a_killed_downstream_executor_recovers_its_stage_alone_while_upstr
     final = await client.wait(app_id, timeout=120)
     assert final.state == AppState.SUCCEEDED, final.error
     assert written(out) == expected(45_000)
+
+
+def test_a_writer_of_a_full_stream_waits_for_the_reader_and_then_publishes_in_order(nats_server):
+    url = nats_server.url
+    stream = IntermediateStream("by_word", 1, "gearbus_full_by_word")
+    on_connection([url], lambda nc: intermediate.create_streams(
+        nc, [IntermediateStreamSpec(stream.stream, 1, "by_word", 0, 1)], "full"))
+    publish_messages(url, "gearbus_full_by_word.0", [b"x" * 4096] * 4)  # what the reader has not read yet
+    writer = StreamWriter(stream, max_bytes=8192)
+    writer.open(TaskContext(1, "full", Processor.sink(writer, name="w"), 0, 0, nats_servers=[url]))
+    try:
+        writer.write([Record(f"w{n}", n, f"w{n}") for n in range(10)])
+        writer.on_watermark(9)
+        writer.pre_commit(1)
+        committing = threading.Thread(target=writer.commit, args=(1,))
+        committing.start()
+        committing.join(2 * FULL_WAIT_S)
+        assert committing.is_alive(), "the writer published into a full stream"
+        assert stream_state(url, stream.stream)["messages"] == 4
+        on_connection([url], lambda nc: api(nc, f"$JS.API.STREAM.PURGE.{stream.stream}", {}))  # the reader read
+        committing.join(10)
+        assert not committing.is_alive()
+    finally:
+        writer.close()
+    (message,) = stored_messages(url, stream.stream)
+    assert PLACE.unpack_from(message) == (1, 0)
+    assert decode(message[PLACE.size:]) == (0, 1, 9, [Record(f"w{n}", n, f"w{n}") for n in range(10)])
+
+
+async def test_a_bounded_stream_holds_the_upstream_stage_back_and_loses_nothing(cluster, client, tmp_path):
+    """A stream bounded far below what goes through it (its writers wait, as above): the
+    output is still exact."""
+    out = tmp_path / "counts.jsonl"
+    app_id = await client.submit(pack(staged_app(tmp_path, "bounded", 20_000, 30_000)), [str(out)],
+                                 config={"intermediate_stream_max_bytes": 16_384})
+    final = await client.wait(app_id, timeout=90)
+    assert final.state == AppState.SUCCEEDED, final.error
+    assert written(out) == expected(30_000)
 
 
 async def test_a_failing_stage_fails_the_app_naming_the_step_and_keeps_the_stream(cluster, client, tmp_path):
