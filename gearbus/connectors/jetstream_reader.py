@@ -235,9 +235,12 @@ class PullReader:
             if self.stream_last < self.last:
                 return
         info = await api(self.nc, f"$JS.API.CONSUMER.INFO.{self.stream}.{self._consumer}")
-        delivered = info.get("delivered", {}).get("stream_seq", 0)
+        # every delivery handled: counted in the consumer's own sequence, as a stream sequence
+        # may be past the last one read (a consumer made after a restart starts beyond what
+        # its subjects hold)
+        delivered = info.get("delivered", {}).get("consumer_seq", 0)
         with self.lock:
-            self.complete = int(info.get("num_pending", 0)) == 0 and delivered <= self.fetched
+            self.complete = int(info.get("num_pending", 0)) == 0 and delivered <= self._cseq
             if self.complete:
                 self._end()
 
