@@ -348,12 +348,13 @@ def _application(pipeline: BasePipeline, segments: list[Segment]) -> Application
     return Application(pipeline.name, graph, dict(pipeline.config))
 
 
-def _branches(partitioner: Partitioner) -> list[tuple[list[Op], Partitioner]]:
+def edge_branches(partitioner: Partitioner) -> list[tuple[list[Op], Partitioner]]:
     """An edge's (ops run at the sender, partitioner) pairs."""
     return partitioner.branches if isinstance(partitioner, ChainedEdge) else [([], partitioner)]
 
 
-def _edge(branches: list[tuple[list[Op], Partitioner]]) -> Partitioner:
+def chained_edge(branches: list[tuple[list[Op], Partitioner]]) -> Partitioner:
+    """One edge of these branches: the partitioner itself when it runs nothing at the sender."""
     return branches[0][1] if len(branches) == 1 and not branches[0][0] else ChainedEdge(branches)
 
 
@@ -372,12 +373,12 @@ def run_at_senders(segments: list[Segment]) -> None:
         reader, index = next((r, i) for r in segments for i, (u, _) in enumerate(r.inputs) if u is stage)
         out = reader.inputs[index][1]
         branches = [(ops + stage.ops + more, partitioner)
-                    for ops, _ in _branches(into) for more, partitioner in _branches(out)]
+                    for ops, _ in edge_branches(into) for more, partitioner in edge_branches(out)]
         shared = next((i for i, (u, _) in enumerate(reader.inputs) if u is upstream), None)
         if shared is None:
-            reader.inputs[index] = (upstream, _edge(branches))
+            reader.inputs[index] = (upstream, chained_edge(branches))
         else:  # the reader reads that input already: one edge with both branches
-            reader.inputs[shared] = (upstream, _edge(_branches(reader.inputs[shared][1]) + branches))
+            reader.inputs[shared] = (upstream, chained_edge(edge_branches(reader.inputs[shared][1]) + branches))
             del reader.inputs[index]
         segments.remove(stage)
     for segment in segments:
@@ -387,7 +388,7 @@ def run_at_senders(segments: list[Segment]) -> None:
         while segment.ops and type(segment.ops[0]) is FilterOp:
             filters.append(segment.ops.pop(0))
         upstream, into = segment.inputs[0]
-        segment.inputs[0] = (upstream, _edge([(ops + filters, p) for ops, p in _branches(into)]))
+        segment.inputs[0] = (upstream, chained_edge([(ops + filters, p) for ops, p in edge_branches(into)]))
 
 
 STATELESS_OPS = (MapOp, FilterOp, FlatMapOp, KeyByOp, JoinInputOp)
@@ -399,7 +400,7 @@ def _stateless_stage(segment: Segment, segments: list[Segment]) -> bool:
     if isinstance(segment.head, (Source, Process)) or not _forward_input(segment):
         return False
     reads = [partitioner for r in segments for u, partitioner in r.inputs if u is segment]
-    return (len(reads) == 1 and len(_branches(reads[0])) == 1
+    return (len(reads) == 1 and len(edge_branches(reads[0])) == 1
             and all(type(op) in STATELESS_OPS for op in segment.ops))
 
 
@@ -411,7 +412,7 @@ def _forward_input(segment: Segment) -> bool:
         return False
     upstream, into = segment.inputs[0]
     return (upstream.parallelism == segment.parallelism
-            and all(type(p) is CoLocationPartitioner for _, p in _branches(into)))
+            and all(type(p) is CoLocationPartitioner for _, p in edge_branches(into)))
 
 
 class UnnamedStatefulStep(UserWarning):
@@ -502,7 +503,7 @@ def stages(app: Application) -> list[list[int]]:
         return i
 
     for edge in graph.edges:
-        through = {isinstance(p, IntermediateStream) for _, p in _branches(edge.partitioner)}
+        through = {isinstance(p, IntermediateStream) for _, p in edge_branches(edge.partitioner)}
         if through == {True, False}:
             raise GraphError(f"processor {edge.downstream.name!r} reads {edge.upstream.name!r} both through an "
                              "intermediate stream and over the bus")
@@ -521,7 +522,7 @@ def stages(app: Application) -> list[list[int]]:
 
 def intermediate_streams(app: Application) -> list[tuple[Edge, IntermediateStream]]:
     """The app's intermediate streams, each with the edge it carries."""
-    return [(edge, p) for edge in app.graph.edges for _, p in _branches(edge.partitioner)
+    return [(edge, p) for edge in app.graph.edges for _, p in edge_branches(edge.partitioner)
             if isinstance(p, IntermediateStream)]
 
 
@@ -568,7 +569,7 @@ def _join_description(graph, processor: Processor) -> dict:
         return {}
     sides = {}
     for edge in graph.inputs_of(processor):  # a side keyed in its processor, or at its sender
-        at_sender = [op for branch, _ in _branches(edge.partitioner) for op in branch]
+        at_sender = [op for branch, _ in edge_branches(edge.partitioner) for op in branch]
         for op in edge.upstream.config.get("ops", []) + at_sender:
             if isinstance(op, JoinInputOp) and op.step == ops[0].step:
                 sides[JOIN_SIDES[op.side]] = edge.upstream.id

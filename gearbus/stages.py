@@ -18,7 +18,7 @@ import copy
 from gearbus.api.graph import Application, Edge, Graph, GraphError, Processor
 from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, IntermediateStream
 from gearbus.connectors.intermediate import StreamReader, StreamWriter
-from gearbus.planner import _branches, _edge, intermediate_streams, stages
+from gearbus.planner import chained_edge, edge_branches, intermediate_streams, stages
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, StreamWriteOp
 from shared.messages import IntermediateStreamSpec
 
@@ -51,8 +51,8 @@ def stage_app(app: Application, stage: int) -> Application:
         up_in, down_in = edge.upstream.id in members, edge.downstream.id in members
         if not (up_in or down_in):
             continue
-        bus = [(ops, p) for ops, p in _branches(edge.partitioner) if not isinstance(p, IntermediateStream)]
-        for ops, stream in ((ops, p) for ops, p in _branches(edge.partitioner) if isinstance(p, IntermediateStream)):
+        bus = [(ops, p) for ops, p in edge_branches(edge.partitioner) if not isinstance(p, IntermediateStream)]
+        for ops, stream in ((ops, p) for ops, p in edge_branches(edge.partitioner) if isinstance(p, IntermediateStream)):
             if up_in:
                 _write(new_graph, copies[edge.upstream.id], graph, edge, ops,
                        StreamWriter(stream, int(app.config.get("intermediate_stream_max_bytes", -1))))
@@ -62,7 +62,7 @@ def stage_app(app: Application, stage: int) -> Application:
                                                  data_source=StreamReader([stream])))
                 new_graph.connect(reader, copies[edge.downstream.id], HashPartitioner(by_key=True))
         if bus and up_in and down_in:
-            new_graph.connect(copies[edge.upstream.id], copies[edge.downstream.id], _edge(bus))
+            new_graph.connect(copies[edge.upstream.id], copies[edge.downstream.id], chained_edge(bus))
     return Application(app.name, new_graph, {**app.config, "stage": stage})
 
 
@@ -90,7 +90,7 @@ def _write(new_graph: Graph, upstream: Processor, graph: Graph, edge: Edge, ops:
     output; else a writer processor of as many tasks, in the same places, does."""
     stream = writer.target
     write = StreamWriteOp(f"{stream.stream} writer", writer)
-    only_output = len(graph.outputs_of(edge.upstream)) == 1 and len(_branches(edge.partitioner)) == 1
+    only_output = len(graph.outputs_of(edge.upstream)) == 1 and len(edge_branches(edge.partitioner)) == 1
     if only_output and upstream.task_class in (ChainTask, ChainSourceTask):
         upstream.config["ops"] = [*upstream.config["ops"], *ops, write]
         return
