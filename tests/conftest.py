@@ -58,7 +58,7 @@ SPARK_FILES = {
 
 
 #: Files whose tests share one cluster (a module-scoped fixture): one worker runs each such file whole.
-SHARED_CLUSTER_FILES = {"integration/test_shell.py"}
+SHARED_CLUSTER_FILES = {"integration/test_shell.py", "integration/test_stages.py"}
 
 
 class SparkOnOneWorker(LoadGroupScheduling):

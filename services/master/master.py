@@ -33,7 +33,7 @@ from services.master.worker_registry import (DeclareWorkerLost, HeartbeatMissed,
 from services.checkpoint_store import ensure_buckets, ensure_snapshot_bucket
 from services.master.credentials import APP_SIGNER_ENV, AppCredentials
 from shared import digests, subjects
-from shared.bus import (DEFAULT_REQUEST_TIMEOUT_S, JETSTREAM_UNAVAILABLE, RequestError, RequestTimeout,
+from shared.bus import (DEFAULT_REQUEST_TIMEOUT_S, JETSTREAM_UNAVAILABLE, RemoteError, RequestError, RequestTimeout,
                         add_nats_argument, bad_request, nats_servers, not_found, ride_out)
 from shared.logging import configure
 from shared.messages import (
@@ -105,6 +105,8 @@ Reply = TypeVar("Reply", bound=Message)
 
 APPMASTER_EXECUTOR_ID = -1
 MAX_STAGES = 64  # stages of one multi-stage app at most
+WORKER_BUSY_RETRIES = 40  # a worker whose slots are still held by exiting processes is asked again, this often
+WORKER_BUSY_WAIT_S = 0.25
 STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
 STANDBY_POLL_S = 0.1  # how often a standby checks whether the lease has expired
 MASTERS_LOOKUP_S = 2.0
@@ -545,8 +547,10 @@ class Master(Service):
     async def _launch_appmaster(self, record: ApplicationRecord, attempt: int, avoid: str = "") -> str:
         """Start the app's AppMaster on a worker (away from ``avoid`` when another has room).
         A worker that does not answer the launch (it may be gone without this master
-        knowing yet) is skipped for the next live one."""
+        knowing yet) is skipped for the next live one; one that has no free slot yet (the
+        processes of an app that just ended are still exiting there) is asked again."""
         skipped: set[str] = {avoid} if avoid else set()
+        busy = 0
         while True:
             alive_elsewhere = any(w.worker_id not in skipped for w in self.registry.alive())
             exclude = frozenset(skipped) if alive_elsewhere else frozenset()
@@ -564,6 +568,10 @@ class Master(Service):
                 return allocation.worker_id
             except RequestError as exc:
                 self.scheduler.release(record.app_id, allocation.worker_id, 1)
+                if isinstance(exc, RemoteError) and exc.retryable and busy < WORKER_BUSY_RETRIES:
+                    busy += 1
+                    await asyncio.sleep(WORKER_BUSY_WAIT_S)
+                    continue
                 if not alive_elsewhere or not isinstance(exc, RequestTimeout):
                     raise
                 log.warning("appmaster_launch_failed", app_id=record.app_id, worker_id=allocation.worker_id,

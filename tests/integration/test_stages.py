@@ -13,19 +13,22 @@ import textwrap
 import threading
 
 import pytest
+import pytest_asyncio
 
 from gearbus.api.graph import GraphError, Processor
 from gearbus.api.partitioners import IntermediateStream
 from gearbus.api.task import Record, TaskContext
 from gearbus.artifact import pack
 from gearbus.cli import format_status
+from gearbus.client import Client
+from gearbus.cluster import LocalCluster
 from gearbus.connectors import intermediate
 from gearbus.connectors.intermediate import FULL_WAIT_S, PLACE, StreamWriter, decode
 from gearbus.connectors.jetstream import api, ensure_stream, on_connection, publish_messages, stream_state
 from gearbus.runners import prepare
 from shared import subjects
 from shared.messages import AppState, IntermediateStreamSpec
-from tests.support.cluster import wait_state, wait_until
+from tests.support.cluster import wait_for_workers, wait_state, wait_until
 
 STAGED = """
     from gearbus import Pipeline, TumblingWindows
@@ -48,6 +51,21 @@ STAGED = """
             .write_jsonl(args[0], name="out"))
         return p
 """
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One cluster for the file (its apps and streams have names of their own), whose apps
+    start right after others end."""
+    with LocalCluster(workers=2, slots=4, log_dir=str(tmp_path_factory.mktemp("stages-logs"))) as made:
+        yield made
+
+
+@pytest_asyncio.fixture
+async def client(cluster):
+    async with Client(cluster.url, timeout=30) as c:
+        await wait_for_workers(c, 2)
+        yield c
 
 
 def staged_app(tmp_path, name: str, rate: int, count: int, poison: str = "") -> str:
@@ -153,8 +171,8 @@ async def test_a_killed_downstream_executor_recovers_its_stage_alone_while_upstr
     assert written(out) == expected(45_000)
 
 
-def test_a_writer_of_a_full_stream_waits_for_the_reader_and_then_publishes_in_order(nats_server):
-    url = nats_server.url
+def test_a_writer_of_a_full_stream_waits_for_the_reader_and_then_publishes_in_order(cluster):
+    url = cluster.url
     stream = IntermediateStream("by_word", 1, "gearbus_full_by_word")
     on_connection([url], lambda nc: intermediate.create_streams(
         nc, [IntermediateStreamSpec(stream.stream, 1, "by_word", 0, 1)], "full"))
