@@ -81,8 +81,12 @@ def _reads_itself(graph: Graph, processor: Processor, into: list[IntermediateStr
 
 
 def _reader(processor: Processor, into: list[IntermediateStream]) -> Processor:
+    """``processor`` reading its streams itself: a source step of its own comes first (a
+    source processor's first step names its source's state in snapshots)."""
+    reading = f"{'+'.join(s.stream for s in into)} reader"
     return Processor(ChainSourceTask, processor.parallelism, processor.name,
-                     {**processor.config, "timestamp_fn": None}, data_source=StreamReader(into))
+                     {**processor.config, "steps": [reading, *processor.config["steps"]], "timestamp_fn": None},
+                     data_source=StreamReader(into))
 
 
 def _write(new_graph: Graph, upstream: Processor, graph: Graph, edge: Edge, ops: list, writer: StreamWriter) -> None:

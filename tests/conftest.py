@@ -149,6 +149,20 @@ async def cluster(cluster_factory):
     return made
 
 
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    """One cluster for a whole file of SHARED_CLUSTER_FILES (two workers, four slots each)."""
+    with LocalCluster(workers=2, slots=4, log_dir=str(tmp_path_factory.mktemp("shared-logs"))) as made:
+        yield made
+
+
+@pytest_asyncio.fixture
+async def shared_client(shared_cluster):
+    async with Client(shared_cluster.url, timeout=30) as c:
+        await wait_for_workers(c, 2)
+        yield c
+
+
 @pytest_asyncio.fixture
 async def client(cluster):
     async with Client(cluster.url, timeout=30) as c:

@@ -9,30 +9,25 @@ import json
 import re
 
 import pytest
-import pytest_asyncio
 
-from gearbus.client import Client
 from gearbus.cluster import LocalCluster, children_of
 from shared.bus import RemoteError
 from shared.messages import AppState, AppType, ErrorCode
 from tests.support.cli import GEARBUS, gearbus
-from tests.support.cluster import wait_exited, wait_for_workers
+from tests.support.cluster import wait_exited
 from tests.support.paths import REPO
 
 WORKERS = ["worker-0", "worker-1"]
 
 
 @pytest.fixture(scope="module")
-def shell_cluster(tmp_path_factory):
-    with LocalCluster(workers=2, slots=4, log_dir=str(tmp_path_factory.mktemp("shell-logs"))) as cluster:
-        yield cluster
+def shell_cluster(shared_cluster):
+    return shared_cluster
 
 
-@pytest_asyncio.fixture
-async def client(shell_cluster):
-    async with Client(shell_cluster.url, timeout=30) as c:
-        await wait_for_workers(c, 2)
-        yield c
+@pytest.fixture
+def client(shared_client):
+    return shared_client
 
 
 def shell(cluster: LocalCluster, *args: str, timeout: float = 60):

@@ -229,3 +229,12 @@ def test_a_stream_message_carries_its_writer_its_watermark_and_records_as_they_w
     records = [Record(("w", 1), 5, "w"), Record({"n": [1, 2]}, 7, ("k", 2)), Record(None, 9, None)]
     assert decode(encode(1, 3, 6, records)) == (1, 3, 6, records)
     assert decode(encode(0, 2, 2**63 - 1, [])) == (0, 2, 2**63 - 1, [])
+
+
+def test_a_processor_that_reads_its_stream_itself_keeps_its_source_state_apart_from_its_steps():
+    from gearbus.runtime.savepoints import join_task_state, split_task_state
+
+    (processor,) = stage_app(plan(chain(), "test"), 1).graph.processors
+    assert processor.config["steps"] == ["gearbus_chain_first reader", "totals", "second"]
+    state = {"source": {"source": {"position": {}}, "watermarks": None}, "steps": {"totals": "kept"}}
+    assert join_task_state(processor, split_task_state(processor, state)) == state
