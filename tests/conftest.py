@@ -59,7 +59,7 @@ SPARK_FILES = {
 
 
 #: Files whose tests share one cluster (a module-scoped fixture): one worker runs each such file whole.
-SHARED_CLUSTER_FILES = {"integration/test_raw_protocol.py", "integration/test_shell.py"}
+SHARED_CLUSTER_FILES = {"integration/test_raw_protocol.py", "integration/test_security.py", "integration/test_shell.py"}
 
 
 class SparkOnOneWorker(LoadGroupScheduling):
