@@ -8,6 +8,9 @@ User code never stands in for the framework's: an application named like a frame
 package (``gearbus``, ``services``, ``shared``) is refused, and the loader imports the
 application from its own file, directory or zip without putting anything on ``sys.path``
 ahead of the framework.
+
+Loading imports the DSL and the planner where it builds the Application: packing (the
+client, and the CLI's commands that only ask the cluster) needs neither.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import tempfile
 import zipfile
 import zipimport
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gearbus.api.dsl import BasePipeline
-from gearbus.api.graph import Application
-from gearbus.planner import plan
 from shared.messages import FRAMEWORK_PACKAGES
+
+if TYPE_CHECKING:
+    from gearbus.api.dsl import BasePipeline
+    from gearbus.api.graph import Application
 
 ENTRY_FUNCTION = "application"
 
@@ -93,6 +98,9 @@ def pack(path: str | os.PathLike) -> Artifact:
 
 def call_application(module, args: list[str], origin: str) -> BasePipeline | Application:
     """Call the module's ``application(args)`` and check what it returns."""
+    from gearbus.api.dsl import BasePipeline
+    from gearbus.api.graph import Application
+
     factory = getattr(module, ENTRY_FUNCTION, None)
     if not callable(factory):
         raise ArtifactError(f"{origin} does not define {ENTRY_FUNCTION}(args) -> gearbus.Pipeline or Application")
@@ -117,6 +125,9 @@ def call_application(module, args: list[str], origin: str) -> BasePipeline | App
 
 def build_application(module, args: list[str], origin: str, runner: str = "cluster") -> Application:
     """Call the module's ``application(args)``; plan a Pipeline for ``runner``."""
+    from gearbus.api.dsl import BasePipeline
+    from gearbus.planner import plan
+
     app = call_application(module, args, origin)
     return plan(app, runner) if isinstance(app, BasePipeline) else app
 
@@ -159,6 +170,8 @@ def load_local(path: str, args: list[str], runner: str = "cluster") -> Applicati
 
 def load_pipeline(path: str, args: list[str]) -> BasePipeline:
     """Import a local file or package and return the DSL Pipeline it builds."""
+    from gearbus.api.dsl import BasePipeline
+
     path = os.path.abspath(path)
     app = call_application(import_local(path), args, path)
     if not isinstance(app, BasePipeline):

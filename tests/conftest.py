@@ -5,6 +5,7 @@ each test folder implies and the hypothesis profiles."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Callable
@@ -58,7 +59,8 @@ SPARK_FILES = {
 
 
 #: Files whose tests share one cluster (a module-scoped fixture): one worker runs each such file whole.
-SHARED_CLUSTER_FILES = {"integration/test_shell.py", "integration/test_stages.py"}
+SHARED_CLUSTER_FILES = {"integration/test_raw_protocol.py", "integration/test_security.py", "integration/test_shell.py",
+                        "integration/test_stages.py"}
 
 
 class SparkOnOneWorker(LoadGroupScheduling):
@@ -137,29 +139,34 @@ def cluster_factory(nats_server, tmp_path):
         cluster.stop()
 
 
-@pytest_asyncio.fixture
-async def cluster(cluster_factory):
-    """Two workers with four slots each, registered and ready."""
-    made = cluster_factory(workers=2, slots=4)
+async def until_registered(made: LocalCluster) -> LocalCluster:
+    """``made``, once every one of its workers is registered."""
     async with Client(made.url, timeout=30) as client:
         try:
-            await wait_for_workers(client, 2)
+            await wait_for_workers(client, made.num_workers)
         except (TimeoutError, RequestError):
             raise AssertionError(f"the cluster did not come up:\n{made.logs_tail()}") from None
     return made
 
 
+@pytest_asyncio.fixture
+async def cluster(cluster_factory):
+    """Two workers with four slots each, registered and ready."""
+    return await until_registered(cluster_factory(workers=2, slots=4))
+
+
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory):
-    """One cluster for a whole file of SHARED_CLUSTER_FILES (two workers, four slots each)."""
-    with LocalCluster(workers=2, slots=4, log_dir=str(tmp_path_factory.mktemp("shared-logs"))) as made:
-        yield made
+    """Two workers with four slots each, registered and ready, shared by the tests of a file
+    that each leave it as they found it (the file goes in SHARED_CLUSTER_FILES): a cluster
+    of their own cost each ~2.5 s of start-up and stop."""
+    with LocalCluster(workers=2, slots=4, log_dir=str(tmp_path_factory.mktemp("shared-cluster"))) as made:
+        yield asyncio.run(until_registered(made))
 
 
 @pytest_asyncio.fixture
 async def shared_client(shared_cluster):
     async with Client(shared_cluster.url, timeout=30) as c:
-        await wait_for_workers(c, 2)
         yield c
 
 

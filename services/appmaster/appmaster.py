@@ -34,7 +34,8 @@ from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
 from services.appmaster.versions import AppVersions
 from services.checkpoint_store import CheckpointStore
-from services.launch import WORKER_ENV, fetch_application, launch_from_env, launch_security, parse_launched_args
+from services.app_code import fetch_application
+from services.launch import WORKER_ENV, launch_from_env, launch_security, parse_launched_args
 from shared import subjects
 from shared.bus import DEFAULT_REQUEST_TIMEOUT_S, RequestError, RequestTimeout, object_chunk_bytes
 from shared.logging import configure

@@ -24,8 +24,8 @@ from services.executor.heartbeat import Heartbeat
 from gearbus.runtime.executor_tasks import EXIT_FENCED, EXIT_WORKER_GONE, ExecutorTasks, LaunchRefused
 from services.executor.outputs import DataPlaneConfig
 from services.executor.task_runner import TaskRunner
-from services.launch import (WORKER_ENV, WORKER_GONE_SIGNAL, fetch_application, launch_from_env,
-                             launch_security, parse_launched_args)
+from services.app_code import fetch_application
+from services.launch import WORKER_ENV, WORKER_GONE_SIGNAL, launch_from_env, launch_security, parse_launched_args
 from shared import subjects
 from shared.bus import RequestError, object_chunk_bytes
 from shared.logging import configure

@@ -145,8 +145,17 @@ async def wait_for_state(nc, cluster, app_id: int, wanted: set[str], timeout: fl
 
 @pytest_asyncio.fixture
 async def nc(cluster):
-    """A bare NATS connection to the running cluster (two workers registered)."""
+    """A bare NATS connection to a cluster of the test's own (two workers registered)."""
     conn = await nats.connect(cluster.url)
+    yield conn
+    await conn.close()
+
+
+@pytest_asyncio.fixture
+async def shared_nc(shared_cluster):
+    """A bare NATS connection to the file's shared cluster (two workers registered), for
+    the tests that start no app: each checks that none was made."""
+    conn = await nats.connect(shared_cluster.url)
     yield conn
     await conn.close()
 
@@ -242,24 +251,25 @@ async def test_list_kill_and_status(cluster, nc, tmp_path):
     assert "987654" in message
 
 
-async def test_submit_of_missing_artifact_is_not_found(cluster, nc):
+async def test_submit_of_missing_artifact_is_not_found(shared_nc):
     payload = pack("SubmitApplication", name="ghost", artifact="ghost-0123456789abcdef.py", entry="ghost")
-    message = await refused(nc, "app.submit", payload, "not_found")
+    message = await refused(shared_nc, "app.submit", payload, "not_found")
     assert "ghost-0123456789abcdef.py" in message and ARTIFACT_BUCKET in message
-    assert await list_apps(nc) == []  # no app was created
+    assert await list_apps(shared_nc) == []  # no app was created
 
 
-async def test_submit_rejects_invalid_values(cluster, nc):
-    artifact = await upload(nc, ENDLESS_APP.encode(), "endless")
+async def test_submit_rejects_invalid_values(shared_nc):
+    artifact = await upload(shared_nc, ENDLESS_APP.encode(), "endless")
     valid = dict(name="endless", artifact=artifact, entry="endless")
     for change, expected in [
         ({"name": " "}, "name must not be empty"),
         ({"artifact_kind": "tar"}, "artifact_kind must be 'module' or 'zip'"),
         ({"entry": "not-a-module"}, "entry must be a Python module name"),
     ]:
-        message = await refused(nc, "app.submit", pack("SubmitApplication", **{**valid, **change}), "bad_request")
+        payload = pack("SubmitApplication", **{**valid, **change})
+        message = await refused(shared_nc, "app.submit", payload, "bad_request")
         assert expected in message, (change, message)
-    assert await list_apps(nc) == []
+    assert await list_apps(shared_nc) == []
 
 
 async def test_app_that_cannot_load_fails_after_submit(cluster, nc):
@@ -320,27 +330,27 @@ def bad_inputs(subject: str) -> list[tuple[str, bytes, str]]:
 
 
 @pytest.mark.parametrize("subject", list(SERVED))
-async def test_bad_input_gets_bad_request(cluster, nc, subject):
+async def test_bad_input_gets_bad_request(shared_nc, subject):
     for case, payload, expected in bad_inputs(subject):
-        message = await refused(nc, subject, payload, "bad_request")
+        message = await refused(shared_nc, subject, payload, "bad_request")
         assert message.startswith(f"{subject}: "), (case, message)
         assert expected in message, (case, message)
     # The master is still there and still answers valid requests.
-    assert await list_apps(nc) == []
-    info = await call(nc, "master.info", "QueryCluster", "ClusterInfo")
+    assert await list_apps(shared_nc) == []
+    info = await call(shared_nc, "master.info", "QueryCluster", "ClusterInfo")
     assert sorted(w["worker_id"] for w in info["workers"]) == ["worker-0", "worker-1"]
 
 
-async def test_register_with_other_protocol_version_is_refused(cluster, nc):
+async def test_register_with_other_protocol_version_is_refused(shared_nc):
     payload = pack("RegisterWorker", worker_id="from-the-future", host="elsewhere", pid=1, slots=1,
                    protocol_version=2)
-    message = await refused(nc, "master.worker.register", payload, "bad_request")
+    message = await refused(shared_nc, "master.worker.register", payload, "bad_request")
     assert "protocol version 2" in message and "speaks 1" in message, message
-    info = await call(nc, "master.info", "QueryCluster", "ClusterInfo")
+    info = await call(shared_nc, "master.info", "QueryCluster", "ClusterInfo")
     assert "from-the-future" not in [w["worker_id"] for w in info["workers"]]
 
 
-async def test_malformed_one_way_message_is_dropped(cluster, nc):
+async def test_malformed_one_way_message_is_dropped(shared_cluster, shared_nc):
     malformed = [
         b"\xc1\xc1 garbage",
         b"",
@@ -351,23 +361,24 @@ async def test_malformed_one_way_message_is_dropped(cluster, nc):
         pack("WorkerHeartbeat", worker_id="worker-0", slots="four", slots_used=0),
         pack("QueryCluster"),
     ]
+    log_path = os.path.join(shared_cluster.log_dir, "master-0.log")
+    logged_before = os.path.getsize(log_path)  # the shared master's log: only what this test made counts
     for payload in malformed:
-        await nc.publish("master.worker.heartbeat", payload)
-    await nc.flush()
+        await shared_nc.publish("master.worker.heartbeat", payload)
+    await shared_nc.flush()
 
     # The master still answers, and still counts the real workers alive.
-    assert cluster.masters["master-0"].poll() is None, cluster.logs_tail()
-    assert await list_apps(nc) == []
-    info = await call(nc, "master.info", "QueryCluster", "ClusterInfo")
+    assert shared_cluster.masters["master-0"].poll() is None, shared_cluster.logs_tail()
+    assert await list_apps(shared_nc) == []
+    info = await call(shared_nc, "master.info", "QueryCluster", "ClusterInfo")
     assert [(w["worker_id"], w["alive"]) for w in info["workers"]] == [("worker-0", True), ("worker-1", True)]
 
     # Each one was logged and dropped (the master logs JSON lines).
     if os.environ.get("GEARBUS_LOG_LEVEL", "info").lower() in ("debug", "info", "warning"):
-        log_path = os.path.join(cluster.log_dir, "master-0.log")
-
         def dropped() -> int:
             count = 0
             with open(log_path, encoding="utf-8", errors="replace") as f:
+                f.seek(logged_before)
                 for line in f:
                     try:
                         entry = json.loads(line)
@@ -380,8 +391,8 @@ async def test_malformed_one_way_message_is_dropped(cluster, nc):
         async with asyncio.timeout(10):
             while dropped() < len(malformed):
                 await asyncio.sleep(0.05)  # polls the log for a condition, not a fixed wait
-    assert cluster.masters["master-0"].poll() is None
-    assert await list_apps(nc) == []
+    assert shared_cluster.masters["master-0"].poll() is None
+    assert await list_apps(shared_nc) == []
 
 
 # --- the document itself ----------------------------------------------------------------

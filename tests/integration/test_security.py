@@ -40,6 +40,10 @@ MARKER_APP = os.path.join(APPS, "marker.py")
 REFUSAL_TIMEOUT_S = 10
 
 
+def secure_cluster_of(security_dir: SecurityDir, log_dir) -> LocalCluster:
+    return LocalCluster(workers=2, slots=4, log_dir=str(log_dir), security=security_dir)
+
+
 @pytest.fixture
 def security_dir(tmp_path) -> SecurityDir:
     return init(str(tmp_path / "security"), tls=True)
@@ -47,7 +51,21 @@ def security_dir(tmp_path) -> SecurityDir:
 
 @pytest.fixture
 def secure_cluster(security_dir, tmp_path):
-    with LocalCluster(workers=2, slots=4, log_dir=str(tmp_path / "logs"), security=security_dir) as cluster:
+    with secure_cluster_of(security_dir, tmp_path / "logs") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def shared_security_dir(tmp_path_factory) -> SecurityDir:
+    return init(str(tmp_path_factory.mktemp("shared-security") / "security"), tls=True)
+
+
+@pytest.fixture(scope="module")
+def shared_secure_cluster(shared_security_dir, tmp_path_factory):
+    """One secure cluster for this file's tests that make nothing happen in it (each checks
+    that nothing did): a cluster of their own cost each ~2.5 s of start-up and stop
+    (tests/conftest.py keeps the file on one xdist worker)."""
+    with secure_cluster_of(shared_security_dir, tmp_path_factory.mktemp("shared-secure-logs")) as cluster:
         yield cluster
 
 
@@ -110,22 +128,24 @@ async def test_a_secure_cluster_runs_wordcount_exactly(secure_cluster, security_
     assert {r["word"]: r["count"] for r in rows} == expected and len(rows) == len(expected)
 
 
-async def test_connections_without_a_valid_credential_are_refused(secure_cluster, security_dir, tmp_path):
+async def test_connections_without_a_valid_credential_are_refused(shared_secure_cluster, shared_security_dir,
+                                                                  tmp_path):
+    url, security_dir = shared_secure_cluster.url, shared_security_dir
     tls_only = Security(tls_ca=os.path.join(security_dir.path, "ca.pem"),
                         tls_cert=os.path.join(security_dir.path, "client-cert.pem"),
                         tls_key=os.path.join(security_dir.path, "client-key.pem"))
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(secure_cluster.url, allow_reconnect=False, connect_timeout=5, **tls_only.nats_options())
+        await nats.connect(url, allow_reconnect=False, connect_timeout=5, **tls_only.nats_options())
     stranger = init(str(tmp_path / "another"), tls=False).security("client")  # a valid JWT of another operator
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(secure_cluster.url, allow_reconnect=False, connect_timeout=5,
+        await nats.connect(url, allow_reconnect=False, connect_timeout=5,
                            **tls_only.with_credential(stranger.credential).nats_options())
     with pytest.raises(ConnectionError, match="refused no credential .pass --creds.: 'Authorization Violation'"):
-        async with Client(secure_cluster.url, timeout=5, security=tls_only):
+        async with Client(url, timeout=5, security=tls_only):
             pass
     untrusted = init(str(tmp_path / "other-ca"), tls=True).security("client")
     with pytest.raises(ConnectionError, match="is not trusted: certificate signature failure .--tls-ca"):
-        async with Client(secure_cluster.url, timeout=5, security=untrusted):
+        async with Client(url, timeout=5, security=untrusted):
             pass
 
 
@@ -167,29 +187,35 @@ async def test_an_expired_server_certificate_is_a_clear_error(tmp_path):
               ("publish", "$JS.API.STREAM.DELETE.OBJ_gearbus_checkpoints_app7"),
               ("subscribe", "data.1.>"), ("subscribe", "appmaster.1.>"), ("subscribe", "_INBOX.client.>")]),
 ])
-async def test_each_identity_is_refused_what_it_must_not_do(secure_cluster, security_dir, identity, forbidden):
+async def test_each_identity_is_refused_what_it_must_not_do(shared_secure_cluster, shared_security_dir, identity,
+                                                           forbidden):
+    cluster, security_dir = shared_secure_cluster, shared_security_dir
     security = app_security(security_dir, 7) if identity == "app7" else security_dir.security(identity)
     allowed = {"client": "app.list", "dashboard": "app.status", "worker": "master.worker.heartbeat",
                "master": "app.7.state", "app7": "data.7.0.0"}[identity]
-    connection = await Connection.open(secure_cluster.url, security)
+    server_log = os.path.join(cluster.log_dir, "nats-server.log")
+    logged_before = os.path.getsize(server_log)  # the shared server's log: only what this test made counts
+    connection = await Connection.open(cluster.url, security)
     try:
         for action, subject in forbidden:
             await connection.assert_refused(action, subject)
         await connection.assert_allowed(allowed)  # the identity works: the refusals are its permissions
     finally:
         await connection.nc.close()
-    async with Client(secure_cluster.url, timeout=30, security=security_dir.security("client")) as client:
+    async with Client(cluster.url, timeout=30, security=security_dir.security("client")) as client:
         assert await client.list() == []  # nothing happened in the cluster
-    assert secure_cluster.processes() == []
-    with open(os.path.join(secure_cluster.log_dir, "nats-server.log"), encoding="utf-8") as log:
+    assert cluster.processes() == []
+    with open(server_log, encoding="utf-8") as log:
+        log.seek(logged_before)
         logged = log.read()
     for action, subject in forbidden:  # and the server logged each refusal
         assert f'{"Publish" if action == "publish" else "Subscription"} Violation - Subject "{subject}"' in logged
 
 
-async def test_an_app_credential_speaks_only_for_its_own_app(secure_cluster, security_dir):
+async def test_an_app_credential_speaks_only_for_its_own_app(shared_secure_cluster, shared_security_dir):
     """Its subjects are its own; a message on them naming another app is refused too."""
-    async with Client(secure_cluster.url, timeout=30, security=app_security(security_dir, 7)) as app7:
+    async with Client(shared_secure_cluster.url, timeout=30, security=app_security(shared_security_dir, 7)) \
+            as app7:
         with pytest.raises(RemoteError) as other_app:
             await app7.bus.request(subjects.resource_request(7), RequestResource(8, 1), timeout=10, retry_s=30)
         assert other_app.value.code == ErrorCode.BAD_REQUEST and "app 8" in other_app.value.message
