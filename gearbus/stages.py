@@ -24,7 +24,7 @@ from shared.messages import IntermediateStreamSpec
 
 
 def stage_count(app: Application) -> int:
-    return len(stages(app)) if intermediate_streams(app) else 1
+    return len(stages(app))
 
 
 def stage_app(app: Application, stage: int) -> Application:

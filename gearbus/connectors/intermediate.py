@@ -36,7 +36,7 @@ import struct
 import threading
 
 from gearbus.api.partitioners import IntermediateStream, group_owner, owned_groups
-from gearbus.api.task import DataSource, Record, TaskContext, new_record
+from gearbus.api.task import DataSource, Record, TaskContext, new_record, not_rescalable
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, JetStreamTransactionalSink, api, close_thread,
                                         connect, servers_for, stream_info)
@@ -149,8 +149,9 @@ class StreamWriter(JetStreamTransactionalSink):
             await asyncio.sleep(FULL_WAIT_S)
 
     def rescale(self, states: list, index: int, parallelism: int) -> list:
-        raise JetStreamError("a stage that writes an intermediate stream cannot be rescaled: its readers count "
-                             "its writers")
+        """Not rescalable: the readers count the writers (nothing held: nothing to divide)."""
+        not_rescalable(states, f"the writers of intermediate stream {self.target.stream}")
+        return []
 
 
 class StreamReader(DataSource):
