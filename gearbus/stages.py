@@ -24,7 +24,8 @@ from shared.messages import IntermediateStreamSpec
 
 
 def stage_count(app: Application) -> int:
-    return len(stages(app))
+    """1 without streams: stages() would count an app's unconnected pipelines apart."""
+    return len(stages(app)) if intermediate_streams(app) else 1
 
 
 def stage_app(app: Application, stage: int) -> Application:

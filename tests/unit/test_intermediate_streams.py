@@ -238,3 +238,10 @@ def test_a_processor_that_reads_its_stream_itself_keeps_its_source_state_apart_f
     assert processor.config["steps"] == ["gearbus_chain_first reader", "totals", "second"]
     state = {"source": {"source": {"position": {}}, "watermarks": None}, "steps": {"totals": "kept"}}
     assert join_task_state(processor, split_task_state(processor, state)) == state
+
+
+def test_an_app_of_unconnected_pipelines_without_streams_is_one_stage():
+    p = Pipeline("two")
+    p.from_collection([1], name="a").sink(CollectSink(), name="x")
+    p.from_collection([2], name="b").sink(CollectSink(), name="y")
+    assert stage_count(plan(p, "test")) == 1
