@@ -1,22 +1,29 @@
-"""The README's walk through an app that keeps running, as a user types it: a producer feeds
-a JetStream stream, the app is submitted from the user's own directory with a relative
-output path, then status, state, rescale, replace with the v2 file and kill, each the
-command the README shows. The output must count every click exactly once throughout."""
+"""The README's walk through an app that keeps running, as a user types it: a cluster started
+by the README's own recipe (nats-server, a master, a worker: the lines of its code block, on
+a free port), a producer feeding a JetStream stream, the app submitted from the user's own
+directory with a relative output path, then status, state, rescale, replace with the v2
+file and kill, each the command the README shows. The output must count every click
+exactly once throughout."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
+import re
+import shlex
+import subprocess
 import sys
 
 import pytest
 
 from gearbus.client import Client
+from gearbus.natsserver import free_port, wait_listening
 from shared import subjects
 from shared.messages import AppState
-from tests.support.cluster import wait_until
+from tests.support.cluster import wait_for_workers, wait_until
 from tests.support.files import read_jsonl
 from tests.support.paths import EXAMPLES, REPO
 
@@ -33,21 +40,73 @@ async def command(cwd, env, *argv: str, timeout: float = 90) -> str:
     return out.decode()
 
 
-def readme_says(*fragments: str) -> None:
+def readme() -> str:
     with open(README, encoding="utf-8") as f:
-        text = f.read()
-    missing = [fragment for fragment in fragments if fragment not in text]
+        return f.read()
+
+
+def readme_says(*fragments: str) -> None:
+    missing = [fragment for fragment in fragments if fragment not in readme()]
     assert not missing, f"the README no longer shows {missing}: keep it and this test in step"
 
 
+def cluster_recipe(port: int, store: str) -> list[list[str]]:
+    """The commands of the README's code block that starts nats-server, as a fresh shell in
+    the repository runs them (its comments dropped), on ``port`` and with the JetStream
+    store in ``store``."""
+    blocks = re.findall(r"```bash\n(.*?)```", readme(), re.S)
+    recipe = next((b for b in blocks if "nats-server -js" in b), None)
+    assert recipe, "the README has no code block starting a nats-server"
+    commands = []
+    for line in recipe.splitlines():
+        line = line.split(" #")[0].strip().replace("4222", str(port)).replace("/tmp/gearbus-js", store)
+        if line:
+            commands.append(shlex.split(line))
+    return commands
+
+
+@contextlib.contextmanager
+def started(commands: list[list[str]], port: int, logs):
+    """Each command in the background, from the repository; stopped at the end."""
+    processes = []
+    try:
+        for n, argv in enumerate(commands):
+            with open(logs / f"recipe-{n}.log", "wb") as log:
+                processes.append(subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+            if n == 0:  # the server first, as the user waits for its prompt
+                wait_listening(processes[0], port, timeout=10)
+        yield processes
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
 @pytest.mark.timeout(240)
-async def test_the_readme_unbounded_app(cluster, client: Client, tmp_path):
+async def test_the_readme_unbounded_app(tmp_path):
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    recipe = cluster_recipe(port, str(tmp_path / "jetstream"))
+    assert [argv[0] for argv in recipe] == [".venv/bin/nats-server", ".venv/bin/python", ".venv/bin/python"]
+    assert os.path.isfile(os.path.join(REPO, ".venv/bin/nats-server")), "the recipe's venv is not where the README says"
+    with started(recipe, port, tmp_path):
+        async with Client(url, timeout=30) as client:
+            await wait_for_workers(client, 1)
+            await walk_through(client, url, tmp_path)
+
+
+async def walk_through(client: Client, url: str, tmp_path) -> None:
     readme_says("python examples/click_producer.py", "gearbus submit examples/clicks.py --output clicks.jsonl",
                 "gearbus status 1", "gearbus state 1 count '\"u3\"'", "gearbus rescale 1 count=3",
                 "gearbus replace 1 count examples/clicks_v2.py --output clicks.jsonl", "gearbus kill 1")
     home = tmp_path  # the user's directory: not the repository's, not the workers'
     os.symlink(EXAMPLES, home / "examples")
-    env = dict(os.environ, GEARBUS_NATS_URL=cluster.url)
+    env = dict(os.environ, GEARBUS_NATS_URL=url)
     gearbus = [sys.executable, "-m", "gearbus.cli"]
 
     producer = await asyncio.create_subprocess_exec(
