@@ -10,7 +10,7 @@ import pytest
 
 from gearbus.artifact import pack
 from shared.messages import AppState
-from tests.support.cli import GEARBUS, gearbus
+from tests.support.cli import GEARBUS, gearbus, gearbus_into_a_closed_pipe, gearbus_lines
 from tests.support.cluster import wait_state
 from tests.support.files import write_text
 from tests.support.paths import APPS, REPO, TICKER, WORDCOUNT
@@ -183,7 +183,7 @@ async def test_logs_follow_prints_lines_as_they_come_until_the_app_ends(cluster,
     assert "app_active" in out and f"/app{app_id}-executor0 <==" in out  # every process's log
 
 
-async def test_top_shows_every_running_apps_processors(cluster, client, tmp_path):
+async def test_top_shows_every_running_apps_processors_as_tables_or_json_and_a_closed_pipe_ends_quietly(cluster, client, tmp_path):
     app_id = await client.submit(pack(TICKER), ["--output", str(tmp_path / "ticks.jsonl"), "--rate", "100"])
     await wait_state(client, app_id, AppState.ACTIVE)
     names = []
@@ -195,6 +195,22 @@ async def test_top_shows_every_running_apps_processors(cluster, client, tmp_path
     assert code == 0, err
     assert f"app {app_id} ticker: ACTIVE" in out and "back-pressure" in out
     assert all(name in out for name in names)
+
+    code, out, err = await gearbus("top", "--nats", cluster.url, "--once", "--json")
+    assert code == 0, err
+    [app] = json.loads(out)["apps"]  # one document
+    assert app["app_id"] == app_id and app["state"] == AppState.ACTIVE
+    assert [p["name"] for p in app["processors"]] == names and all("records_in" in p for p in app["processors"])
+    refreshes = [json.loads(line) for line in await gearbus_lines("top", "--nats", cluster.url, "--json", lines=2)]
+    assert [[a["app_id"] for a in r["apps"]] for r in refreshes] == [[app_id], [app_id]]
+    assert refreshes[0]["time_ms"] < refreshes[1]["time_ms"]
+    [title] = await gearbus_lines("top", "--nats", cluster.url, lines=1)  # into a pipe: a table per refresh
+    assert f"app {app_id} ticker: ACTIVE" in title
+
+    # The reader of its output gone (| head -1): every command ends quietly, the live one too.
+    for command in (["status", str(app_id)], ["list"], ["top"], ["top", "--json"], ["logs", str(app_id)]):
+        code, err = await gearbus_into_a_closed_pipe(command[0], "--nats", cluster.url, *command[1:])
+        assert (code, err) == (141, ""), (command, code, err)
     await client.kill(app_id)
 
 
