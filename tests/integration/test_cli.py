@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 
+import nats
 import pytest
 
 from gearbus.artifact import pack
+from gearbus.natsserver import free_port, wait_listening
 from shared.messages import AppState
 from tests.support.cli import GEARBUS, gearbus, gearbus_into_a_closed_pipe, gearbus_lines
 from tests.support.cluster import wait_state
@@ -217,7 +220,6 @@ async def test_top_shows_every_running_apps_processors_as_tables_or_json_and_a_c
 def run_on_a_terminal(argv: list[str], timeout: float = 90) -> str:
     """Run ``argv`` with its stdout and stderr on a pseudo-terminal; return what it showed."""
     import pty
-    import subprocess
     import time
 
     master, slave = pty.openpty()
@@ -257,3 +259,22 @@ async def test_status_shows_why_a_process_of_the_app_exited_at_start(cluster, cl
     code, out, err = await gearbus("status", "--nats", cluster.url, str(app_id))
     assert code == 0, err
     assert "exited with code" in out and "no model file at /data/model.bin" in out, out
+
+
+async def test_gearbus_nats_server_runs_the_installed_binary_from_a_shell_without_the_venv(tmp_path):
+    """The cluster recipe's first line: PATH holds no nats-server, yet `gearbus nats-server -js`
+    serves NATS with JetStream on the port given."""
+    port = free_port()
+    process = subprocess.Popen([*GEARBUS, "nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd",
+                                str(tmp_path)], cwd=REPO, env={**os.environ, "PATH": "/usr/bin:/bin"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await asyncio.to_thread(wait_listening, process, port, 30)
+        nc = await nats.connect(f"nats://127.0.0.1:{port}")
+        try:
+            assert (await nc.jetstream().account_info()).limits is not None  # JetStream is on
+        finally:
+            await nc.close()
+    finally:
+        process.terminate()
+        process.wait(10)
