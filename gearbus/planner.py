@@ -128,8 +128,9 @@ class Layout:
                 self.consumers[i].append(s)
 
 
-def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
-    """Plan ``pipeline`` for ``runner``; every error names the step it is about."""
+def plan(pipeline: BasePipeline, runner: str = "cluster", note: bool = True) -> Application:
+    """Plan ``pipeline`` for ``runner``; every error names the step it is about. ``note``:
+    say which stateful steps have fragile derived names (where the user builds it)."""
     check(pipeline, runner)
     layout = Layout(pipeline)
     chain(layout)
@@ -141,7 +142,8 @@ def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
     run_at_senders(layout.segments)
     app = _application(pipeline, layout.segments)
     stages(app)  # a stream inside one stage fails here, naming it
-    _note_fragile_state(pipeline, app)
+    if note:
+        _note_fragile_state(pipeline, app)
     return app
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from gearbus import Pipeline, TumblingWindows
 from gearbus.api.task import DataSink
+from gearbus.artifact import load_artifact, load_local, pack
 from gearbus.planner import fragile_state_steps, plan
 from gearbus.runners import TestRunner
 
@@ -92,3 +93,16 @@ def test_only_derived_names_that_share_their_base_are_fragile():
     numbers.map(str).sink(Memory())
     numbers.map(repr).sink(Memory())
     assert fragile_state_steps(stateless, plan(stateless)) == []
+
+
+def test_the_processes_that_run_the_app_do_not_say_it_again(tmp_path, capsys):
+    """The AppMaster and every executor build the app from its artifact too: their logs
+    would repeat the note once per process."""
+    app = tmp_path / "two_counts_again.py"
+    app.write_text(TWO_COUNTS_APP.replace('"two-counts"', '"two-counts-again"'))
+    artifact, workdir = pack(str(app)), tmp_path / "work"
+    workdir.mkdir()
+    load_artifact(artifact.data, artifact.kind, artifact.entry, ["in.jsonl", "out.jsonl"], str(workdir))
+    assert "derived names" not in capsys.readouterr().err
+    load_local(str(app), ["in.jsonl", "out.jsonl"])
+    assert "derived names" in capsys.readouterr().err
