@@ -16,7 +16,6 @@ import shutil
 import sys
 import time
 
-
 from gearbus.api.graph import GraphError
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.artifact import ArtifactError, load_local

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 
 from rich.console import Console, Group
@@ -119,7 +118,7 @@ async def top_json(client: Client, include_finished: bool, once: bool) -> None:
     just one), until interrupted."""
     while True:
         apps = await top_apps(client, include_finished)
-        print(json.dumps(top_snapshot(apps, int(time.time() * 1000))), file=sys.stdout, flush=True)
+        print(json.dumps(top_snapshot(apps, int(time.time() * 1000))), flush=True)
         if once:
             return
         await asyncio.sleep(REFRESH_S)
