@@ -123,13 +123,14 @@ def call_application(module, args: list[str], origin: str) -> BasePipeline | App
     return app
 
 
-def build_application(module, args: list[str], origin: str, runner: str = "cluster") -> Application:
-    """Call the module's ``application(args)``; plan a Pipeline for ``runner``."""
+def build_application(module, args: list[str], origin: str, runner: str = "cluster", note: bool = True
+                      ) -> Application:
+    """Call the module's ``application(args)``; plan a Pipeline for ``runner`` (``note``: see plan)."""
     from gearbus.api.dsl import BasePipeline
     from gearbus.planner import plan
 
     app = call_application(module, args, origin)
-    return plan(app, runner) if isinstance(app, BasePipeline) else app
+    return plan(app, runner, note) if isinstance(app, BasePipeline) else app
 
 
 def import_file(path: str):
@@ -247,4 +248,4 @@ def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: 
         module = _import(module_name, importlib.util.spec_from_file_location(module_name, path), path)
     else:
         module = import_file(path)
-    return build_application(module, args, f"application {entry}")
+    return build_application(module, args, f"application {entry}", note=False)  # the submitter was told

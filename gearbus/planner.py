@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
-import warnings
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +61,7 @@ from gearbus.api.steps import (
     WindowJoin,
     for_step,
 )
+from gearbus.api.task import DataSink
 from gearbus.api.windows import GlobalWindows
 from gearbus.runtime.async_map import AsyncMapOp
 from gearbus.runtime.chain import (
@@ -127,8 +128,9 @@ class Layout:
                 self.consumers[i].append(s)
 
 
-def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
-    """Plan ``pipeline`` for ``runner``; every error names the step it is about."""
+def plan(pipeline: BasePipeline, runner: str = "cluster", note: bool = True) -> Application:
+    """Plan ``pipeline`` for ``runner``; every error names the step it is about. ``note``:
+    say which stateful steps have fragile derived names (where the user builds it)."""
     check(pipeline, runner)
     layout = Layout(pipeline)
     chain(layout)
@@ -140,7 +142,8 @@ def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
     run_at_senders(layout.segments)
     app = _application(pipeline, layout.segments)
     stages(app)  # a stream inside one stage fails here, naming it
-    _warn_unnamed_state(pipeline, app)
+    if note:
+        _note_fragile_state(pipeline, app)
     return app
 
 
@@ -415,17 +418,40 @@ def _forward_input(segment: Segment) -> bool:
             and all(type(p) is CoLocationPartitioner for _, p in edge_branches(into)))
 
 
-class UnnamedStatefulStep(UserWarning):
-    """A stateful step has a derived name, which a changed pipeline may not keep."""
+_NOTED: set[tuple[str, tuple[str, ...]]] = set()  # what this process said already (it may plan an app again)
 
 
-def _warn_unnamed_state(pipeline: BasePipeline, app: Application) -> None:
+def fragile_state_steps(pipeline: BasePipeline, app: Application) -> list[Step]:
+    """The stateful steps whose state a changed pipeline would give to another step or
+    lose: savepoints and ``replace`` match state by step name, and a derived name depends
+    on the other steps only where it shares its base (``count``, ``count_1``: adding or
+    removing one renames the others; a derived ``count_1`` beside a step named ``count``).
+    A derived name alone of its base is kept by every change but adding one more. A sink
+    that keeps no state (not transactional: its snapshot is DataSink's) has none to lose."""
     stateful = {step for p in app.graph.processors for step in stateful_steps(p)}
-    unnamed = sorted(s.name for s in pipeline.steps if not s.named and s.name in stateful)
-    if unnamed:
-        warnings.warn(f"pipeline {pipeline.name!r}: stateful step(s) {', '.join(map(repr, unnamed))} have derived "
-                      "names; savepoints match state by step name and derived names change when the pipeline "
-                      "does: give them name=...", UnnamedStatefulStep, stacklevel=3)
+    families: dict[str, list[Step]] = {}
+    for step in pipeline.steps:
+        if step.derived_from:
+            families.setdefault(step.derived_from, []).append(step)
+    return [s for family in families.values() for s in family
+            if s.name in stateful and not _stateless_sink(s) and (len(family) > 1 or s.name != s.derived_from)]
+
+
+def _stateless_sink(step: Step) -> bool:
+    return isinstance(step, Sink) and type(step.data_sink).snapshot is DataSink.snapshot
+
+
+def _note_fragile_state(pipeline: BasePipeline, app: Application) -> None:
+    """One line on stderr, once per pipeline in a process: not an error, advice."""
+    fragile = fragile_state_steps(pipeline, app)
+    said = (pipeline.name, tuple(s.name for s in fragile))
+    if not fragile or said in _NOTED:
+        return
+    _NOTED.add(said)
+    steps = ", ".join(f"{s.name} ({s.defined_at})" if s.defined_at else s.name for s in fragile)
+    print(f"gearbus: note: pipeline {pipeline.name!r}: the state of {steps} is kept under derived names, which "
+          "change when a step deriving the same name is added or removed; give them name=... to keep it across "
+          "a savepoint or a replace", file=sys.stderr)
 
 
 def _aggregate_operator(step: Aggregate, partial_input: bool) -> WindowAggregateOp:

@@ -1,9 +1,11 @@
-"""Live terminal views with rich: the progress line of ``gearbus run`` and ``gearbus top``.
-Both only draw what the cluster reports (AppSummary's processors and clock)."""
+"""Live terminal views with rich: the progress line of ``gearbus run`` and ``gearbus top``
+(or its figures as JSON lines). They only show what the cluster reports (AppSummary's
+processors and clock)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from rich.console import Console, Group
@@ -16,6 +18,14 @@ from gearbus.client import Client
 from shared.messages import AppState, AppSummary
 
 REFRESH_S = 0.5
+
+
+class OutputConsole(Console):
+    """rich's Console, except that a reader gone from its pipe raises BrokenPipeError, as
+    print() does (rich exits 1 itself): the command line ends every such case alike."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError("the reader of the output has gone")
 
 
 def _count(n: float) -> str:
@@ -72,10 +82,43 @@ async def show_progress(client: Client, app_id: int, console: Console) -> None:
             await asyncio.sleep(REFRESH_S)
 
 
+async def top_apps(client: Client, include_finished: bool) -> list[AppSummary]:
+    """The apps ``gearbus top`` shows: those running, those with processors to show."""
+    return [a for a in await client.list(include_finished) if a.processors or a.state not in AppState.TERMINAL]
+
+
+def _top_view(apps: list[AppSummary]) -> Group | Text:
+    return Group(*(processor_table(a) for a in apps)) if apps else Text("no applications running")
+
+
 async def top(client: Client, console: Console, include_finished: bool) -> None:
-    """Every app's processors, redrawn until interrupted (``gearbus top``)."""
-    with Live(console=console, refresh_per_second=4, screen=console.is_terminal) as live:
+    """Every app's processors until interrupted (``gearbus top``): redrawn in place on a
+    terminal; into a pipe or a file, one view after another (a live display would show
+    nothing there until it stopped)."""
+    if not console.is_terminal:
         while True:
-            apps = [a for a in await client.list(include_finished) if a.processors or a.state not in AppState.TERMINAL]
-            live.update(Group(*(processor_table(a) for a in apps)) if apps else Text("no applications running"))
+            console.print(_top_view(await top_apps(client, include_finished)))
             await asyncio.sleep(REFRESH_S)
+    with Live(console=console, refresh_per_second=4, screen=True) as live:
+        while True:
+            live.update(_top_view(await top_apps(client, include_finished)))
+            await asyncio.sleep(REFRESH_S)
+
+
+def top_snapshot(apps: list[AppSummary], now_ms: int) -> dict:
+    """One refresh of ``gearbus top --json``: each app's processors, every figure the table
+    shows and more, unrounded."""
+    return {"time_ms": now_ms,
+            "apps": [{"app_id": a.app_id, "name": a.name, "state": a.state, "clock": a.clock,
+                      "processors": [p.to_wire() for p in a.processors]} for a in apps]}
+
+
+async def top_json(client: Client, include_finished: bool, once: bool) -> None:
+    """``gearbus top --json``: a snapshot per refresh, one JSON document a line (``once``:
+    just one), until interrupted."""
+    while True:
+        apps = await top_apps(client, include_finished)
+        print(json.dumps(top_snapshot(apps, int(time.time() * 1000))), flush=True)
+        if once:
+            return
+        await asyncio.sleep(REFRESH_S)

@@ -33,6 +33,9 @@ Handler = Callable[[Message], Awaitable[Message | None]]
 
 NATS_URL_ENV = "GEARBUS_NATS_URL"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+CONNECT_TIMEOUT_ENV = "GEARBUS_CONNECT_TIMEOUT"
+DEFAULT_CONNECT_TIMEOUT_S = 60.0  # a role waits this long for NATS at start (compose starts them together)
+CONNECT_RETRY_MAX_S = 5.0  # the longest wait between a role's attempts to reach NATS at start
 #: How nats-server refuses a publish this connection's credential may not make (the connection stays up;
 #: nats-py lowercases the error's text, so subjects are matched lowercased).
 _PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
@@ -43,6 +46,24 @@ def add_nats_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats", action="append", metavar="URL",
                         help=f"NATS server URL (repeatable; default ${NATS_URL_ENV}, comma-separated, "
                              f"or {DEFAULT_NATS_URL})")
+
+
+def add_connect_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    """``--connect-timeout S``, as every long-running role takes it (``$GEARBUS_CONNECT_TIMEOUT``)."""
+    parser.add_argument("--connect-timeout", type=_positive_seconds, metavar="S",
+                        default=os.environ.get(CONNECT_TIMEOUT_ENV, str(DEFAULT_CONNECT_TIMEOUT_S)),
+                        help="how long to wait for NATS at start, retrying with backoff, before exiting non-zero "
+                             f"(default ${CONNECT_TIMEOUT_ENV} or {DEFAULT_CONNECT_TIMEOUT_S:g})")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return seconds
 
 
 def nats_servers(given: Sequence[str] | None, environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -190,16 +211,24 @@ class Bus:
         self._closing = False
         self._refusals: dict[str, set[asyncio.Future]] = {}  # subject, lowercased -> requests waiting on it
 
-    async def connect(self, timeout: float = 10.0, reachable_within: float | None = None) -> None:
+    async def connect(self, timeout: float = 10.0, reachable_within: float | None = None,
+                      patience_s: float | None = None) -> None:
         """Connect, reconnecting for as long as the process lives once connected.
         ``reachable_within``: fail with ConnectionError naming the URLs when no server accepts
-        a TCP connection that fast (clients and tools; a role waits for its server instead)."""
-        if reachable_within is not None:
+        a TCP connection that fast (clients and tools). ``patience_s``: a role's wait for its
+        server: retried with backoff, each attempt's warning naming the URLs, then the same
+        ConnectionError."""
+        loop = asyncio.get_running_loop()
+        deadline = None if patience_s is None else loop.time() + patience_s
+        if deadline is not None:
+            await self._wait_reachable(deadline, patience_s)
+            reachable_within = max(deadline - loop.time(), timeout)
+        elif reachable_within is not None:
             await self._check_reachable(reachable_within)
 
         async def on_error(exc):
             self.counters["connection_errors"] += 1
-            log.warning("nats_error", error=repr(exc))
+            log.warning("nats_error", error=repr(exc), nats=self.servers)
             refused = _PUBLISH_REFUSED.search(str(exc))
             for waiting in self._refusals.get(refused.group(1), ()) if refused else ():
                 if not waiting.done():
@@ -207,7 +236,7 @@ class Bus:
 
         async def on_disconnect():
             if not self._closing:
-                log.warning("nats_disconnected")
+                log.warning("nats_disconnected", nats=self.servers)
 
         async def on_reconnect():
             log.info("nats_reconnected", url=str(self.nc.connected_url.netloc) if self.nc.connected_url else "")
@@ -232,6 +261,22 @@ class Bus:
         except asyncio.TimeoutError:
             raise ConnectionError(f"no NATS server answered at {', '.join(self.servers)} "
                                   f"within {reachable_within:g} s") from None
+
+    async def _wait_reachable(self, deadline: float, patience_s: float) -> None:
+        """Until a server accepts a TCP connection: attempts 0.1 s apart, doubling up to
+        CONNECT_RETRY_MAX_S; a ConnectionError naming the URLs at ``deadline``."""
+        loop, delay = asyncio.get_running_loop(), 0.1
+        while True:
+            try:
+                return await self._check_reachable(min(max(deadline - loop.time(), 0.1), CONNECT_RETRY_MAX_S))
+            except ConnectionError as exc:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise ConnectionError(f"{exc}; gave up after {patience_s:g} s (--connect-timeout)") from None
+                log.warning("nats_unreachable_retrying", error=str(exc), retry_in_s=round(min(delay, left), 2),
+                            gives_up_in_s=round(left, 1))
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, CONNECT_RETRY_MAX_S)
 
     async def _check_reachable(self, within: float) -> None:
         errors = []

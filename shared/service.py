@@ -10,7 +10,7 @@ from collections.abc import Coroutine, Sequence
 
 import structlog
 
-from shared.bus import Bus
+from shared.bus import DEFAULT_CONNECT_TIMEOUT_S, Bus
 from shared.security import Security
 
 log = structlog.get_logger()
@@ -44,17 +44,15 @@ class Service:
     async def shutdown(self) -> None:
         """Role-specific graceful shutdown, before background tasks are cancelled."""
 
-    async def start(self, timeout: float = 90.0) -> None:
+    async def start(self, timeout: float = 90.0, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+        """Connect (waiting up to ``connect_timeout`` for NATS, retrying with backoff), then
+        set up within ``timeout``."""
         if self._started:
             return
         self._started = True
         self._stopping = asyncio.Event()
-
-        async def connect_and_setup():
-            await self.bus.connect()
-            await self.setup()
-
-        await asyncio.wait_for(connect_and_setup(), timeout)
+        await self.bus.connect(patience_s=connect_timeout)
+        await asyncio.wait_for(self.setup(), timeout)
         log.info("service_started", role=self.role)
 
     def spawn(self, coro: Coroutine, name: str) -> asyncio.Task:
@@ -81,13 +79,15 @@ class Service:
         if self._stopping is not None:
             self._stopping.set()
 
-    async def run(self) -> int:
+    async def run(self, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> int:
         """Start, serve until stopped (signal, :meth:`stop`, background failure), close."""
         loop = asyncio.get_running_loop()
         try:
-            await self.start()
+            await self.start(connect_timeout=connect_timeout)
         except Exception as exc:
-            log.error("service_start_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            # NATS not reachable needs no traceback: the error names the URL and the deadline
+            log.error("service_start_failed", error=f"{type(exc).__name__}: {exc}",
+                      exc_info=None if isinstance(exc, ConnectionError) else exc)
             self.exit_code = EXIT_START_FAILED
             await self.close()
             return self.exit_code
@@ -113,13 +113,14 @@ class Service:
         log.info("service_closed", role=self.role, exit_code=self.exit_code)
 
 
-def run_service(service: Service) -> int:
-    """Run a service on a fresh event loop (uvloop when installed) and return its exit code."""
+def run_service(service: Service, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> int:
+    """Run a service on a fresh event loop (uvloop when installed) and return its exit code
+    (EXIT_START_FAILED when NATS was not reachable within ``connect_timeout`` seconds)."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(service.run())
-    return uvloop.run(service.run())
+        return asyncio.run(service.run(connect_timeout))
+    return uvloop.run(service.run(connect_timeout))
 
 
 def role_command(module: str) -> list[str]:

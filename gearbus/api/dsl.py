@@ -19,6 +19,8 @@ from __future__ import annotations
 import inspect
 import itertools
 import numbers
+import os
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -54,6 +56,20 @@ from gearbus.api.windows import Accumulation, GlobalWindows, WindowAssigner, che
 
 
 REPARTITION_VIA = ("jetstream", "bus")
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def caller_line() -> str:
+    """``file:line`` of the first call outside gearbus on the stack: the user's line that
+    made a step, so what is said about the step points there, not into gearbus."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    path = frame.f_code.co_filename
+    relative = os.path.relpath(path) if os.path.isabs(path) else path
+    return f"{path if relative.startswith('..') else relative}:{frame.f_lineno}"
 
 
 class BasePipeline:
@@ -75,7 +91,7 @@ class BasePipeline:
         """Add a step; without a name it gets ``default``, its function's name or its kind,
         made unique with a suffix."""
         kind = step_type.kind
-        named = name is not None
+        base = ""
         if name is None:
             fn = fields.get("fn")
             base = default or (getattr(fn, "__name__", "") if fn is not None else "")
@@ -93,7 +109,8 @@ class BasePipeline:
         for function in ("fn", "key_fn", "timestamp_fn"):
             if fields.get(function) is not None and not callable(fields[function]):
                 raise GraphError(f"step {name!r}: {fields[function]!r} is not callable")
-        step = step_type(name=name, inputs=tuple(inputs), parallelism=parallelism, named=named, **fields)
+        step = step_type(name=name, inputs=tuple(inputs), parallelism=parallelism, derived_from=base,
+                         defined_at=caller_line(), **fields)
         self._names.add(name)
         self.steps.append(step)
         return step

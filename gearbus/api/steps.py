@@ -26,7 +26,8 @@ class Step:
     name: str
     inputs: tuple[Step, ...] = ()
     parallelism: int | None = None  # None: the planner's choice (its input's, or the pipeline's)
-    named: bool = True  # the user gave the name (savepoints match state by step name)
+    derived_from: str = ""  # the base of a name the user did not give ("": given; savepoints match state by name)
+    defined_at: str = ""  # "file:line" of the user's call that made the step
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

@@ -28,9 +28,9 @@ class Invalid(ValueError):
 
 
 class ClusterView:
-    def __init__(self, servers: list[str], security: Security = Security()):
+    def __init__(self, servers: list[str], security: Security = Security(), connect_timeout: float | None = None):
         self.servers = servers
-        self.client = Client(servers, timeout=QUERY_TIMEOUT_S, security=security)
+        self.client = Client(servers, timeout=QUERY_TIMEOUT_S, security=security, connect_timeout=connect_timeout)
 
     async def open(self) -> None:
         """Connect (ConnectionError naming the URL when NATS cannot be reached); later

@@ -13,7 +13,7 @@ import time
 
 import structlog
 
-from shared.bus import add_nats_argument, nats_servers
+from shared.bus import add_connect_timeout_argument, add_nats_argument, nats_servers
 from shared.logging import configure
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
@@ -25,6 +25,7 @@ DEFAULT_PORT = 8080
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_nats_argument(parser)
+    add_connect_timeout_argument(parser)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}; 0: any)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--sample-seconds", type=float, default=5.0,
@@ -37,10 +38,11 @@ def servers_of(args: argparse.Namespace) -> list[str]:
 
 
 async def serve(servers: list[str], host: str, port: int, own_signals: bool = False,
-                security: Security = Security(), sample_s: float = 5.0) -> int:
+                security: Security = Security(), sample_s: float = 5.0, connect_timeout: float | None = None) -> int:
     """Serve until cancelled (or, with ``own_signals``, SIGTERM/SIGINT: a graceful stop and
     exit code 0, as every role); print the URL once the port listens. Every ``sample_s``
-    the apps' figures are sampled for the charts."""
+    the apps' figures are sampled for the charts. ``connect_timeout``: how long to wait for
+    NATS at start (default: not at all)."""
     import uvicorn  # here, not at the top: every gearbus command imports this module for its options
 
     from gearbus.dashboard.api import create_app
@@ -52,7 +54,7 @@ async def serve(servers: list[str], host: str, port: int, own_signals: bool = Fa
         def capture_signals(self):  # uvicorn's would re-raise SIGTERM after stopping: exit -15
             yield
 
-    view = ClusterView(servers, security)
+    view = ClusterView(servers, security, connect_timeout)
     try:
         await view.open()
     except ConnectionError as exc:
@@ -109,4 +111,4 @@ def main(argv: list[str] | None = None) -> int:
     if not args.sample_seconds > 0:
         parser.error("--sample-seconds must be positive")
     return asyncio.run(serve(servers_of(args), args.host, args.port, own_signals=True, security=security,
-                             sample_s=args.sample_seconds))
+                             sample_s=args.sample_seconds, connect_timeout=args.connect_timeout))

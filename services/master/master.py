@@ -34,7 +34,7 @@ from services.checkpoint_store import ensure_buckets, ensure_snapshot_bucket
 from services.master.credentials import APP_SIGNER_ENV, AppCredentials
 from shared import digests, subjects
 from shared.bus import (DEFAULT_REQUEST_TIMEOUT_S, JETSTREAM_UNAVAILABLE, RemoteError, RequestError, RequestTimeout,
-                        add_nats_argument, bad_request, nats_servers, not_found, ride_out)
+                        add_connect_timeout_argument, add_nats_argument, bad_request, nats_servers, not_found, ride_out)
 from shared.logging import configure
 from shared.messages import (
     FRAMEWORK_PACKAGES,
@@ -977,6 +977,7 @@ class Master(Service):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.master", description="gearbus master")
     add_nats_argument(parser)
+    add_connect_timeout_argument(parser)
     parser.add_argument("--master-id", default="", help="this master's id (default: generated)")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between node heartbeats")
     parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds of silence before a worker is lost")
@@ -1003,4 +1004,5 @@ def main(argv: list[str] | None = None) -> int:
     configure("master", node_id)
     return run_service(Master(nats_servers(args.nats), node_id, args.heartbeat_interval,
                               args.worker_timeout, lease_ttl_s=args.lease_ttl, security=security,
-                              app_credentials=app_credentials, appmaster_timeout=args.appmaster_timeout))
+                              app_credentials=app_credentials, appmaster_timeout=args.appmaster_timeout),
+                       args.connect_timeout)

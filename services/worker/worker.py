@@ -18,7 +18,8 @@ import structlog
 from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, WORKER_GONE_SIGNAL, die_with_parent, encode_launch
 from services.worker.last_error import last_error_line
 from shared import subjects
-from shared.bus import RequestError, RequestTimeout, add_nats_argument, bad_request, nats_servers
+from shared.bus import (RequestError, RequestTimeout, add_connect_timeout_argument, add_nats_argument, bad_request,
+                        nats_servers)
 from shared.logging import configure
 from shared.messages import (
     ExecutorKind,
@@ -257,6 +258,7 @@ class Worker(Service):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.worker", description="gearbus worker")
     add_nats_argument(parser)
+    add_connect_timeout_argument(parser)
     parser.add_argument("--slots", type=int, default=4, help="processes this worker may run (default 4)")
     parser.add_argument("--worker-id", default="", help="this worker's id (default: generated)")
     parser.add_argument("--log-dir", default="",
@@ -273,4 +275,4 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"gearbus-{worker_id}-logs-")
     os.makedirs(log_dir, exist_ok=True)
     configure("worker", worker_id)
-    return run_service(Worker(nats_servers(args.nats), worker_id, args.slots, log_dir, security))
+    return run_service(Worker(nats_servers(args.nats), worker_id, args.slots, log_dir, security), args.connect_timeout)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 
+import nats
 import pytest
 
 from gearbus.artifact import pack
+from gearbus.natsserver import free_port, wait_listening
 from shared.messages import AppState
-from tests.support.cli import GEARBUS, gearbus
+from tests.support.cli import GEARBUS, gearbus, gearbus_into_a_closed_pipe, gearbus_lines
 from tests.support.cluster import wait_state
 from tests.support.files import write_text
 from tests.support.paths import APPS, REPO, TICKER, WORDCOUNT
@@ -183,7 +186,7 @@ async def test_logs_follow_prints_lines_as_they_come_until_the_app_ends(cluster,
     assert "app_active" in out and f"/app{app_id}-executor0 <==" in out  # every process's log
 
 
-async def test_top_shows_every_running_apps_processors(cluster, client, tmp_path):
+async def test_top_shows_every_running_apps_processors_as_tables_or_json_and_a_closed_pipe_ends_quietly(cluster, client, tmp_path):
     app_id = await client.submit(pack(TICKER), ["--output", str(tmp_path / "ticks.jsonl"), "--rate", "100"])
     await wait_state(client, app_id, AppState.ACTIVE)
     names = []
@@ -195,13 +198,28 @@ async def test_top_shows_every_running_apps_processors(cluster, client, tmp_path
     assert code == 0, err
     assert f"app {app_id} ticker: ACTIVE" in out and "back-pressure" in out
     assert all(name in out for name in names)
+
+    code, out, err = await gearbus("top", "--nats", cluster.url, "--once", "--json")
+    assert code == 0, err
+    [app] = json.loads(out)["apps"]  # one document
+    assert app["app_id"] == app_id and app["state"] == AppState.ACTIVE
+    assert [p["name"] for p in app["processors"]] == names and all("records_in" in p for p in app["processors"])
+    refreshes = [json.loads(line) for line in await gearbus_lines("top", "--nats", cluster.url, "--json", lines=2)]
+    assert [[a["app_id"] for a in r["apps"]] for r in refreshes] == [[app_id], [app_id]]
+    assert refreshes[0]["time_ms"] < refreshes[1]["time_ms"]
+    [title] = await gearbus_lines("top", "--nats", cluster.url, lines=1)  # into a pipe: a table per refresh
+    assert f"app {app_id} ticker: ACTIVE" in title
+
+    # The reader of its output gone (| head -1): every command ends quietly, the live one too.
+    for command in (["status", str(app_id)], ["list"], ["top"], ["top", "--json"], ["logs", str(app_id)]):
+        code, err = await gearbus_into_a_closed_pipe(command[0], "--nats", cluster.url, *command[1:])
+        assert (code, err) == (141, ""), (command, code, err)
     await client.kill(app_id)
 
 
 def run_on_a_terminal(argv: list[str], timeout: float = 90) -> str:
     """Run ``argv`` with its stdout and stderr on a pseudo-terminal; return what it showed."""
     import pty
-    import subprocess
     import time
 
     master, slave = pty.openpty()
@@ -241,3 +259,22 @@ async def test_status_shows_why_a_process_of_the_app_exited_at_start(cluster, cl
     code, out, err = await gearbus("status", "--nats", cluster.url, str(app_id))
     assert code == 0, err
     assert "exited with code" in out and "no model file at /data/model.bin" in out, out
+
+
+async def test_gearbus_nats_server_runs_the_installed_binary_from_a_shell_without_the_venv(tmp_path):
+    """The cluster recipe's first line: PATH holds no nats-server, yet `gearbus nats-server -js`
+    serves NATS with JetStream on the port given."""
+    port = free_port()
+    process = subprocess.Popen([*GEARBUS, "nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd",
+                                str(tmp_path)], cwd=REPO, env={**os.environ, "PATH": "/usr/bin:/bin"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await asyncio.to_thread(wait_listening, process, port, 30)
+        nc = await nats.connect(f"nats://127.0.0.1:{port}")
+        try:
+            assert (await nc.jetstream().account_info()).limits is not None  # JetStream is on
+        finally:
+            await nc.close()
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -1,8 +1,10 @@
 """Every role reads the NATS URL from the environment as the command line does
-(``$GEARBUS_NATS_URL``, the flag winning), as containers and twelve-factor services expect."""
+(``$GEARBUS_NATS_URL``, the flag winning), as containers and twelve-factor services expect;
+one that cannot reach it says so, naming it, and exits after ``--connect-timeout``."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from tests.support.paths import REPO
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 UNREACHABLE = "nats://127.0.0.1:1"
+ROLES = ("master", "worker", "dashboard")
 
 
 def start(role: str, env_url: str, *args: str) -> subprocess.Popen:
@@ -39,3 +42,29 @@ async def test_a_master_and_a_worker_find_nats_through_the_environment_and_a_fla
         for process in (worker, master):
             process.terminate()
             process.wait(20)
+
+
+async def test_a_role_that_cannot_reach_nats_retries_naming_the_url_then_exits_non_zero():
+    """Master, worker and dashboard alike: warnings that name the URL while they retry, then an
+    exit code other than 0 soon after --connect-timeout, with the URL in the last word."""
+    closed = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+    dead = f"nats://127.0.0.1:{closed.sockets[0].getsockname()[1]}"
+    closed.close()
+    await closed.wait_closed()
+    loop = asyncio.get_running_loop()
+
+    async def give_up(role: str) -> tuple[int, str, float]:
+        started = loop.time()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", f"services.{role}", "--nats", dead, "--connect-timeout", "2",
+            *(["--port", "0"] if role == "dashboard" else []), cwd=REPO,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+        return process.returncode, out.decode(), loop.time() - started
+
+    for role, (code, out, took) in zip(ROLES, await asyncio.gather(*(give_up(role) for role in ROLES))):
+        lines = out.strip().splitlines()
+        assert code != 0 and took < 15, (role, code, took, out)
+        retries = [line for line in lines if "nats_unreachable_retrying" in line]
+        assert len(retries) >= 2 and all(dead in line for line in retries), (role, out)
+        assert any(dead in line and "gave up after 2 s" in line for line in lines[-3:]), (role, out)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import warnings
 from collections import Counter
 
 import pytest
@@ -68,9 +67,7 @@ def on_both(spark, tmp_path, make) -> tuple[list, list]:
     """``make(path)``'s rows on Spark and on the TestRunner."""
     result = SparkRunner(spark=spark).run(make(str(tmp_path / "spark")))
     assert result.state == AppState.SUCCEEDED, result.error
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # derived step names
-        TestRunner(seed=3).run(make(str(tmp_path / "bus.jsonl")))
+    TestRunner(seed=3).run(make(str(tmp_path / "bus.jsonl")))
     return read_jsonl(tmp_path / "spark"), read_jsonl(tmp_path / "bus.jsonl")
 
 

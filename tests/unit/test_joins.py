@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import pickle
-import warnings
 from collections import Counter
 
 import pytest
@@ -54,9 +53,7 @@ def run(left: list[dict], right: list[dict], build, parallelism: int = 2, seed: 
     b = pipeline.from_collection(right, timestamp_fn=t, max_out_of_orderness_ms=DELAY, name="right")
     out = CollectSink()
     build(a, b).sink(out)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        TestRunner(seed=seed).run(pipeline)
+    TestRunner(seed=seed).run(pipeline)
     return out.values
 
 
@@ -89,9 +86,7 @@ def test_a_window_join_result_is_stamped_with_the_windows_last_instant():
       .group_by(lambda pair: 0)
       .process_keyed(lambda pair, ctx: ctx.emit((pair, ctx.timestamp)), name="stamp")
       .sink(out))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        TestRunner().run(pipeline)
+    TestRunner().run(pipeline)
     assert out.values == [(Joined({"id": 1, "k": 1, "t": 120}, {"id": 2, "k": 1, "t": 180}), 199)]
 
 
@@ -231,9 +226,7 @@ def test_a_self_join_and_a_three_way_chain():
                         name="abc")
     out = CollectSink()
     second.sink(out)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        TestRunner(seed=5).run(pipeline)
+    TestRunner(seed=5).run(pipeline)
     triples = Counter((p.left.left["id"], p.left.right["id"], p.right["id"]) for p in out.values)
     expected = Counter((f"a{i}", f"b{j}", f"c{m}") for i in range(30) for j in range(30) for m in range(30)
                        if i % 3 == j % 3 == m % 3 and i // 10 == j // 10 == m // 10)
@@ -245,9 +238,7 @@ def test_the_plan_co_partitions_both_inputs_by_key_with_the_joins_parallelism():
     a = pipeline.from_collection([], timestamp_fn=t, name="a", parallelism=2).map(lambda e: e, name="prep")
     b = pipeline.from_collection([], timestamp_fn=t, name="b")
     a.join(b, left_key=k, right_key=k, window=TumblingWindows(10), name="wj").sink(CollectSink(), name="out", parallelism=3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan_ = describe(plan(pipeline, "test"))
+    plan_ = describe(plan(pipeline, "test"))
     by_name = {p["name"]: p for p in plan_["processors"]}
     join = by_name["wj+out"]
     assert join["parallelism"] == 3 and join["operators"][0] == "WindowJoinOp"
