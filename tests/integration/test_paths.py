@@ -17,7 +17,7 @@ from shared.messages import AppState
 from tests.support.cli import gearbus
 from tests.support.files import read_jsonl, write_jsonl
 from tests.support.paths import TICKER
-from tests.support.ticker import wait_for_ticks
+from tests.support.ticker import read_ticks, wait_for_ticks
 
 APP = """
 from gearbus import Pipeline
@@ -103,3 +103,22 @@ async def test_an_input_no_worker_can_read_fails_the_app_naming_the_step_the_pat
     # submitted from this process's directory: the path is in it, on whichever worker ran the task
     assert f"step 'numbers' cannot read {os.path.join(os.getcwd(), missing)} on worker worker-" in message, message
     assert "(host " in message and "No such file or directory" in message, message
+
+
+async def test_gearbus_replace_from_the_submitters_directory_keeps_the_sinks_file(shared_cluster, shared_client,
+                                                                                  user):
+    """The new code's sink is the one file, so it takes over the running one's state (a
+    sink restored with another path's state refuses it, and the replacement rolls back)."""
+    url, out = shared_cluster.url, f"ticks-{uuid.uuid4().hex}.jsonl"
+    code, stdout, err = await gearbus("submit", "--nats", url, "--json", TICKER, "--output", out, cwd=user)
+    assert code == 0, err
+    app_id = json.loads(stdout)["app_id"]
+    try:
+        await wait_for_ticks(shared_client, user / out, beyond=20, timeout=60)
+        code, _, err = await gearbus("replace", "--nats", url, str(app_id), "write", TICKER, "--output", out, cwd=user)
+        assert code == 0, err
+        assert [v.version for v in (await shared_client.status(app_id)).versions if v.state == "running"][-1] == 2
+        ticks = await wait_for_ticks(shared_client, user / out, beyond=max(read_ticks(user / out)) + 20, timeout=60)
+    finally:
+        await shared_client.kill(app_id)
+    assert len(ticks) == len(set(ticks))  # each once, through the takeover
