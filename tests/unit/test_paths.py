@@ -89,7 +89,8 @@ def test_gearbus_plan_shows_the_absolute_paths(user):
 def test_gearbus_status_shows_each_steps_file():
     dag = AppDag([ProcessorInfo(0, "numbers+double", 2, "ChainSourceTask", {"numbers": "/home/ann/in.jsonl"}),
                   ProcessorInfo(1, "doubled", 1, "ChainTask", {"doubled": "/home/ann/out.jsonl"})])
-    shown = format_status(AppSummary(app_id=3, name="doubling", state=AppState.ACTIVE, submitted_ms=0, dag=dag)).splitlines()
+    shown = format_status(AppSummary(app_id=3, name="doubling", state=AppState.ACTIVE, submitted_ms=0,
+                                     dag=dag)).splitlines()
     assert "  file of step numbers: /home/ann/in.jsonl" in shown
     assert "  file of step doubled: /home/ann/out.jsonl" in shown
 
