@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from gearbus import NatsRequester, Pipeline
 
@@ -63,10 +62,10 @@ def application(args: list[str]) -> Pipeline:
         until = opts.until if opts.until == "now" else int(opts.until)
         orders = pipeline.read_jetstream(opts.jetstream, until=until, parallelism=n, name="orders")
     else:
-        orders = pipeline.read_jsonl(os.path.abspath(opts.input), parallelism=n, name="orders")
+        orders = pipeline.read_jsonl(opts.input, parallelism=n, name="orders")
     (orders
         .map_async(Lookup(opts.nats, opts.service), concurrency=opts.concurrency,
                    ordered=not opts.unordered, timeout_ms=opts.timeout_ms,
                    on_timeout=without_customer if opts.timeout_ms else None, name="customer")
-        .write_jsonl(os.path.abspath(opts.output), name="write"))
+        .write_jsonl(opts.output, name="write"))
     return pipeline

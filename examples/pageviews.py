@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gearbus import Accumulation, Pipeline, Triggers, TumblingWindows
+from gearbus import Accumulation, Pipeline, Triggers, TumblingWindows, submitter_path
 
 WINDOW_MS = 10_000
 EARLY_EVERY = 5
@@ -43,15 +43,15 @@ def application(args: list[str]) -> Pipeline:
                         help="how far out of order events may arrive (default 0)")
     parser.add_argument("--parallelism", type=int, default=2, help="counting tasks (default 2)")
     opts = parser.parse_args(args)
-    if not os.path.isfile(opts.input):
+    if not os.path.isfile(submitter_path(opts.input)):
         parser.error(f"input file {opts.input} does not exist")
     pipeline = Pipeline("pageviews", parallelism=opts.parallelism)
-    (pipeline.read_jsonl(os.path.abspath(opts.input), timestamp_fn=event_time,
+    (pipeline.read_jsonl(opts.input, timestamp_fn=event_time,
                          max_out_of_orderness_ms=opts.max_delay_ms, name="read")
         .group_by(member, name="by_member")
         .window(TumblingWindows(WINDOW_MS), trigger=Triggers.repeat(Triggers.count(EARLY_EVERY)),
                 accumulation=Accumulation.DISCARDING)
         .count(name="count")
         .map(row, name="format")
-        .write_jsonl(os.path.abspath(opts.output), name="write"))
+        .write_jsonl(opts.output, name="write"))
     return pipeline

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gearbus import Accumulation, AggregateFunction, JsonLinesSink, Pipeline, TumblingWindows
+from gearbus import Accumulation, AggregateFunction, JsonLinesSink, Pipeline, TumblingWindows, submitter_path
 
 MINUTE_MS = 60_000
 
@@ -62,16 +62,16 @@ def application(args: list[str]) -> Pipeline:
     parser.add_argument("--batch-records", type=int, default=4096,
                         help="readings the source reads at a time; the watermark advances after each batch")
     opts = parser.parse_args(args)
-    if not os.path.isfile(opts.input):
+    if not os.path.isfile(submitter_path(opts.input)):
         parser.error(f"input file {opts.input} does not exist")
-    late_sink = JsonLinesSink(os.path.abspath(opts.late_output)) if opts.late_output else None
+    late_sink = JsonLinesSink(opts.late_output) if opts.late_output else None
     pipeline = Pipeline("sensors", config={"batch_records": opts.batch_records}, parallelism=opts.parallelism)
-    (pipeline.read_jsonl(os.path.abspath(opts.input), timestamp_fn=event_time,
+    (pipeline.read_jsonl(opts.input, timestamp_fn=event_time,
                          max_out_of_orderness_ms=opts.max_delay_ms, name="read")
         .group_by(sensor, name="by_sensor")
         .window(TumblingWindows(MINUTE_MS), accumulation=Accumulation.ACCUMULATING,
                 allowed_lateness_ms=opts.allowed_lateness_ms, late_sink=late_sink)
         .aggregate(MEAN_TEMPERATURE, name="average")
         .map(row, name="format")
-        .write_jsonl(os.path.abspath(opts.output), name="write"))
+        .write_jsonl(opts.output, name="write"))
     return pipeline

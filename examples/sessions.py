@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gearbus import AggregateFunction, Pipeline, SessionWindows
+from gearbus import AggregateFunction, Pipeline, SessionWindows, submitter_path
 
 
 def event_time(event: dict) -> int:
@@ -51,14 +51,14 @@ def application(args: list[str]) -> Pipeline:
     parser.add_argument("--max-delay-ms", type=int, default=0)
     parser.add_argument("--parallelism", type=int, default=2)
     opts = parser.parse_args(args)
-    if not os.path.isfile(opts.input):
+    if not os.path.isfile(submitter_path(opts.input)):
         parser.error(f"input file {opts.input} does not exist")
     pipeline = Pipeline("sessions", parallelism=opts.parallelism)
-    (pipeline.read_jsonl(os.path.abspath(opts.input), timestamp_fn=event_time,
+    (pipeline.read_jsonl(opts.input, timestamp_fn=event_time,
                          max_out_of_orderness_ms=opts.max_delay_ms, name="read")
         .group_by(user, name="by_user")
         .window(SessionWindows(opts.gap_ms))
         .aggregate(SESSION, name="session")
         .map(row, name="format")
-        .write_jsonl(os.path.abspath(opts.output), name="write"))
+        .write_jsonl(opts.output, name="write"))
     return pipeline

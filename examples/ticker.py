@@ -10,7 +10,6 @@ as it arrives. Runs forever unless ``--count`` is given.
 from __future__ import annotations
 
 import argparse
-import os
 
 from gearbus import Pipeline
 from gearbus.api.task import now_ms
@@ -32,5 +31,5 @@ def application(args: list[str]) -> Pipeline:
     pipeline = Pipeline("ticker", config={"executors": 2})
     (pipeline.source(RateSource(opts.rate, opts.count), name="numbers")
         .map(tick, name="stamp", parallelism=2)
-        .write_jsonl(os.path.abspath(opts.output), name="write"))
+        .write_jsonl(opts.output, name="write"))
     return pipeline

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gearbus import Pipeline
+from gearbus import Pipeline, submitter_path
 
 
 def word(w: str) -> str:
@@ -39,14 +39,14 @@ def application(args: list[str]) -> Pipeline:
     opts = parser.parse_args(args)
     if opts.parallelism < 1 or opts.combine_keys < 1:
         parser.error("--parallelism and --combine-keys must be at least 1")
-    if not os.path.isfile(opts.input):
+    if not os.path.isfile(submitter_path(opts.input)):
         parser.error(f"input file {opts.input} does not exist")
     n = opts.parallelism
     pipeline = Pipeline("wordcount", config={"combine_keys": opts.combine_keys, "executors": n}, parallelism=n)
-    words = pipeline.read_text(os.path.abspath(opts.input), parallelism=n, name="read").flat_map(str.split, name="split")
+    words = pipeline.read_text(opts.input, parallelism=n, name="read").flat_map(str.split, name="split")
     by_word = words.repartition(word, name="by_word") if opts.stages else words.group_by(word, name="by_word")
     (by_word
         .count(name="count")
         .map(row, name="format")
-        .write_jsonl(os.path.abspath(opts.output), name="write"))
+        .write_jsonl(opts.output, name="write"))
     return pipeline

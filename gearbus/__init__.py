@@ -31,6 +31,7 @@ _EXPORTS = {
     "HashPartitioner": "gearbus.api.partitioners",
     "Partitioner": "gearbus.api.partitioners",
     "ShufflePartitioner": "gearbus.api.partitioners",
+    "submitter_path": "gearbus.api.paths",
     "DataSink": "gearbus.api.task",
     "DataSource": "gearbus.api.task",
     "Record": "gearbus.api.task",
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
         Partitioner,
         ShufflePartitioner,
     )
+    from gearbus.api.paths import submitter_path
     from gearbus.api.task import DataSink, DataSource, Record, Task, TaskContext
     from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN, BoundedOutOfOrderness
     from gearbus.api.windows import (

@@ -96,17 +96,19 @@ def pack(path: str | os.PathLike) -> Artifact:
         return Artifact(f.read(), "module", entry)
 
 
-def call_application(module, args: list[str], origin: str) -> BasePipeline | Application:
-    """Call the module's ``application(args)`` and check what it returns."""
+def call_application(module, args: list[str], origin: str, submitter_dir: str = "") -> BasePipeline | Application:
+    """Call the module's ``application(args)`` and check what it returns. Its relative file
+    paths are in ``submitter_dir`` ("": this process's working directory, the client's)."""
     from gearbus.api.dsl import BasePipeline
     from gearbus.api.graph import Application
+    from gearbus.api.paths import submitted_from
 
     factory = getattr(module, ENTRY_FUNCTION, None)
     if not callable(factory):
         raise ArtifactError(f"{origin} does not define {ENTRY_FUNCTION}(args) -> gearbus.Pipeline or Application")
     said = io.StringIO()  # what argparse and friends print before they exit: the user must see it
     try:
-        with contextlib.redirect_stderr(said):
+        with contextlib.redirect_stderr(said), submitted_from(submitter_dir):
             app = factory(list(args))
     except SystemExit as exc:  # argparse and friends exit on bad arguments
         message = said.getvalue().strip()
@@ -123,13 +125,14 @@ def call_application(module, args: list[str], origin: str) -> BasePipeline | App
     return app
 
 
-def build_application(module, args: list[str], origin: str, runner: str = "cluster", note: bool = True
-                      ) -> Application:
-    """Call the module's ``application(args)``; plan a Pipeline for ``runner`` (``note``: see plan)."""
+def build_application(module, args: list[str], origin: str, runner: str = "cluster", note: bool = True,
+                      submitter_dir: str = "") -> Application:
+    """Call the module's ``application(args)`` (paths as :func:`call_application`); plan a
+    Pipeline for ``runner`` (``note``: see plan)."""
     from gearbus.api.dsl import BasePipeline
     from gearbus.planner import plan
 
-    app = call_application(module, args, origin)
+    app = call_application(module, args, origin, submitter_dir)
     return plan(app, runner, note) if isinstance(app, BasePipeline) else app
 
 
@@ -228,9 +231,10 @@ def _check_zip(data: bytes, entry: str) -> None:
 
 
 def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: str | None = None,
-                  module_name: str = "") -> Application:
+                  module_name: str = "", submitter_dir: str = "") -> Application:
     """Materialise an artifact fetched from the object store in ``workdir`` (its owner
-    removes it) and build its Application. ``module_name``: import a module artifact under
+    removes it) and build its Application, its relative file paths in ``submitter_dir``
+    (where it was submitted from). ``module_name``: import a module artifact under
     this name instead of its own (a later version of a running app's code, beside the
     first: pickles of each version's objects name their own module); a package keeps its
     name, so one already imported is refused."""
@@ -248,4 +252,5 @@ def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: 
         module = _import(module_name, importlib.util.spec_from_file_location(module_name, path), path)
     else:
         module = import_file(path)
-    return build_application(module, args, f"application {entry}", note=False)  # the submitter was told
+    return build_application(module, args, f"application {entry}", note=False,  # the submitter was told
+                             submitter_dir=submitter_dir)

@@ -75,6 +75,8 @@ def format_status(app: AppSummary) -> str:
     ]
     if app.app_type != AppType.STREAMING:
         lines.append(f"  type: {app.app_type}")
+    lines += [f"  file of step {step}: {path}" for p in (app.dag.processors if app.dag else [])
+              for step, path in p.files.items()]
     if app.stage_apps:
         lines.append(f"  stages: {', '.join(f'{n}: app {i}' for n, i in enumerate(app.stage_apps))}")
     if app.stage_of:

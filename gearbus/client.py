@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import os
 from collections.abc import Sequence
 
 import nats.js.errors
@@ -104,11 +105,14 @@ class Client:
 
     async def submit(self, artifact: Artifact, args: Sequence[str] = (), name: str = "", config: dict | None = None,
                      priority: int = 0) -> int:
+        """Submit the app; its relative file paths mean paths in this process's working
+        directory, as when it was built here (gearbus/api/paths.py)."""
         await self.upload(artifact)
         message = SubmitApplication(
             name=name or artifact.entry, artifact=artifact.name, entry=artifact.entry,
             artifact_kind=artifact.kind, args=list(args), user=getpass.getuser(), priority=priority,
             config=dict(config or {}), artifact_digest=digests.sha256_hex(artifact.data),
+            submitter_dir=os.getcwd(),
         )
         result = await self._request(subjects.APP_SUBMIT, message, SubmitApplicationResult, SUBMIT_TIMEOUT_S,
                                      idempotent=False)
@@ -176,7 +180,7 @@ class Client:
         a checkpoint (new code failing before that is rolled back: RequestError)."""
         await self.upload(artifact)
         message = ReplaceProcessor(app_id, step, artifact.name, artifact.entry, artifact.kind, list(args), drop_state,
-                                   digests.sha256_hex(artifact.data), at_ms)
+                                   digests.sha256_hex(artifact.data), at_ms, submitter_dir=os.getcwd())
         return await self._request(subjects.APP_REPLACE, message, ProcessorReplaced, RESCALE_TIMEOUT_S,
                                    idempotent=False)
 

@@ -554,11 +554,12 @@ def intermediate_streams(app: Application) -> list[tuple[Edge, IntermediateStrea
 
 def describe(app: Application) -> dict:
     """The plan as JSON-able data (Samza's JobGraph JSON): processors with their steps,
-    parallelism and task, and the edges with their partitioners."""
+    parallelism, task and the files they read and write, and the edges with their
+    partitioners."""
     graph = app.graph
     processors = []
     for p in graph.processors:
-        ops = p.config.get("ops", [])
+        ops, files = p.config.get("ops", []), processor_files(p)
         processors.append({
             "id": p.id,
             "name": p.name,
@@ -568,6 +569,7 @@ def describe(app: Application) -> dict:
             "operators": [name for op in ops for name in _operator_names(op)],
             "combine": any(isinstance(op, CombineOp) for op in ops),
             **_join_description(graph, p),
+            **({"files": files} if files else {}),
         })
     edges = [
         {"from": e.upstream.id, "to": e.downstream.id, "partitioner": e.partitioner.describe()}
@@ -585,6 +587,17 @@ def describe(app: Application) -> dict:
                             "from": e.upstream.id, "to": e.downstream.id, "from_stage": stage_of[e.upstream.id],
                             "to_stage": stage_of[e.downstream.id]} for e, s in streams]
     return plan
+
+
+def processor_files(processor: Processor) -> dict[str, str]:
+    """The files a processor's steps read or write (its connectors that have a ``path``), by
+    step: the absolute paths every runner opens, whatever directory runs them."""
+    steps = processor.config.get("steps") or [processor.name]
+    connectors = [(steps[0], processor.data_source), (processor.name, processor.data_sink)]
+    for op in processor.config.get("ops", []):
+        connectors += [(sink.step, sink.data_sink) for sink in (op, getattr(op, "late", None))
+                       if isinstance(sink, SinkOp)]
+    return {step: connector.path for step, connector in connectors if isinstance(getattr(connector, "path", None), str)}
 
 
 def _join_description(graph, processor: Processor) -> dict:

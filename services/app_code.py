@@ -47,6 +47,6 @@ async def _fetch(bus, launch: LaunchExecutor | AppVersion, module_name: str = ""
         raise ArtifactError(f"artifact {launch.artifact} is not the one submitted (SHA-256 {digests.sha256_hex(data)}, "
                             f"recorded {launch.artifact_digest}): refusing to run it")
     app = load_artifact(data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV),
-                        module_name)
+                        module_name, launch.submitter_dir)
     stage = launch.config.get("stage") if isinstance(launch, LaunchExecutor) else None
     return app if stage is None else stage_app(app, int(stage))

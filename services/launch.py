@@ -14,6 +14,7 @@ import base64
 import ctypes
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -43,6 +44,13 @@ def state_directory() -> str | None:
     the worker removes it with the process (None outside a worker: a temporary one)."""
     workdir = os.environ.get(WORKDIR_ENV)
     return os.path.join(workdir, "state") if workdir else None
+
+
+def worker_place() -> str:
+    """Where a launched process runs, for the errors a user reads: its worker's id and
+    host ("" outside a worker)."""
+    worker = os.environ.get(WORKER_ENV)
+    return f"worker {worker} (host {socket.gethostname()})" if worker else ""
 
 
 def encode_launch(message: LaunchExecutor) -> str:

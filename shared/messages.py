@@ -321,6 +321,7 @@ class ProcessorInfo(Struct):
     name: str
     parallelism: int
     task: str = ""  # the task class
+    files: dict[str, str] = dataclasses.field(default_factory=dict)  # step -> the absolute path it reads or writes
 
 
 class EdgeInfo(Struct):
@@ -523,6 +524,8 @@ class SubmitApplication(Message):
     app_type: str = AppType.STREAMING
     #: the live workers the app runs an executor on, one each (a shell app's); the master refuses unknown or lost ones
     workers: list[str] = dataclasses.field(default_factory=list)
+    #: the submitter's working directory: the app's relative file paths are paths in it ("": the loading process's)
+    submitter_dir: str = ""
 
 
 class SubmitApplicationResult(Message):
@@ -630,6 +633,7 @@ class AppVersion(Struct):
     created_ms: int = 0
     dropped_state: list[str] = dataclasses.field(default_factory=list)  # steps whose state it did not take over
     artifact_digest: str = ""  # sha256 of the artifact's bytes, checked by whoever loads it
+    submitter_dir: str = ""  # where its relative file paths are (ReplaceProcessor's)
 
 
 class ReplaceProcessor(Message):
@@ -650,6 +654,7 @@ class ReplaceProcessor(Message):
     #: records of event time before this (epoch ms) are processed by the old code, the rest by
     #: the new (0: the new code takes over at the next checkpoint)
     at_ms: int = 0
+    submitter_dir: str = ""  # as SubmitApplication's: the new version's relative file paths are in it
 
 
 class ProcessorReplaced(Message):
@@ -831,6 +836,7 @@ class LaunchExecutor(Message):
     credentials: str = ""  # the app's own NATS credentials file (text), issued by the master; "" on an open cluster
     app_type: str = AppType.STREAMING  # which implementation the launched process runs (SubmitApplication's)
     workers: list[str] = dataclasses.field(default_factory=list)  # SubmitApplication's, for the AppMaster
+    submitter_dir: str = ""  # SubmitApplication's: where the app's relative file paths are
 
 
 class ExecutorLaunched(Message):

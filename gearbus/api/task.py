@@ -53,7 +53,7 @@ class TaskContext:
                  app_start_ms: int = 0, epoch: int = 0,
                  nats_servers: list[str] | None = None, clock: Callable[[], int] = now_ms,
                  request_poll: Callable[[], None] = _nothing, state_backend: str = "memory",
-                 state_dir: str | None = None, local_copies: bool = True, app_security=None):
+                 state_dir: str | None = None, local_copies: bool = True, app_security=None, worker: str = ""):
         """``clock`` and ``request_poll`` come from the driver running the task (see
         :meth:`now_ms` and :attr:`request_poll`)."""
         self.app_id = app_id
@@ -84,6 +84,8 @@ class TaskContext:
         #: The app's own NATS credential and TLS files (a shared.security.Security; None off a
         #: cluster): for what the app itself owns, its intermediate streams; never a user's streams.
         self.app_security = app_security
+        #: Where the task runs, for the errors a user reads: its worker's id and host ("" off a cluster).
+        self.worker = worker
         self._clock = clock
         #: Tells the driver that results came in without input (an async call finished): it
         #: calls :meth:`Task.poll` soon. Call it on the task's event loop.

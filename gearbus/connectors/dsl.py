@@ -23,11 +23,12 @@ class Pipeline(dsl.BasePipeline):
         return Stream(self, step)
 
     def read_text(self, path: str, **kwargs) -> Stream:
-        """Each line of a UTF-8 text file (without the newline) is one record."""
+        """Each line of a UTF-8 text file (without the newline) is one record; a relative
+        ``path`` is in the directory the app is submitted from, on every runner."""
         return self._source(TextFileSource(path), "read_text", **kwargs)
 
     def read_jsonl(self, path: str, **kwargs) -> Stream:
-        """Each line of a JSON Lines file, parsed, is one record."""
+        """Each line of a JSON Lines file, parsed, is one record (``path`` as for :meth:`read_text`)."""
         return self._source(JsonLinesSource(path), "read_jsonl", **kwargs)
 
     def from_collection(self, items: Iterable[Any], **kwargs) -> Stream:
@@ -74,8 +75,10 @@ class Stream(dsl.BaseStream):
     """A stream of records produced by one step, with write steps for the connectors."""
 
     def write_jsonl(self, path: str, name: str | None = None) -> None:
-        """Write each value as a JSON line to one file."""
-        self._then(Sink, name, 1, "write_jsonl", data_sink=JsonLinesSink(path))
+        """Write each value as a JSON line to one file (a relative ``path`` is in the
+        directory the app is submitted from)."""
+        sink = JsonLinesSink(path)
+        sink.step = self._then(Sink, name, 1, "write_jsonl", data_sink=sink).step.name
 
     def write_jetstream(self, subject: str, *, stream: str | None = None, id_fn: Callable[[Any], Any] | None = None,
                         name: str | None = None, servers: str | list[str] | None = None,

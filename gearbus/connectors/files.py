@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from typing import Any
 
+from gearbus.api.paths import submitter_path
 from gearbus.api.task import DataSink, DataSource, Record, TaskContext, new_record, now_ms
 
 READ_CHUNK_BYTES = 1 << 20
@@ -21,6 +22,13 @@ READ_CHUNK_BYTES = 1 << 20
 _FENCE_BYTES = 64
 
 log = logging.getLogger(__name__)
+
+
+def unusable(exc: OSError, doing: str, path: str, step: str, context: TaskContext) -> OSError:
+    """``exc``, met opening ``path``, as an error of its own kind that names the step, the
+    path and the worker: the user sees what to fix, and where."""
+    where = f" on {context.worker}" if context.worker else ""
+    return type(exc)(f"step {step!r} cannot {doing} {path}{where}: {exc.strerror or exc}")
 
 
 class TextFileSource(DataSource):
@@ -35,12 +43,14 @@ class TextFileSource(DataSource):
     what is left of the old tasks' splits into as many byte ranges as new tasks
     (:meth:`rescale`), by the same rule: a task may then read several ranges, one after
     the other.
+
+    A relative ``path`` is in the submitter's directory (gearbus/api/paths.py).
     """
 
     replayable = True
 
     def __init__(self, path: str | os.PathLike, timestamp_fn: Callable[[str], int] | None = None):
-        self.path = os.fspath(path)
+        self.path = submitter_path(path)
         self.timestamp_fn = timestamp_fn
 
     @property
@@ -48,11 +58,15 @@ class TextFileSource(DataSource):
         return self.timestamp_fn is not None
 
     def open(self, context: TaskContext) -> None:
-        self._size = size = os.path.getsize(self.path)
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as exc:
+            raise unusable(exc, "read", self.path, (context.config.get("steps") or [context.processor_name])[0],
+                           context) from None
+        self._size = size = os.fstat(self._file.fileno()).st_size
         n, i = context.parallelism, context.index
         self._split_start = start = size * i // n
         self._end = size * (i + 1) // n
-        self._file = open(self.path, "rb")
         if start > 0:
             self._file.seek(start - 1)
             start = start - 1 + len(self._file.readline())  # skip the line owned by task i-1
@@ -329,20 +343,23 @@ class JsonLinesSink(DataSink):
     application holds it; commits happen under its lock (flock) and only while this
     attempt owns it, so a replaced (zombie) attempt raises :class:`StaleAttemptError`
     instead of writing.
+
+    A relative ``path`` is in the submitter's directory (gearbus/api/paths.py); a missing
+    directory is made. ``step``: the step that writes (set by the DSL), for errors.
     """
 
     transactional = True
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
+    def __init__(self, path: str | os.PathLike, step: str = ""):
+        self.path = submitter_path(path)
+        self.step = step
 
     def open(self, context: TaskContext) -> None:
         path = self.path
         if context.parallelism > 1:
             stem, ext = os.path.splitext(path)
             path = f"{stem}-{context.index:05d}{ext}"
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        directory = os.path.dirname(path)
         self._path = path
         self._attempt = (context.app_id, context.app_start_ms, context.epoch)
         self._buffer: list[bytes] = []
@@ -353,7 +370,11 @@ class JsonLinesSink(DataSink):
         # _sealed and _committed, _commit_lock lets one commit run at a time.
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
-        self._file = open(path, "ab")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            self._file = open(path, "ab")
+        except OSError as exc:
+            raise unusable(exc, "write", path, self.step or context.processor_name, context) from None
         self._fence = os.open(os.path.join(directory, f".{os.path.basename(path)}.fence"), os.O_RDWR | os.O_CREAT,
                               0o644)
         with self._fence_locked() as owner:

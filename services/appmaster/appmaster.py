@@ -24,6 +24,7 @@ from gearbus.runtime import state_query
 from gearbus.stages import stage_count, stream_specs
 from gearbus.runtime.guarantee import delivery_guarantee
 from gearbus.artifact import ArtifactError
+from gearbus.planner import processor_files
 from gearbus.runtime.replace import ReplaceError, check_replacement
 from gearbus.runtime.rescale import RescaleError, processors_of
 from gearbus.runtime.savepoints import SavepointMismatch, SavepointRecord, claim, compacted, savepoint_parts, task_states
@@ -430,6 +431,7 @@ class AppMaster(common.AppMasterProcess):
             artifact=self.launch.artifact, entry=self.launch.entry, artifact_kind=self.launch.artifact_kind,
             args=self.launch.args, config={**self.launch.config, "state_backend": self.state.settings.state_backend},
             app_name=self.launch.app_name, priority=self.launch.priority, worker_id=launch.worker_id,
+            submitter_dir=self.launch.submitter_dir,
         )
         try:
             await self.bus.request(subjects.executor_launch(self.app_id), message, expect=ExecutorLaunched)
@@ -679,7 +681,8 @@ class AppMaster(common.AppMasterProcess):
         if self.state is None:
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is still starting", retryable=True)
         version = AppVersion(0, msg.artifact, msg.entry, msg.artifact_kind, list(msg.args),
-                             step=msg.step, created_ms=int(time.time() * 1000), artifact_digest=msg.artifact_digest)
+                             step=msg.step, created_ms=int(time.time() * 1000), artifact_digest=msg.artifact_digest,
+                             submitter_dir=msg.submitter_dir)
         try:
             new = await fetch_application(self.bus, version)
             replacement = check_replacement(self.plan, new, msg.step, msg.drop_state)
@@ -985,7 +988,8 @@ class AppMaster(common.AppMasterProcess):
 def dag_of(app: Application) -> AppDag:
     """The plan as the dashboard and ``gearbus status`` show it."""
     described = app.graph.describe()
-    return AppDag([ProcessorInfo(p["id"], p["name"], p["parallelism"], p["task"]) for p in described["processors"]],
+    return AppDag([ProcessorInfo(d["id"], d["name"], d["parallelism"], d["task"], processor_files(p))
+                   for d, p in zip(described["processors"], app.graph.processors)],
                   [EdgeInfo(e["from"], e["to"], e["partitioner"]) for e in described["edges"]])
 
 

@@ -20,7 +20,8 @@ class AppVersions:
         """Version 1: the app as submitted (``app``, built from ``launch``'s artifact)."""
         self.history: list[AppVersion] = [AppVersion(1, launch.artifact, launch.entry, launch.artifact_kind,
                                                      list(launch.args), created_ms=created_ms,
-                                                     artifact_digest=launch.artifact_digest)]
+                                                     artifact_digest=launch.artifact_digest,
+                                                     submitter_dir=launch.submitter_dir)]
         self.apps: dict[int, Application] = {1: app}
         self.requests: dict[int, int] = {}  # replace request id -> its version
 

@@ -32,7 +32,7 @@ from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from services.executor.outputs import DataPlaneConfig, Outputs
 from services.histogram import Histogram
-from services.launch import state_directory
+from services.launch import state_directory, worker_place
 from shared import subjects
 from shared.bus import unsubscribe_all
 from shared.messages import AppError, TaskCounters, TaskId
@@ -93,7 +93,7 @@ class TaskRunner:
         self.context = TaskContext(app_id, app.name, self.processor, task_id.index, executor_id, start_ms,
                                    epoch=epoch, nats_servers=servers, request_poll=self._request_poll,
                                    state_backend=config.state_backend, state_dir=state_directory(),
-                                   local_copies=config.local_copies, app_security=security)
+                                   local_copies=config.local_copies, app_security=security, worker=worker_place())
         self.name = self.context.task_name
         self.task = self.processor.task_class(self.context)
         senders = senders_of(graph, self.processor)

@@ -362,7 +362,7 @@ class Master(Service):
             app_id=app_id, name=msg.name, state=AppState.PENDING, submitted_ms=now_ms(), artifact=msg.artifact,
             entry=msg.entry, artifact_kind=msg.artifact_kind, args=list(msg.args), config=dict(msg.config),
             user=msg.user, priority=msg.priority, artifact_digest=digest, app_type=msg.app_type,
-            workers=list(msg.workers),
+            workers=list(msg.workers), submitter_dir=msg.submitter_dir,
         )
         # Durable first, then visible (app.list, app.kill) and known to the lifecycle machine
         # in one step, with the answer waiting: whenever a kill comes from now on, it ends the
@@ -561,7 +561,7 @@ class Master(Service):
                 args=list(record.args), config=dict(record.config), app_name=record.name, priority=record.priority,
                 attempt=attempt, start_ms=record.submitted_ms, artifact_digest=record.artifact_digest,
                 credentials=await self._credential(record),
-                app_type=record.app_type, workers=list(record.workers),
+                app_type=record.app_type, workers=list(record.workers), submitter_dir=record.submitter_dir,
             )
             try:
                 await self.bus.request(subjects.worker_launch(allocation.worker_id), launch, expect=ExecutorLaunched)
@@ -639,7 +639,8 @@ class Master(Service):
             savepoint = config["from_savepoint"] = taken.name
         result = await self._submit(SubmitApplication(record.name, record.artifact, record.entry, record.artifact_kind,
                                                         record.args, record.user, record.priority, config,
-                                                        record.artifact_digest, record.app_type, record.workers),
+                                                        record.artifact_digest, record.app_type, record.workers,
+                                                        record.submitter_dir),
                                       subjects.APP_SUBMIT)  # as any client may: a restart grants nothing
         log.info("app_restarted", previous_app_id=msg.app_id, app_id=result.app_id, from_savepoint=savepoint)
         return ApplicationRestarted(msg.app_id, result.app_id, savepoint)
@@ -813,7 +814,7 @@ class Master(Service):
             raise RequestError(ErrorCode.CONFLICT, f"worker {msg.worker_id!r} holds no slot of app {msg.app_id}")
         launch = replace(msg, artifact=record.artifact, entry=record.entry, artifact_kind=record.artifact_kind,
                          artifact_digest=record.artifact_digest, worker_id="", app_type=record.app_type,
-                         credentials=await self._credential(record))
+                         submitter_dir=record.submitter_dir, credentials=await self._credential(record))
         return await self.bus.request(subjects.worker_launch(msg.worker_id), launch, expect=ExecutorLaunched)
 
     async def _credential(self, record: ApplicationRecord) -> str:

@@ -48,6 +48,7 @@ class ApplicationRecord(Struct):
     appmaster_attempt: int = 0  # the current AppMaster's attempt (0 first; each relaunch adds 1)
     app_type: str = AppType.STREAMING
     workers: list[str] = dataclasses.field(default_factory=list)  # SubmitApplication.workers
+    submitter_dir: str = ""  # SubmitApplication.submitter_dir
     stage_apps: list[int] = dataclasses.field(default_factory=list)  # a multi-stage app's stages, in order
     streams: list[IntermediateStreamSpec] = dataclasses.field(default_factory=list)  # ... and its streams
     stage_of: int = 0  # a stage's multi-stage app (0: none)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from gearbus.natsserver import free_port
+from gearbus.runners import TestRunner
 from gearbus.runners.spark import SparkRunner, SparkUnavailable, check_master, spark_session
 from shared.messages import AppState
 from tests.support.examples import (
@@ -122,6 +123,24 @@ def test_a_raising_user_function_names_the_step_and_the_python_exception(spark, 
     assert result.error.error_type == "ZeroDivisionError"
     assert "step 'divide' on record 42" in result.error.message
     assert "org.apache" not in result.error.message
+
+
+def test_relative_paths_are_the_submitters_directory_as_on_the_test_runner(spark, tmp_path, monkeypatch):
+    """Spark's JVM started in another directory (the first test's); the paths are this one's."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "halving.py").write_text(
+        "from gearbus import Pipeline\n"
+        "def application(args):\n"
+        "    p = Pipeline('halving')\n"
+        "    p.read_jsonl(args[0], name='numbers').map(lambda n: n / 2, name='half').write_jsonl(args[1], name='out')\n"
+        "    return p\n")
+    write_jsonl(user / "in.jsonl", range(100))
+    monkeypatch.chdir(user)
+    assert SparkRunner(spark=spark).run("halving.py", ["in.jsonl", "spark-out"]).state == AppState.SUCCEEDED
+    assert TestRunner().run("halving.py", ["in.jsonl", "test-out.jsonl"]).succeeded
+    halves = [n / 2 for n in range(100)]
+    assert sorted(read_jsonl(user / "spark-out")) == sorted(read_jsonl(user / "test-out.jsonl")) == halves
 
 
 def test_an_unreachable_master_is_a_clear_error(tmp_path):

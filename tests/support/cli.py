@@ -11,9 +11,9 @@ from tests.support.paths import REPO
 GEARBUS = [sys.executable, "-m", "gearbus.cli"]
 
 
-async def gearbus(*args: str, timeout: float = 90) -> tuple[int, str, str]:
-    """Run ``gearbus ARGS`` from the repository; (exit code, stdout, stderr)."""
-    process = await asyncio.create_subprocess_exec(*GEARBUS, *args, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+async def gearbus(*args: str, timeout: float = 90, cwd=REPO) -> tuple[int, str, str]:
+    """Run ``gearbus ARGS`` from the repository (or ``cwd``); (exit code, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(*GEARBUS, *args, cwd=cwd, stdout=asyncio.subprocess.PIPE,
                                                    stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     return process.returncode, out.decode(), err.decode()
