@@ -323,7 +323,8 @@ class AppMaster(common.AppMasterProcess):
         it: the DAG reported, the metrics, the stalled-task clock."""
         self.plan = self.app.with_parallelism(parallelism)
         self.dag = dag_of(self.plan)
-        self.metrics = ProcessorMetricsAggregator(self.dag.processors)
+        if self.metrics is None:
+            self.metrics = ProcessorMetricsAggregator(self.dag.processors)
         self.clock = ClockService([self._task_name(t) for t in self._plan_tasks()],
                                   float(self.config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
 
@@ -449,6 +450,7 @@ class AppMaster(common.AppMasterProcess):
         elif dict(deploy.parallelism) != self._rescaled():
             self._replan(dict(deploy.parallelism))  # a rescale's
         restore, kept = deploy.restore, set(deploy.kept)
+        self.metrics.redeployed(self.dag.processors, kept)
         launch_timeout = RESTORE_TIMEOUT_S if restore else DEFAULT_REQUEST_TIMEOUT_S
         await self._stop_compaction()
         try:
