@@ -337,8 +337,9 @@ class AppDag(Struct):
 
 
 class ProcessorMetrics(Struct):
-    """One processor's tasks (of the current attempt) summed up by its AppMaster; rates and
-    shares are over the last heartbeat interval."""
+    """One processor's tasks summed up by its AppMaster: totals go on across rescales and
+    recoveries (what ended attempts counted is carried); rates and shares are over the last
+    heartbeat interval with a report."""
 
     processor: int
     name: str
@@ -615,8 +616,9 @@ class AppVersion(Struct):
     """One version of a running app's code: the first is the app as submitted; each later
     one replaced the code of one processor (``gearbus replace``) with the processor holding
     ``step`` in another artifact. ``state``: "running", "pending" (asked for, not taken
-    over yet), "replaced" (a later version runs that processor), "rolled back" or "not
-    taken over" (``error`` says why: the previous version runs on)."""
+    over yet), "replaced" (a later version runs that processor; version 1 once any of its
+    processors is), "rolled back" or "not taken over" (``error`` says why: the previous
+    version runs on)."""
 
     version: int  # from 1
     artifact: str  # object-store name, as SubmitApplication's

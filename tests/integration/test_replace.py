@@ -9,6 +9,7 @@ import asyncio
 import collections
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -121,7 +122,10 @@ async def test_a_relaunched_appmaster_runs_the_replaced_code_and_every_event_is_
     assert {r["version"] for r in rows if r["n"] >= 2 * EVENTS // 3} == {2}  # the relaunched AppMaster's code
     assert {r["version"] for r in rows if r["n"] < EVENTS // 6} == {1}
     assert [(v.version, v.state, v.processor, v.step) for v in final.versions] == \
-        [(1, "running", -1, ""), (2, "running", 1, "count")]
+        [(1, "replaced", -1, ""), (2, "running", 1, "count")]
+    code, out, err = await gearbus("status", "--nats", url, str(app))
+    assert code == 0, err
+    assert re.search(r"v1 replaced .*as submitted", out) and re.search(r"v2 running .*step count", out), out
 
 
 async def start_versioned(client, url: str, output, *more: str) -> int:
