@@ -14,6 +14,7 @@ APP_SAVEPOINT = "app.savepoint"
 APP_RESTART = "app.restart"
 APP_STATE = "app.state"
 APP_DEBUG = "app.debug"
+APP_METRICS_HISTORY = "app.metrics.history"
 APP_RESCALE = "app.rescale"
 APP_REPLACE = "app.replace"
 MASTER_INFO = "master.info"
@@ -185,6 +186,11 @@ def appmaster_replace(app_id: int | str) -> str:
 def appmaster_debug(app_id: int | str) -> str:
     """The master passes a client's QueryStimuli to the app's AppMaster."""
     return f"appmaster.{app_id}.debug"
+
+
+def appmaster_metrics_history(app_id: int | str) -> str:
+    """The master passes a client's QueryMetricsHistory to the app's AppMaster."""
+    return f"appmaster.{app_id}.metrics.history"
 
 
 def executor_state_query(app_id: int, executor_id: int) -> str:
