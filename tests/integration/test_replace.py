@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -21,6 +22,7 @@ from shared.messages import AppState
 from shared import subjects
 from tests.support.cli import gearbus
 from tests.support.cluster import wait_until
+from tests.support.dashboard import Dashboard
 from tests.support.logs import logged
 from tests.support.paths import APPS
 from tests.support.user_counts import (APP, EVENTS, USERS, args, counts, expected_counts, publish, read_at_least,
@@ -126,6 +128,48 @@ async def test_a_relaunched_appmaster_runs_the_replaced_code_and_every_event_is_
     code, out, err = await gearbus("status", "--nats", url, str(app))
     assert code == 0, err
     assert re.search(r"v1 replaced .*as submitted", out) and re.search(r"v2 running .*step count", out), out
+
+
+async def test_a_dashboard_started_after_a_rescale_and_a_replacement_shows_both_at_their_times(cluster, client,
+                                                                                              tmp_path):
+    """The counting processor is rescaled (its count goes on, not from zero) and then
+    replaced; a dashboard started only then shows both on the timeline at the times they
+    happened, and charts from before it started: what the AppMaster recorded."""
+    url, output = cluster.url, tmp_path / "rows.jsonl"
+    app = await start_versioned(client, url, output)
+    counted = next(p for p in (await client.status(app)).processors if p.processor == 1).records_in
+    asked_rescale = time.time() * 1000
+    await client.rescale(app, {"count": 3})
+    rescaled = time.time() * 1000
+    after = next(p for p in (await client.status(app)).processors if p.processor == 1)
+    assert after.parallelism == 3 and after.records_in >= counted > 0  # carried over, not restarted from zero
+    replacing = asyncio.create_task(gearbus("replace", "--nats", url, str(app), "count", VERSIONED,
+                                            *args(output, version=2)))
+    await wait_epoch(client, app, 2)
+    await publish(url, EVENTS // 3, 2 * EVENTS // 3)
+    code, _, err = await replacing
+    assert code == 0, err
+    replaced = time.time() * 1000
+    async with Dashboard(url) as dashboard:
+        started = time.time() * 1000
+        status, timeline = await dashboard.json("GET", f"/api/v1/apps/{app}/timeline")
+        assert status == 200, timeline
+        changes = [(e["kind"], e["detail"]) for e in timeline if e["kind"] in ("rescale", "replace")]
+        name = after.name
+        assert changes == [("rescale", f"{name} 2 → 3"), ("replace", f"{name} (step count): version 2 pending"),
+                           ("replace", f"{name} (step count): version 2 running")], timeline
+        at = {e["detail"]: e["t_ms"] for e in timeline}
+        assert asked_rescale <= at[f"{name} 2 → 3"] <= rescaled
+        assert rescaled <= at[f"{name} (step count): version 2 pending"] <= \
+            at[f"{name} (step count): version 2 running"] <= replaced < started
+        status, series = await dashboard.json("GET", f"/api/v1/apps/{app}/series")
+        assert status == 200 and series["samples"][0]["t_ms"] < asked_rescale, series["samples"][:1]
+        assert {p["name"] for p in series["processors"]} >= {name}
+    await publish(url, 2 * EVENTS // 3, EVENTS)
+    final = await client.wait(app, timeout=90)
+    assert final.state == AppState.SUCCEEDED, final.error
+    counted_once(output)
+    assert [v.state for v in final.versions] == ["replaced", "running"]
 
 
 async def start_versioned(client, url: str, output, *more: str) -> int:
