@@ -150,6 +150,12 @@ function showTables(a) {
     num(fmtCount(m.state_keys)), num(fmtBytes(m.state_bytes)),
   ], "no metrics yet");
   const names = new Map(a.processors.map((m) => [m.processor, m.name]));
+  // what became of each version of the app's code (gearbus replace): replaced, running, rolled back
+  fillTable(document.querySelector("#versions tbody"), a.versions, (v) => [
+    num(v.version), v.state, fmtTime(v.created_ms),
+    v.processor < 0 ? "the app as submitted" : `${names.get(v.processor) || v.processor} (step ${v.step})`,
+    [v.entry, ...v.args].join(" "), v.error || "",
+  ], "not known yet");
   const history = a.checkpoints ? a.checkpoints.history.slice().reverse() : [];
   fillTable(document.querySelector("#checkpoints tbody"), history, (c) => [
     num(c.checkpoint_id), c.status.replace("_", " "), fmtTime(c.trigger_ms),
