@@ -213,6 +213,12 @@ def checkpoint_epoch_key(app_id: int) -> str:
     return f"{checkpoint_app_prefix(app_id)}.epoch"
 
 
+def events_key(app_id: int) -> str:
+    """What the app's AppMaster recorded of its life (rescales, replacements, restarts), kept
+    for a relaunched AppMaster."""
+    return f"{checkpoint_app_prefix(app_id)}.events"
+
+
 def versions_key(app_id: int) -> str:
     """The app's code versions (gearbus replace), kept for a relaunched AppMaster."""
     return f"{checkpoint_app_prefix(app_id)}.versions"

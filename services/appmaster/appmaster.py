@@ -145,6 +145,7 @@ class AppMaster(common.AppMasterProcess):
         self.metrics: ProcessorMetricsAggregator | None = None
         self.timeline = AppTimeline()  # what the dashboard shows of the app's life
         self._restarts_recorded = 0
+        self._events_stored = 0  # the timeline's events recorded when it was last stored
         self.store: CheckpointStore | None = None
         self.checkpoint_interval_ms = DEFAULT_CHECKPOINT_INTERVAL_MS
         self._checkpoint_failure = ""
@@ -231,6 +232,7 @@ class AppMaster(common.AppMasterProcess):
                     else {}
                 self._machine(tasks, latest, stored.epoch + 1, stored.restarts, dropped, stored.trial)
                 self._restarts_recorded = stored.restarts
+                self.timeline.restore(await self.store.get_events())
                 self.timeline.event(int(time.time() * 1000), "restart", f"AppMaster relaunched (attempt "
                                     f"{self.launch.attempt}), " + (f"from checkpoint {latest.checkpoint_id}"
                                                                    if latest else "from the start"))
@@ -768,6 +770,17 @@ class AppMaster(common.AppMasterProcess):
         self.timeline.event(int(time.time() * 1000), "replace",
                             f"{name} (step {version.step}): version {version.version} {version.state}{error}")
 
+    async def _store_events(self) -> None:
+        """The timeline's events, once they changed, for a relaunched AppMaster; a failed
+        write is logged (a relaunch would miss them) and tried again on the next heartbeat."""
+        if self.store is None or self.timeline.recorded == self._events_stored:
+            return
+        try:
+            await self.store.put_events(list(self.timeline.events))
+            self._events_stored = self.timeline.recorded
+        except Exception as exc:
+            log.warning("storing_events_failed", error=f"{type(exc).__name__}: {exc}")
+
     async def on_metrics_history(self, _: QueryMetricsHistory) -> MetricsHistory:
         """The charts' figures over the last 15 minutes, as the heartbeats sampled them."""
         return self.timeline.history(self.app_id, self.dag.processors if self.dag else [],
@@ -1012,6 +1025,7 @@ class AppMaster(common.AppMasterProcess):
         now_ms = int(time.time() * 1000)
         processors = self.metrics.update(counters, time.monotonic(), now_ms) if self.metrics is not None else []
         self.timeline.sample(now_ms, processors)
+        await self._store_events()
         restarts, blacklist = (self.state.restarts, sorted(self.state.blacklist)) if self.state else (0, [])
         await self.bus.publish(subjects.appmaster_heartbeat(self.app_id),
                                AppMasterHeartbeat(self.app_id, len(live), listed, clock, stalled, restarts, blacklist,

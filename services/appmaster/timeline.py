@@ -25,9 +25,15 @@ class AppTimeline:
         self.samples_kept = samples_kept
         self.events: collections.deque[AppEvent] = collections.deque(maxlen=events_kept)
         self.samples: collections.deque[MetricsSample] = collections.deque()
+        self.recorded = 0  # events recorded by this AppMaster: the store is written when it grows
 
     def event(self, t_ms: int, kind: str, detail: str) -> None:
         self.events.append(AppEvent(t_ms, kind, detail))
+        self.recorded += 1
+
+    def restore(self, events: list[AppEvent]) -> None:
+        """A relaunched AppMaster's: the events its predecessors recorded (and stored)."""
+        self.events = collections.deque([*events, *self.events], maxlen=self.events.maxlen)
 
     def spacing_ms(self, processors: int) -> int:
         """How close samples may be kept for an app of that many processors."""

@@ -125,6 +125,10 @@ async def test_a_relaunched_appmaster_runs_the_replaced_code_and_every_event_is_
     assert {r["version"] for r in rows if r["n"] < EVENTS // 6} == {1}
     assert [(v.version, v.state, v.processor, v.step) for v in final.versions] == \
         [(1, "replaced", -1, ""), (2, "running", 1, "count")]
+    events = [(e.kind, e.detail) for e in final.events]  # the first AppMaster's, kept by the relaunched one
+    assert events.index(("replace", "count (step count): version 2 running")) < \
+        next(i for i, (kind, detail) in enumerate(events) if detail.startswith("AppMaster relaunched (attempt 1)")), \
+        events
     code, out, err = await gearbus("status", "--nats", url, str(app))
     assert code == 0, err
     assert re.search(r"v1 replaced .*as submitted", out) and re.search(r"v2 running .*step count", out), out

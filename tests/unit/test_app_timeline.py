@@ -42,3 +42,12 @@ def test_only_the_last_events_are_kept_oldest_first():
         timeline.event(t, "rescale", f"count {t} → {t + 1}")
     assert [(e.t_ms, e.detail) for e in timeline.events] == [(2, "count 2 → 3"), (3, "count 3 → 4"),
                                                              (4, "count 4 → 5")]
+
+
+def test_a_relaunched_appmasters_timeline_goes_on_with_what_its_predecessor_stored():
+    before = AppTimeline(events_kept=3)
+    before.event(1, "rescale", "count 2 → 3")
+    after = AppTimeline(events_kept=3)
+    after.restore(list(before.events))
+    after.event(2, "restart", "AppMaster relaunched (attempt 1), from checkpoint 4")
+    assert [e.t_ms for e in after.events] == [1, 2] and (before.recorded, after.recorded) == (1, 1)
