@@ -617,7 +617,12 @@ class Master(Service):
                                          DEFAULT_REQUEST_TIMEOUT_S, " keeps a stimulus log")
 
     async def on_metrics_history(self, msg: QueryMetricsHistory) -> MetricsHistory:
-        """Pass the query to the app's AppMaster, which keeps its processors' recent figures."""
+        """Pass the query to the app's AppMaster, which keeps its processors' recent figures
+        (a streaming app's: another type's has no processors)."""
+        record = self._app(msg.app_id)
+        if record.app_type != AppType.STREAMING:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is a {record.app_type} app: it has no "
+                                                   "processors to chart")
         return await self._ask_appmaster(msg.app_id, subjects.appmaster_metrics_history(msg.app_id), msg,
                                          MetricsHistory, DEFAULT_REQUEST_TIMEOUT_S, " keeps its figures")
 
