@@ -141,7 +141,11 @@ async def test_a_dashboard_started_after_a_rescale_and_a_replacement_shows_both_
     happened, and charts from before it started: what the AppMaster recorded."""
     url, output = cluster.url, tmp_path / "rows.jsonl"
     app = await start_versioned(client, url, output)
-    counted = next(p for p in (await client.status(app)).processors if p.processor == 1).records_in
+
+    async def counting():  # what the counting processor took in so far, once its tasks reported some
+        return next(p for p in (await client.status(app)).processors if p.processor == 1).records_in
+
+    counted = await wait_until(client, subjects.appmaster_heartbeat("*"), counting)
     asked_rescale = time.time() * 1000
     await client.rescale(app, {"count": 3})
     rescaled = time.time() * 1000
