@@ -121,7 +121,7 @@ def format_versions(versions: list[AppVersion]) -> list[str]:
         what = "as submitted" if v.processor < 0 else f"processor {v.processor} (step {v.step})"
         dropped = f", state dropped: {', '.join(v.dropped_state)}" if v.dropped_state else ""
         error = f": {v.error}" if v.error else ""
-        lines.append(f"v{v.version} {v.state} at {_format_time(v.created_ms)}: {what}, {v.entry} "
+        lines.append(f"v{v.version} {v.state} (from {_format_time(v.created_ms)}): {what}, {v.entry} "
                      f"{' '.join(v.args)}".rstrip() + f"{dropped}{error}")
     return lines
 

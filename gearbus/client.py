@@ -30,9 +30,11 @@ from shared.messages import (
     ListApplications,
     LogChunk,
     LogsReply,
+    MetricsHistory,
     QueryApplication,
     QueryCluster,
     QueryLogs,
+    QueryMetricsHistory,
     QueryState,
     QueryStimuli,
     ProcessorReplaced,
@@ -188,6 +190,10 @@ class Client:
         """A running app's AppMaster's stimulus log: its state machine's last events, each
         with what it decided."""
         return await self._request(subjects.APP_DEBUG, QueryStimuli(app_id), AppStimuli)
+
+    async def metrics_history(self, app_id: int) -> MetricsHistory:
+        """A running app's processors' figures over the last 15 minutes, as its AppMaster kept them."""
+        return await self._request(subjects.APP_METRICS_HISTORY, QueryMetricsHistory(app_id), MetricsHistory)
 
     async def restart(self, app_id: int) -> ApplicationRestarted:
         """Submit the app again (a running one continues from a savepoint); the new app's id."""

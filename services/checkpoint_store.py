@@ -20,7 +20,7 @@ from gearbus.runtime.savepoints import SavepointRecord
 from gearbus.runtime.snapshots import TaskSnapshot
 from shared import subjects
 from shared.bus import object_bytes, ride_out
-from shared.messages import AppVersion
+from shared.messages import AppEvent, AppVersion
 
 
 async def ensure_buckets(js, replicas: int) -> None:
@@ -181,6 +181,14 @@ class CheckpointStore:
         """The code history as last stored; empty before any replacement."""
         value = await self._get_value(subjects.versions_key(self.app_id))
         return [AppVersion._from_fields(v, "stored versions") for v in msgpack.unpackb(value)] if value else []
+
+    async def put_events(self, events: list[AppEvent]) -> None:
+        """The app's timeline (its last events), so a relaunched AppMaster goes on with it."""
+        await self._put_value(subjects.events_key(self.app_id), msgpack.packb([e.to_wire() for e in events]))
+
+    async def get_events(self) -> list[AppEvent]:
+        value = await self._get_value(subjects.events_key(self.app_id))
+        return [AppEvent._from_fields(e, "stored events") for e in msgpack.unpackb(value)] if value else []
 
     async def record(self, checkpoint_id: int) -> dict | None:
         value = await self._get_value(subjects.checkpoint_key(self.app_id, checkpoint_id))

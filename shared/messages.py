@@ -338,8 +338,9 @@ class AppDag(Struct):
 
 
 class ProcessorMetrics(Struct):
-    """One processor's tasks (of the current attempt) summed up by its AppMaster; rates and
-    shares are over the last heartbeat interval."""
+    """One processor's tasks summed up by its AppMaster: totals go on across rescales and
+    recoveries (what ended attempts counted is carried); rates and shares are over the last
+    heartbeat interval with a report."""
 
     processor: int
     name: str
@@ -371,6 +372,37 @@ class ProcessorCheckpoint(Struct):
     processor: int
     size_bytes: int
     tasks: int  # of its tasks, those that acknowledged the checkpoint
+
+
+class AppEvent(Struct):
+    """Something that happened to a running app, recorded by its AppMaster when it happened:
+    a rescale, a replacement of a processor's code (each state of its version), a restart
+    from a checkpoint, the state it reported running in (checkpoints have their own history;
+    the master records when the app was submitted and ended)."""
+
+    t_ms: int  # when, epoch ms
+    kind: str  # "rescale", "replace", "restart" or "state"
+    detail: str
+
+
+class ProcessorSample(Struct):
+    """The figures the dashboard charts of one processor at one moment (ProcessorMetrics')."""
+
+    processor: int
+    records_in_per_s: float = 0.0
+    backpressure: float = 0.0
+    watermark_lag_ms: int | None = None
+    state_bytes: int = 0
+
+    @classmethod
+    def of(cls, metrics: ProcessorMetrics) -> ProcessorSample:
+        return cls(metrics.processor, metrics.records_in_per_s, metrics.backpressure, metrics.watermark_lag_ms,
+                   metrics.state_bytes)
+
+
+class MetricsSample(Struct):
+    t_ms: int  # epoch ms
+    processors: list[ProcessorSample] = dataclasses.field(default_factory=list)
 
 
 class CheckpointRecord(Struct):
@@ -446,6 +478,7 @@ class AppSummary(Struct):
     stage_of: int = 0  # a stage's: the multi-stage app it is a stage of (0: none)
     stage: int = 0     # ... and which (the stages are numbered from 0)
     streams: list[StreamBacklog] = dataclasses.field(default_factory=list)  # a multi-stage app's
+    events: list[AppEvent] = dataclasses.field(default_factory=list)  # as its AppMaster recorded them, oldest first
 
 
 class StreamBacklog(Struct):
@@ -618,8 +651,9 @@ class AppVersion(Struct):
     """One version of a running app's code: the first is the app as submitted; each later
     one replaced the code of one processor (``gearbus replace``) with the processor holding
     ``step`` in another artifact. ``state``: "running", "pending" (asked for, not taken
-    over yet), "replaced" (a later version runs that processor), "rolled back" or "not
-    taken over" (``error`` says why: the previous version runs on)."""
+    over yet), "replaced" (a later version runs that processor; version 1 once any of its
+    processors is), "rolled back" or "not taken over" (``error`` says why: the previous
+    version runs on)."""
 
     version: int  # from 1
     artifact: str  # object-store name, as SubmitApplication's
@@ -666,6 +700,24 @@ class ProcessorReplaced(Message):
     processor: str  # the replaced processor's name in the new version
     epoch: int
     dropped_state: list[str] = dataclasses.field(default_factory=list)
+
+
+class QueryMetricsHistory(Message):
+    """Ask a running app's AppMaster for the charts' history (on ``app.metrics.history``;
+    the master passes it on): each processor's figures over the last 15 minutes."""
+
+    app_id: int
+
+
+class MetricsHistory(Message):
+    """What an AppMaster kept of its processors' figures, a sample every ``interval_ms``
+    (its heartbeat's, longer for an app with many processors, so a reply stays small)."""
+
+    app_id: int
+    interval_ms: int
+    window_ms: int
+    processors: list[ProcessorInfo] = dataclasses.field(default_factory=list)  # the plan's, as it runs now
+    samples: list[MetricsSample] = dataclasses.field(default_factory=list)  # oldest first
 
 
 class QueryStimuli(Message):
@@ -903,6 +955,7 @@ class AppMasterHeartbeat(Message):
     processors: list[ProcessorMetrics] = dataclasses.field(default_factory=list)
     attempt: int = 0  # the sender's LaunchExecutor.attempt
     versions: list[AppVersion] = dataclasses.field(default_factory=list)  # the app's code history
+    events: list[AppEvent] = dataclasses.field(default_factory=list)  # its last ones, oldest first
 
 
 class RequestResource(Message):

@@ -19,8 +19,8 @@ _ARTIFACTS = f"OBJ_{subjects.ARTIFACT_BUCKET}"
 _CHECKPOINT_KV = f"KV_{subjects.CHECKPOINT_BUCKET}"
 _CLIENT_REQUESTS = [subjects.APP_SUBMIT, subjects.APP_KILL, subjects.APP_STATUS, subjects.APP_LIST,
                     subjects.APP_SAVEPOINT, subjects.APP_RESTART, subjects.APP_STATE, subjects.APP_DEBUG,
-                    subjects.APP_RESCALE, subjects.APP_REPLACE, subjects.APP_SHELL_OUTPUT, subjects.MASTER_INFO,
-                    subjects.LOGS_QUERY]
+                    subjects.APP_METRICS_HISTORY, subjects.APP_RESCALE, subjects.APP_REPLACE, subjects.APP_SHELL_OUTPUT,
+                    subjects.MASTER_INFO, subjects.LOGS_QUERY]
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def role(name: str) -> Permissions:
             publish=["app.*.state", subjects.worker_launch("*"), subjects.worker_reregister("*"),
                      subjects.worker_shutdown("*", "*"), subjects.appmaster_reregister("*"),
                      subjects.appmaster_savepoint("*"), subjects.appmaster_state_query("*"), subjects.appmaster_debug("*"),
-                     subjects.appmaster_rescale("*"), subjects.appmaster_replace("*"),
-                     subjects.appmaster_shell_output("*"), subjects.appmaster_worker_lost("*"),
+                     subjects.appmaster_metrics_history("*"), subjects.appmaster_rescale("*"),
+                     subjects.appmaster_replace("*"), subjects.appmaster_shell_output("*"), subjects.appmaster_worker_lost("*"),
                      subjects.MASTER_ELECTED, "$JS.API.>", f"$KV.{subjects.STATE_BUCKET}.>",
                      f"$KV.{subjects.MASTERS_BUCKET}.>", "$JS.ACK.>", "$JS.FC.>"],
             subscribe=[*_CLIENT_REQUESTS[:-1], subjects.APP_SUBMIT_SHELL, "master.>", inbox(name)])
@@ -77,7 +77,8 @@ def role(name: str) -> Permissions:
     if name == "dashboard":
         return Permissions(
             publish=[subjects.APP_KILL, subjects.APP_STATUS, subjects.APP_LIST, subjects.APP_RESTART,
-                     subjects.APP_STATE, subjects.APP_DEBUG, subjects.APP_RESCALE, subjects.MASTER_INFO,
+                     subjects.APP_STATE, subjects.APP_DEBUG, subjects.APP_METRICS_HISTORY, subjects.APP_RESCALE,
+                     subjects.MASTER_INFO,
                      subjects.LOGS_QUERY],
             subscribe=[inbox(name)])
     raise ValueError(f"no role {name!r}: one of {', '.join(ROLES)}")

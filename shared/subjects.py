@@ -14,6 +14,7 @@ APP_SAVEPOINT = "app.savepoint"
 APP_RESTART = "app.restart"
 APP_STATE = "app.state"
 APP_DEBUG = "app.debug"
+APP_METRICS_HISTORY = "app.metrics.history"
 APP_RESCALE = "app.rescale"
 APP_REPLACE = "app.replace"
 MASTER_INFO = "master.info"
@@ -187,6 +188,11 @@ def appmaster_debug(app_id: int | str) -> str:
     return f"appmaster.{app_id}.debug"
 
 
+def appmaster_metrics_history(app_id: int | str) -> str:
+    """The master passes a client's QueryMetricsHistory to the app's AppMaster."""
+    return f"appmaster.{app_id}.metrics.history"
+
+
 def executor_state_query(app_id: int, executor_id: int) -> str:
     """The AppMaster asks the executor hosting the task that owns a key for its state."""
     return f"executor.{app_id}.{executor_id}.state"
@@ -205,6 +211,12 @@ def savepoint_key(name: str) -> str:
 def checkpoint_epoch_key(app_id: int) -> str:
     """The app's current attempt (epoch), kept for a relaunched AppMaster."""
     return f"{checkpoint_app_prefix(app_id)}.epoch"
+
+
+def events_key(app_id: int) -> str:
+    """What the app's AppMaster recorded of its life (rescales, replacements, restarts), kept
+    for a relaunched AppMaster."""
+    return f"{checkpoint_app_prefix(app_id)}.events"
 
 
 def versions_key(app_id: int) -> str:

@@ -1,13 +1,14 @@
 """The dashboard's HTTP side: the REST API under /api/v1/, /metrics for Prometheus and the
 web UI's pages and assets (shipped in the package, nothing fetched at run time).
 
-Every answer is read from the cluster when asked, so any number of dashboards can run;
-only the charts' samples and the timeline are this process's own (gearbus/dashboard/
-history.py). FastAPI gives the OpenAPI description (/openapi.json, /docs)."""
+Every answer is read from the cluster when asked, so any number of dashboards can run and
+one started later shows the whole story (gearbus/dashboard/history.py). FastAPI gives the
+OpenAPI description (/openapi.json, /docs)."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -152,16 +153,17 @@ def create_app(view: ClusterView, history: History | None = None) -> FastAPI:
                              "checkpoints": a.checkpoints.to_wire() if a.checkpoints else None})
 
     @app.get("/api/v1/apps/{app_id}/series",
-             summary="Each processor's rate, back-pressure, watermark lag and state size, sampled over 15 minutes")
+             summary="Each processor's rate, back-pressure, watermark lag and state size over the last 15 minutes, "
+                     "as the app's AppMaster sampled them (once it has gone, as this dashboard did)")
     async def series(app_id: int):
         await view.app(app_id)  # 404 for an app the cluster does not know
-        return JSONResponse(history.series(app_id))
+        return JSONResponse(history.series(app_id, await view.metrics_history(app_id)))
 
     @app.get("/api/v1/apps/{app_id}/timeline",
-             summary="The app's state changes, restarts and checkpoints over the last 15 minutes, oldest first")
+             summary="The app's state changes, rescales, replacements, restarts and checkpoints over the last "
+                     "15 minutes, oldest first, at the times they happened")
     async def timeline(app_id: int):
-        await view.app(app_id)
-        return JSONResponse(history.timeline(app_id))
+        return JSONResponse(history.timeline(await view.app(app_id), int(time.time() * 1000)))
 
     @app.get("/api/v1/apps/{app_id}/state/{step}",
              summary="What a keyed step holds for a key (JSON, e.g. ?key=%22word%22), read from its task live")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from gearbus.client import Client
 from shared.bus import NoResponders, RequestError, RequestTimeout
-from shared.messages import ApplicationRestarted, AppRescaled, AppSummary, ClusterInfo, ErrorCode, StateValue
+from shared.messages import (ApplicationRestarted, AppRescaled, AppSummary, ClusterInfo, ErrorCode, MetricsHistory,
+                             StateValue)
 from shared.security import Security
 
 QUERY_TIMEOUT_S = 3.0  # a page must not hang: a master that does not answer this fast is "unreachable"
@@ -64,6 +65,14 @@ class ClusterView:
 
     async def app(self, app_id: int) -> AppSummary:
         return await self._ask(self.client.status(app_id))
+
+    async def metrics_history(self, app_id: int) -> MetricsHistory | None:
+        """What the app's AppMaster kept of its figures; None once it has none (the app is
+        not running)."""
+        try:
+            return await self._ask(self.client.metrics_history(app_id))
+        except Conflict:
+            return None
 
     async def kill(self, app_id: int) -> None:
         await self._ask(self.client.kill(app_id))

@@ -1,36 +1,33 @@
-"""What the dashboard remembers of each app: its processors' figures, sampled from the
-app summaries every ``sample_s`` over the last ``window_s`` (the charts), and a timeline of
-what happened to it (its state changes, restarts, rescales, replacements of its code and
-checkpoints) over the same window.
+"""What the dashboard's charts and timeline show of each app.
 
-Kept in this process's memory and nowhere else, so it needs no service of its own: a
-dashboard started later, or restarted, charts from then on (every dashboard samples for
-itself; the figures each shows are the masters'). Pure: :meth:`History.observe` takes
-the summaries and the time, and nothing here reads a clock or does I/O."""
+The story comes from the cluster, so a dashboard started at any time shows all of it: the
+events the app's AppMaster recorded when they happened (rescales, replacements, restarts,
+its state), its checkpoint history, when the master saw it submitted and finished, and
+each processor's figures as the AppMaster sampled them over the last ``window_s``.
+
+What this process adds is what the cluster does not keep: every checkpoint it saw (an
+AppMaster reports only its last few) and, for an app whose AppMaster has gone, the figures
+it sampled itself every ``sample_s`` while the app ran. Pure: no clock read, no I/O."""
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from shared.messages import AppState, AppSummary
+from shared.messages import AppState, AppSummary, MetricsHistory, MetricsSample, ProcessorSample
 
 DEFAULT_SAMPLE_S = 5.0
 DEFAULT_WINDOW_S = 15 * 60.0
-#: the figures charted per processor, as ProcessorMetrics names them
-CHARTED = ("records_in_per_s", "backpressure", "watermark_lag_ms", "state_bytes")
+#: the figures charted per processor, as ProcessorSample names them
+CHARTED = tuple(name for name in ProcessorSample.__dataclass_fields__ if name != "processor")
 
 
 @dataclass
 class _AppHistory:
-    samples: collections.deque  # (t_ms, {processor id: {figure: value}}), oldest first
-    events: collections.deque  # {"t_ms", "kind", "detail"}, oldest first
+    samples: collections.deque[MetricsSample] = field(default_factory=collections.deque)  # oldest first
+    checkpoints: dict[int, dict] = field(default_factory=dict)  # checkpoint id -> its timeline event
     names: dict[int, str] = field(default_factory=dict)  # processor id -> name, as last seen
-    state: str = ""
-    restarts: int = 0
-    last_checkpoint: int = 0  # the newest checkpoint on the timeline (only the newest is ever in progress)
-    parallelism: dict[int, int] = field(default_factory=dict)  # processor id -> its parallelism, as last seen
-    versions: dict[int, str] = field(default_factory=dict)  # code version -> its state, as last seen
 
 
 class History:
@@ -46,67 +43,52 @@ class History:
         is older than the window goes."""
         listed = {a.app_id for a in apps}
         self._apps = {app_id: h for app_id, h in self._apps.items() if app_id in listed}
-        for app in apps:
-            history = self._apps.get(app.app_id)
-            if history is None:
-                history = self._apps[app.app_id] = _AppHistory(collections.deque(), collections.deque())
-            self._observe(history, app, now_ms)
-            self._trim(history, now_ms)
-
-    def series(self, app_id: int) -> dict:
-        """The charts' data: each processor's figures at each sample time."""
-        history = self._apps.get(app_id)
-        samples = list(history.samples) if history else []
-        return {"sample_s": self.sample_s, "window_s": self.window_s,
-                "processors": [{"processor": p, "name": name} for p, name in sorted(history.names.items())]
-                if history else [],
-                "samples": [{"t_ms": t, "processors": {str(p): figures for p, figures in by_processor.items()}}
-                            for t, by_processor in samples]}
-
-    def timeline(self, app_id: int) -> list[dict]:
-        """What happened to the app over the window, oldest first."""
-        history = self._apps.get(app_id)
-        return list(history.events) if history else []
-
-    def _observe(self, history: _AppHistory, app: AppSummary, now_ms: int) -> None:
-        if history.state and app.state != history.state:  # (when the first state seen began is not known)
-            why = f" ({app.error.error_type}: {app.error.message})" if app.error and app.state == AppState.FAILED else ""
-            history.events.append({"t_ms": now_ms, "kind": "state", "detail": app.state + why})
-        history.state = app.state
-        if app.restarts > history.restarts:
-            epoch = app.checkpoints.epoch if app.checkpoints else None
-            history.events.append({"t_ms": now_ms, "kind": "restart",
-                                   "detail": f"restart {app.restarts}" + (f", epoch {epoch}" if epoch else "")})
-        history.restarts = max(history.restarts, app.restarts)
-        for record in app.checkpoints.history if app.checkpoints else ():
-            if record.status == "in_progress" or record.checkpoint_id <= history.last_checkpoint:
-                continue
-            history.last_checkpoint = record.checkpoint_id
-            history.events.append({"t_ms": record.trigger_ms, "kind": f"checkpoint_{record.status}",
-                                   "detail": f"checkpoint {record.checkpoint_id}: {record.duration_ms} ms, "
-                                             f"{record.size_bytes} bytes" + (f", {record.failure}"
-                                                                             if record.failure else "")})
-        parallelism = {p.processor: p.parallelism for p in app.processors}
-        changed = [f"{p.name} {history.parallelism[p.processor]} → {p.parallelism}" for p in app.processors
-                   if history.parallelism.get(p.processor, p.parallelism) != p.parallelism]
-        if changed:
-            history.events.append({"t_ms": now_ms, "kind": "rescale", "detail": ", ".join(changed)})
-        history.parallelism = parallelism or history.parallelism
-        for version in app.versions[1:]:  # the first is the app as submitted
-            if history.versions.get(version.version) != version.state:
-                history.versions[version.version] = version.state
-                error = f": {version.error}" if version.error else ""
-                history.events.append({"t_ms": now_ms, "kind": "replace", "detail": (
-                    f"version {version.version} of processor {version.processor} (step {version.step}) "
-                    f"{version.state}{error}")})
-        if app.state == AppState.ACTIVE and app.processors:
-            history.names = {p.processor: p.name for p in app.processors}
-            history.samples.append((now_ms, {p.processor: {name: getattr(p, name) for name in CHARTED}
-                                             for p in app.processors}))
-
-    def _trim(self, history: _AppHistory, now_ms: int) -> None:
         oldest = now_ms - self.window_s * 1000
-        while history.samples and history.samples[0][0] < oldest:
-            history.samples.popleft()
-        events = sorted(history.events, key=lambda e: e["t_ms"])  # a checkpoint comes in at its trigger time
-        history.events = collections.deque(e for e in events if e["t_ms"] >= oldest)
+        for app in apps:
+            history = self._apps.setdefault(app.app_id, _AppHistory())
+            self._checkpoints(history, app)
+            if app.state == AppState.ACTIVE and app.processors:
+                history.names = {p.processor: p.name for p in app.processors}
+                history.samples.append(MetricsSample(now_ms, [ProcessorSample.of(p) for p in app.processors]))
+            while history.samples and history.samples[0].t_ms < oldest:
+                history.samples.popleft()
+            history.checkpoints = {i: e for i, e in history.checkpoints.items() if e["t_ms"] >= oldest}
+
+    def series(self, app_id: int, kept: MetricsHistory | None = None) -> dict:
+        """The charts' data: each processor's figures at each sample time, as the app's
+        AppMaster ``kept`` them (None: its AppMaster has gone; as sampled here)."""
+        if kept is not None:
+            return _series(kept.interval_ms / 1000, kept.window_ms / 1000,
+                           {p.id: p.name for p in kept.processors}, kept.samples)
+        history = self._apps.get(app_id) or _AppHistory()
+        return _series(self.sample_s, self.window_s, history.names, history.samples)
+
+    def timeline(self, app: AppSummary, now_ms: int) -> list[dict]:
+        """What happened to the app over the window, oldest first."""
+        history = self._apps.get(app.app_id) or _AppHistory()
+        self._checkpoints(history, app)
+        events = [{"t_ms": e.t_ms, "kind": e.kind, "detail": e.detail} for e in app.events]
+        events.append({"t_ms": app.submitted_ms, "kind": "state", "detail": f"{AppState.PENDING} (submitted)"})
+        if app.finished_ms:
+            why = f" ({app.error.error_type}: {app.error.message})" if app.error and app.state == AppState.FAILED else ""
+            events.append({"t_ms": app.finished_ms, "kind": "state", "detail": app.state + why})
+        oldest = now_ms - self.window_s * 1000
+        return sorted((e for e in [*events, *history.checkpoints.values()] if e["t_ms"] >= oldest),
+                      key=lambda e: e["t_ms"])
+
+    @staticmethod
+    def _checkpoints(history: _AppHistory, app: AppSummary) -> None:
+        for record in app.checkpoints.history if app.checkpoints else ():
+            if record.status != "in_progress":
+                failure = f", {record.failure}" if record.failure else ""
+                history.checkpoints[record.checkpoint_id] = {
+                    "t_ms": record.trigger_ms, "kind": f"checkpoint_{record.status}",
+                    "detail": f"checkpoint {record.checkpoint_id}: {record.duration_ms} ms, {record.size_bytes} bytes"
+                              f"{failure}"}
+
+
+def _series(sample_s: float, window_s: float, names: dict[int, str], samples: Iterable[MetricsSample]) -> dict:
+    return {"sample_s": sample_s, "window_s": window_s,
+            "processors": [{"processor": p, "name": name} for p, name in sorted(names.items())],
+            "samples": [{"t_ms": s.t_ms, "processors": {str(p.processor): {name: getattr(p, name) for name in CHARTED}
+                                                          for p in s.processors}} for s in samples]}

@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}; 0: any)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--sample-seconds", type=float, default=5.0,
-                        help="how often the charts sample every app (default 5; they cover the last 15 minutes)")
+                        help="how often it samples every app, for the checkpoints it keeps and the charts of an "
+                             "app that has ended (default 5; a running app's come from its AppMaster)")
     add_security_arguments(parser)
 
 
@@ -87,8 +88,8 @@ async def serve(servers: list[str], host: str, port: int, own_signals: bool = Fa
 
 
 async def sample(view, history) -> None:
-    """Feed the charts: every app's summary, every ``history.sample_s``; a cluster that does
-    not answer leaves a gap."""
+    """Feed what the dashboard keeps of its own (gearbus/dashboard/history.py): every app's
+    summary, every ``history.sample_s``; a cluster that does not answer leaves a gap."""
     from gearbus.dashboard.cluster import Unreachable
 
     while True:

@@ -33,6 +33,7 @@ from services.appmaster import common
 from services.appmaster.checkpoint_history import checkpoint_history
 from services.appmaster.clock import ClockService
 from services.appmaster.metrics import ProcessorMetricsAggregator
+from services.appmaster.timeline import AppTimeline
 from services.appmaster.versions import AppVersions
 from services.checkpoint_store import CheckpointStore
 from services.app_code import fetch_application
@@ -62,9 +63,11 @@ from shared.messages import (
     LaunchExecutor,
     LaunchTasks,
     MasterElected,
+    MetricsHistory,
     Placement,
     PlanStages,
     ProcessorInfo,
+    QueryMetricsHistory,
     QueryState,
     QueryStimuli,
     QueryTaskState,
@@ -141,6 +144,9 @@ class AppMaster(common.AppMasterProcess):
         self.start_ms = 0
         self.dag: AppDag | None = None
         self.metrics: ProcessorMetricsAggregator | None = None
+        self.timeline = AppTimeline()  # what the dashboard shows of the app's life
+        self._restarts_recorded = 0
+        self._events_stored = 0  # the timeline's events recorded when it was last stored
         self.store: CheckpointStore | None = None
         self.checkpoint_interval_ms = DEFAULT_CHECKPOINT_INTERVAL_MS
         self._checkpoint_failure = ""
@@ -196,6 +202,8 @@ class AppMaster(common.AppMasterProcess):
         await self.bus.serve(subjects.appmaster_state_query(self.app_id), {QueryState: self.on_state_query},
                              concurrent=True)
         await self.bus.serve(subjects.appmaster_debug(self.app_id), {QueryStimuli: self.on_stimuli_query})
+        await self.bus.serve(subjects.appmaster_metrics_history(self.app_id),
+                             {QueryMetricsHistory: self.on_metrics_history})
         await self.bus.serve(subjects.appmaster_rescale(self.app_id), {RescaleApplication: self.on_rescale},
                              concurrent=True)
         await self.bus.serve(subjects.appmaster_replace(self.app_id), {ReplaceProcessor: self.on_replace},
@@ -224,6 +232,11 @@ class AppMaster(common.AppMasterProcess):
                 dropped = dict(stored.drop_state) if latest and latest.checkpoint_id == stored.drop_state_checkpoint \
                     else {}
                 self._machine(tasks, latest, stored.epoch + 1, stored.restarts, dropped, stored.trial)
+                self._restarts_recorded = stored.restarts
+                self.timeline.restore(await self.store.get_events())
+                self.timeline.event(int(time.time() * 1000), "restart", f"AppMaster relaunched (attempt "
+                                    f"{self.launch.attempt}), " + (f"from checkpoint {latest.checkpoint_id}"
+                                                                   if latest else "from the start"))
                 actions = self.state.start(time.monotonic(), latest, adopt=True)
             else:
                 tasks = await self._prepare()
@@ -324,7 +337,8 @@ class AppMaster(common.AppMasterProcess):
         it: the DAG reported, the metrics, the stalled-task clock."""
         self.plan = self.app.with_parallelism(parallelism)
         self.dag = dag_of(self.plan)
-        self.metrics = ProcessorMetricsAggregator(self.dag.processors)
+        if self.metrics is None:
+            self.metrics = ProcessorMetricsAggregator(self.dag.processors)
         self.clock = ClockService([self._task_name(t) for t in self._plan_tasks()],
                                   float(self.config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
 
@@ -444,6 +458,7 @@ class AppMaster(common.AppMasterProcess):
     async def _deploy(self, deploy: st.Deploy) -> None:
         """Launch every executor's tasks in the deployment's epoch (replacing older ones),
         then start them all once all are subscribed."""
+        ran = self.dag.processors
         if dict(deploy.versions) != self._running_versions:  # a replacement's, or its rollback
             self._running_versions = dict(deploy.versions)
             self.app = self.versions.plan(self._running_versions)
@@ -451,6 +466,8 @@ class AppMaster(common.AppMasterProcess):
         elif dict(deploy.parallelism) != self._rescaled():
             self._replan(dict(deploy.parallelism))  # a rescale's
         restore, kept = deploy.restore, set(deploy.kept)
+        self._record_deployment(deploy, ran)
+        self.metrics.redeployed(self.dag.processors, kept)
         launch_timeout = RESTORE_TIMEOUT_S if restore else DEFAULT_REQUEST_TIMEOUT_S
         await self._stop_compaction()
         try:
@@ -699,6 +716,7 @@ class AppMaster(common.AppMasterProcess):
                                                         replacement.dropped_state, time.monotonic(), msg.at_ms,
                                                         replacement.same_state)
             self.versions.asked(request_id, version, new)
+            self._record_version(self.versions.history[-1])
             await self._store_versions()
             return instructions
 
@@ -729,9 +747,47 @@ class AppMaster(common.AppMasterProcess):
             waiting.set_result(answer.error)
 
     async def _answer_replace(self, answer: st.AnswerReplace) -> None:
-        if self.versions.answered(answer.request_id, answer.error, answer.rolled_back) is not None:
+        if (version := self.versions.answered(answer.request_id, answer.error, answer.rolled_back)) is not None:
+            self._record_version(version)
             await self._store_versions()  # before the answer: what the client hears, a relaunch knows
         await self._answer_change(answer)
+
+    def _record_deployment(self, deploy: st.Deploy, ran: list[ProcessorInfo]) -> None:
+        """The timeline's account of a deployment: a rescale (also a failed one's way back)
+        or a restart from a checkpoint after a failure."""
+        now_ms = int(time.time() * 1000)
+        before = {p.id: p.parallelism for p in ran}
+        rescaled = [f"{p.name} {before[p.id]} → {p.parallelism}" for p in self.dag.processors
+                    if before.get(p.id, p.parallelism) != p.parallelism]
+        if rescaled:
+            self.timeline.event(now_ms, "rescale", ", ".join(rescaled))
+        if self.state.restarts > self._restarts_recorded:
+            self._restarts_recorded = self.state.restarts
+            start = f"from checkpoint {deploy.restore.checkpoint_id}" if deploy.restore else "from the start"
+            self.timeline.event(now_ms, "restart", f"restart {self.state.restarts}, epoch {deploy.epoch}, {start}")
+
+    def _record_version(self, version: AppVersion) -> None:
+        """The timeline's account of a replacement: each state its version comes to."""
+        name = self.plan.graph.processors[version.processor].name
+        error = f": {version.error}" if version.error else ""
+        self.timeline.event(int(time.time() * 1000), "replace",
+                            f"{name} (step {version.step}): version {version.version} {version.state}{error}")
+
+    async def _store_events(self) -> None:
+        """The timeline's events, once they changed, for a relaunched AppMaster; a failed
+        write is logged (a relaunch would miss them) and tried again on the next heartbeat."""
+        if self.store is None or self.timeline.recorded == self._events_stored:
+            return
+        try:
+            await self.store.put_events(list(self.timeline.events))
+            self._events_stored = self.timeline.recorded
+        except Exception as exc:
+            log.warning("storing_events_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def on_metrics_history(self, _: QueryMetricsHistory) -> MetricsHistory:
+        """The charts' figures over the last 15 minutes, as the heartbeats sampled them."""
+        return self.timeline.history(self.app_id, self.dag.processors if self.dag else [],
+                                     int(self.heartbeat_interval * 1000))
 
     async def _store_versions(self) -> None:
         """The code history, for a relaunched AppMaster (it loads the versions that run
@@ -931,6 +987,8 @@ class AppMaster(common.AppMasterProcess):
             return exc.message, True
         except RequestError as exc:
             return exc.message, False
+        if state not in AppState.TERMINAL:  # (the master records when the app ended)
+            self.timeline.event(int(time.time() * 1000), "state", state)
         return "", False
 
     def _checkpoint_stats(self) -> CheckpointStats | None:
@@ -967,14 +1025,17 @@ class AppMaster(common.AppMasterProcess):
             for name in set(stalled) - self._stalled_logged:
                 log.warning("task_stalled", task=name, stall_timeout_s=self.clock.stall_after_s)
             self._stalled_logged = set(stalled)
-        processors = self.metrics.update(counters, time.monotonic(), int(time.time() * 1000)) \
-            if self.metrics is not None else []
+        now_ms = int(time.time() * 1000)
+        processors = self.metrics.update(counters, time.monotonic(), now_ms) if self.metrics is not None else []
+        self.timeline.sample(now_ms, processors)
+        await self._store_events()
         restarts, blacklist = (self.state.restarts, sorted(self.state.blacklist)) if self.state else (0, [])
         await self.bus.publish(subjects.appmaster_heartbeat(self.app_id),
                                AppMasterHeartbeat(self.app_id, len(live), listed, clock, stalled, restarts, blacklist,
                                                   *self.guarantee, self._checkpoint_stats(), self.dag, processors,
                                                   self.launch.attempt,
-                                                  self.versions.history if self.versions else []))
+                                                  self.versions.history if self.versions else [],
+                                                  list(self.timeline.events)))
 
     def _task_name(self, task: TaskId) -> str:
         return f"{self.plan.graph.processors[task.processor].name}[{task.index}]"

@@ -37,6 +37,9 @@ class AppVersions:
                         else dataclasses.replace(v, state=RUNNING) if v.version in running
                         else dataclasses.replace(v, state=NOT_TAKEN_OVER, error="the AppMaster was relaunched first")
                         for v in stored] or self.history
+        for v in list(self.history):
+            if v.state == RUNNING and v.version in running:
+                self._took_over(v)
         if on_trial:
             self.requests[0] = on_trial
 
@@ -56,11 +59,16 @@ class AppVersions:
         if error:
             version = dataclasses.replace(version, state=ROLLED_BACK if rolled_back else NOT_TAKEN_OVER, error=error)
         else:
-            self.history = [dataclasses.replace(v, state=REPLACED) if v.processor == version.processor
-                            and v.state == RUNNING else v for v in self.history]
             version = dataclasses.replace(version, state=RUNNING)
+            self._took_over(version)
         self.history[number - 1] = version
         return version
+
+    def _took_over(self, version: AppVersion) -> None:
+        """``version`` runs its processor: the earlier versions that ran it are "replaced"
+        (version 1, the app as submitted, as soon as one of its processors is)."""
+        self.history = [dataclasses.replace(v, state=REPLACED) if v.version < version.version and v.state == RUNNING
+                        and v.processor in (version.processor, -1) else v for v in self.history]
 
     def running(self, versions: dict[int, int]) -> dict[int, AppVersion]:
         """Processor id -> the version record of the code it runs, for ``versions`` (the

@@ -42,6 +42,7 @@ from shared.messages import (
     Allocation,
     AppDag,
     AppError,
+    AppEvent,
     AppMasterHeartbeat,
     CheckpointStats,
     AppMasterRegistered,
@@ -64,10 +65,12 @@ from shared.messages import (
     MasterElected,
     ListApplications,
     Message,
+    MetricsHistory,
     Placement,
     PlanStages,
     ProcessorMetrics,
     QueryApplication,
+    QueryMetricsHistory,
     QueryState,
     QueryStimuli,
     ProcessorReplaced,
@@ -139,6 +142,7 @@ class AppLive:
     dag: AppDag | None = None
     processors: list[ProcessorMetrics] = field(default_factory=list)
     versions: list[AppVersion] = field(default_factory=list)
+    events: list[AppEvent] = field(default_factory=list)
 
 
 class Master(Service):
@@ -251,6 +255,8 @@ class Master(Service):
             await serve(subjects.APP_RESTART, {RestartApplication: self.on_restart}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATE, {QueryState: self.on_state_query}, concurrent=True, guard=guard),
             await serve(subjects.APP_DEBUG, {QueryStimuli: self.on_stimuli_query}, concurrent=True, guard=guard),
+            await serve(subjects.APP_METRICS_HISTORY, {QueryMetricsHistory: self.on_metrics_history}, concurrent=True,
+                        guard=guard),
             await serve(subjects.APP_RESCALE, {RescaleApplication: self.on_rescale}, concurrent=True, guard=guard),
             await serve(subjects.APP_REPLACE, {ReplaceProcessor: self.on_replace}, concurrent=True, guard=guard),
             await serve(subjects.APP_STATUS, {QueryApplication: self.on_status}, guard=guard),
@@ -610,6 +616,16 @@ class Master(Service):
         return await self._ask_appmaster(msg.app_id, subjects.appmaster_debug(msg.app_id), msg, AppStimuli,
                                          DEFAULT_REQUEST_TIMEOUT_S, " keeps a stimulus log")
 
+    async def on_metrics_history(self, msg: QueryMetricsHistory) -> MetricsHistory:
+        """Pass the query to the app's AppMaster, which keeps its processors' recent figures
+        (a streaming app's: another type's has no processors)."""
+        record = self._app(msg.app_id)
+        if record.app_type != AppType.STREAMING:
+            raise RequestError(ErrorCode.CONFLICT, f"app {msg.app_id} is a {record.app_type} app: it has no "
+                                                   "processors to chart")
+        return await self._ask_appmaster(msg.app_id, subjects.appmaster_metrics_history(msg.app_id), msg,
+                                         MetricsHistory, DEFAULT_REQUEST_TIMEOUT_S, " keeps its figures")
+
     async def _ask_appmaster(self, app_id: int, subject: str, msg: Message, expect: type[Reply], timeout: float,
                              what: str) -> Reply:
         """A client's request relayed to the app's AppMaster, which only a running app has."""
@@ -788,6 +804,7 @@ class Master(Service):
         live.guarantee, live.guarantee_detail, live.checkpoints = msg.guarantee, msg.guarantee_detail, msg.checkpoints
         live.dag, live.processors = msg.dag or live.dag, list(msg.processors)
         live.versions = list(msg.versions) or live.versions
+        live.events = list(msg.events) or live.events
 
     async def on_appmaster_state(self, msg: ApplicationStateChanged) -> None:
         record = self._app(msg.app_id)
@@ -861,7 +878,7 @@ class Master(Service):
                               stalled_tasks=live.stalled_tasks, restarts=live.restarts,
                               blacklisted_workers=live.blacklisted_workers, guarantee=live.guarantee,
                               guarantee_detail=live.guarantee_detail, checkpoints=live.checkpoints,
-                              dag=live.dag, processors=live.processors, versions=live.versions)
+                              dag=live.dag, processors=live.processors, versions=live.versions, events=live.events)
 
     @staticmethod
     def _check_version(what: str, version: int) -> None:

@@ -63,6 +63,13 @@ async def records_out(page: Page, processor: int) -> int:
 async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button(cluster, client, tmp_path, page):
     running = await client.submit(pack(TICKER), ["--output", str(tmp_path / "ticks.jsonl"), "--rate", "50"])
     await wait_state(client, running, AppState.ACTIVE)
+    victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
+    os.kill(victim, signal.SIGKILL)  # a restart before the dashboard starts: on its timeline all the same
+
+    async def restarted():
+        return any(e.kind == "restart" for e in (await client.status(running)).events) or None
+
+    await wait_until(client, subjects.appmaster_heartbeat("*"), restarted)
 
     async with Dashboard(cluster.url, sample_s=0.5) as dashboard:
         await page.goto(dashboard.url + "/")
@@ -107,11 +114,11 @@ async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button
         assert len(series["samples"]) >= 1 and series["window_s"] == 900
         assert any(s["processors"]["0"]["records_in_per_s"] >= 0 for s in series["samples"])
         await expect(page.locator("#timeline-strip .tick.checkpoint_completed").first).to_be_attached()
-        victim = next(pid for pid, _, kind in cluster.processes() if kind == "executor")
-        os.kill(victim, signal.SIGKILL)  # a restart: on the timeline, and listed
-        restart = page.locator("#timeline tbody tr", has_text="restart 1")
+        restart = page.locator("#timeline tbody tr", has_text="restart 1")  # from before it started
         await expect(restart).to_be_visible()
         await expect(page.locator("#timeline-strip circle.mark.restart")).to_have_count(1)
+        await expect(page.locator("#versions tbody tr")).to_have_count(1)
+        await expect(page.locator("#versions tbody tr")).to_contain_text("running")
 
         # a rescale started from the page: the same checks as the command line, then on the timeline
         async def accept(dialog):

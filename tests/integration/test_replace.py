@@ -9,7 +9,9 @@ import asyncio
 import collections
 import json
 import os
+import re
 import signal
+import time
 
 import pytest
 
@@ -20,6 +22,7 @@ from shared.messages import AppState
 from shared import subjects
 from tests.support.cli import gearbus
 from tests.support.cluster import wait_until
+from tests.support.dashboard import Dashboard
 from tests.support.logs import logged
 from tests.support.paths import APPS
 from tests.support.user_counts import (APP, EVENTS, USERS, args, counts, expected_counts, publish, read_at_least,
@@ -96,23 +99,49 @@ async def test_with_an_event_time_events_before_it_are_counted_by_the_old_code_a
     assert {fields["epoch"] for fields in logged(cluster.log_dir, "tasks_kept_running")} == {1, 2}
 
 
-async def test_a_relaunched_appmaster_runs_the_replaced_code_and_every_event_is_counted_once(cluster, client,
-                                                                                            tmp_path):
-    """A running count, a row per event: the replacement passes its trial while events
-    flow (its state carried over: the counts go on), then the AppMaster is killed; the
-    relaunched one runs the new code from the versions it reads back, and every event is
-    counted once."""
+async def test_a_rescaled_and_replaced_app_shows_both_to_a_late_dashboard_and_survives_its_appmaster(cluster, client,
+                                                                                                  tmp_path):
+    """A running count, a row per event: the counting processor is rescaled (its count goes
+    on, not from zero), then replaced while events flow (its state carried over: the counts
+    go on); a dashboard started only then shows both on its timeline at the times they
+    happened, and charts from before it started. Then the AppMaster is killed: the
+    relaunched one runs the new code at the new parallelism from what it reads back, goes
+    on with the timeline, and every event is counted once."""
     url, output = cluster.url, tmp_path / "rows.jsonl"
     app = await start_versioned(client, url, output)
+
+    async def counting():  # what the counting processor took in so far, once its tasks reported some
+        return next(p for p in (await client.status(app)).processors if p.processor == 1).records_in
+
+    counted = await wait_until(client, subjects.appmaster_heartbeat("*"), counting)
+    asked_rescale = time.time() * 1000
+    await client.rescale(app, {"count": 3})
+    rescaled = time.time() * 1000
+    after = next(p for p in (await client.status(app)).processors if p.processor == 1)
+    assert after.parallelism == 3 and after.records_in >= counted > 0  # carried over, not restarted from zero
     replacing = asyncio.create_task(gearbus("replace", "--nats", url, "--json", str(app), "count", VERSIONED,
                                             *args(output, version=2)))
-    await wait_epoch(client, app, 1)
+    await wait_epoch(client, app, 2)
     await publish(url, EVENTS // 3, 2 * EVENTS // 3)
     code, out, err = await replacing
     assert code == 0, err
+    replaced = time.time() * 1000
     done = json.loads(out)
     assert (done["version"], done["processor"], done["dropped_state"]) == (2, "count", [])
     assert (await client.status(app)).restarts == 0  # a replacement is not a failure
+    name, rescale = after.name, f"{after.name} 2 → 3"
+    pending, running = (f"{name} (step count): version 2 {state}" for state in ("pending", "running"))
+    async with Dashboard(url) as dashboard:
+        started = time.time() * 1000
+        status, timeline = await dashboard.json("GET", f"/api/v1/apps/{app}/timeline")
+        assert status == 200, timeline
+        changes = [(e["kind"], e["detail"]) for e in timeline if e["kind"] in ("rescale", "replace")]
+        assert changes == [("rescale", rescale), ("replace", pending), ("replace", running)], timeline
+        at = {e["detail"]: e["t_ms"] for e in timeline}
+        assert asked_rescale <= at[rescale] <= rescaled <= at[pending] <= at[running] <= replaced < started
+        status, series = await dashboard.json("GET", f"/api/v1/apps/{app}/series")
+        assert status == 200 and series["samples"][0]["t_ms"] < asked_rescale, series["samples"][:1]
+        assert name in {p["name"] for p in series["processors"]}
     os.kill(next(pid for pid, _, kind in cluster.processes() if kind == "appmaster"), signal.SIGKILL)
     await publish(url, 2 * EVENTS // 3, EVENTS)
     final = await client.wait(app, timeout=90)
@@ -120,8 +149,15 @@ async def test_a_relaunched_appmaster_runs_the_replaced_code_and_every_event_is_
     rows = counted_once(output)
     assert {r["version"] for r in rows if r["n"] >= 2 * EVENTS // 3} == {2}  # the relaunched AppMaster's code
     assert {r["version"] for r in rows if r["n"] < EVENTS // 6} == {1}
+    assert [p.parallelism for p in final.processors if p.processor == 1] == [3]
     assert [(v.version, v.state, v.processor, v.step) for v in final.versions] == \
-        [(1, "running", -1, ""), (2, "running", 1, "count")]
+        [(1, "replaced", -1, ""), (2, "running", 1, "count")]
+    events = [(e.kind, e.detail) for e in final.events]  # the first AppMaster's, kept by the relaunched one
+    assert events.index(("replace", running)) < next(
+        i for i, (_, detail) in enumerate(events) if detail.startswith("AppMaster relaunched (attempt 1)")), events
+    code, out, err = await gearbus("status", "--nats", url, str(app))
+    assert code == 0, err
+    assert re.search(r"v1 replaced .*as submitted", out) and re.search(r"v2 running .*step count", out), out
 
 
 async def start_versioned(client, url: str, output, *more: str) -> int:

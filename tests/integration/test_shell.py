@@ -106,6 +106,9 @@ async def test_kill_ends_a_long_running_shell_and_its_commands(shell_cluster, cl
         executors = [pid for pid, _, kind in shell_cluster.processes() if kind == "executor"]
         commands = [child for pid in executors for child in children_of(pid)]
         assert len(commands) == 2  # the sleeps, one per worker
+        with pytest.raises(RemoteError) as refused:  # what a dashboard asks for its charts: a clear "no"
+            await client.metrics_history(app_id)
+        assert refused.value.code == ErrorCode.CONFLICT and "shell app: it has no processors" in refused.value.message
         code, out, _ = await gearbus("kill", "--nats", shell_cluster.url, str(app_id))
         assert code == 0 and "killed" in out
         async with asyncio.timeout(30):

@@ -28,11 +28,30 @@ def test_rates_and_shares_come_from_the_change_since_the_previous_sample():
     assert count.records_in_per_s == 1500.0 and count.busy == 0.25
 
 
-def test_a_new_attempt_counts_from_zero_rather_than_going_negative():
+def test_totals_go_on_across_a_redeployment_and_the_rate_never_drops_to_zero():
+    """A rescale of ``count`` from 1 to 2 tasks while ``read`` is kept running: the old
+    task's count is carried, the new tasks count from zero, and until they report the
+    processor keeps its figures."""
+    agg = ProcessorMetricsAggregator(PROCESSORS)
+    agg.update([counters(0, 0, records_out=500), counters(1, 0, records_in=10_000)], 0.0, NOW_MS)
+    agg.update([counters(0, 0, records_out=1500), counters(1, 0, records_in=11_000)], 1.0, NOW_MS)
+    rescaled = [ProcessorInfo(0, "read", 2), ProcessorInfo(1, "count", 2)]
+    agg.redeployed(rescaled, kept={(0, 0), (0, 1)})
+    waiting = agg.update([counters(0, 0, epoch=1, records_out=1500)], 2.0, NOW_MS)[1]
+    assert (waiting.records_in, waiting.records_in_per_s, waiting.parallelism) == (11_000, 1000.0, 2)
+    after = agg.update([counters(0, 0, epoch=1, records_out=3500), counters(1, 0, epoch=1, records_in=1200),
+                        counters(1, 1, epoch=1, records_in=800)], 3.0, NOW_MS)
+    read, count = after
+    assert count.records_in == 13_000 and count.records_in_per_s == 1000.0  # 2000 more over 2 s since its last
+    assert read.records_out == 3500 and read.records_out_per_s == 2000.0  # kept: its count goes on, not doubled
+
+
+def test_a_recovery_carries_every_tasks_count():
     agg = ProcessorMetricsAggregator(PROCESSORS)
     agg.update([counters(1, 0, records_in=10_000)], 0.0, NOW_MS)
+    agg.redeployed(PROCESSORS, kept=set())
     after_rollback = agg.update([counters(1, 0, epoch=1, records_in=300)], 1.0, NOW_MS)[1]
-    assert after_rollback.records_in == 300 and after_rollback.records_in_per_s == 300.0
+    assert after_rollback.records_in == 10_300 and after_rollback.records_in_per_s == 300.0
 
 
 def test_watermark_lag_is_measured_from_the_slowest_unfinished_task():

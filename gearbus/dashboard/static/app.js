@@ -150,6 +150,12 @@ function showTables(a) {
     num(fmtCount(m.state_keys)), num(fmtBytes(m.state_bytes)),
   ], "no metrics yet");
   const names = new Map(a.processors.map((m) => [m.processor, m.name]));
+  // what became of each version of the app's code (gearbus replace): replaced, running, rolled back
+  fillTable(document.querySelector("#versions tbody"), a.versions, (v) => [
+    num(v.version), v.state, fmtTime(v.created_ms),
+    v.processor < 0 ? "the app as submitted" : `${names.get(v.processor) || v.processor} (step ${v.step})`,
+    [v.entry, ...v.args].join(" "), v.error || "",
+  ], "not known yet");
   const history = a.checkpoints ? a.checkpoints.history.slice().reverse() : [];
   fillTable(document.querySelector("#checkpoints tbody"), history, (c) => [
     num(c.checkpoint_id), c.status.replace("_", " "), fmtTime(c.trigger_ms),
@@ -237,9 +243,17 @@ function showTimeline(events, startMs, endMs) {
   ], "no restart, state change or failed checkpoint in the last 15 minutes");
 }
 
+// The charts' samples (15 minutes of them, the largest answer, changing slowly) are fetched
+// every SERIES_MS; the timeline on every refresh.
+const SERIES_MS = 5000;
+let series = null;
+let seriesAt = 0;
+
 async function refreshHistory() {
-  const [series, events] = await Promise.all([api(`/api/v1/apps/${APP_ID}/series`),
-                                              api(`/api/v1/apps/${APP_ID}/timeline`)]);
+  const due = !series || Date.now() - seriesAt >= SERIES_MS;
+  const [fresh, events] = await Promise.all([due ? api(`/api/v1/apps/${APP_ID}/series`) : null,
+                                             api(`/api/v1/apps/${APP_ID}/timeline`)]);
+  if (fresh) [series, seriesAt] = [fresh, Date.now()];
   const endMs = Date.now();
   const startMs = Math.min(chartStart(series, endMs), ...events.map((e) => e.t_ms));
   showCharts(series, startMs, endMs);
