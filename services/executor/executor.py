@@ -13,7 +13,7 @@ from gearbus.api.graph import Application, GraphError
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.partitioners import key_owner
 from gearbus.runtime import state_query
-from gearbus.runtime.chain import failure_report
+from gearbus.runtime.failures import failure_report
 from gearbus.runtime.core import Snapshot
 from gearbus.runtime.replace import carried_over, compose
 from gearbus.runtime.savepoints import SavepointMismatch, rescaled_snapshot, restored_from, whole_snapshot
@@ -31,6 +31,7 @@ from shared.bus import RequestError, object_chunk_bytes
 from shared.logging import configure
 from shared.messages import (
     AppError,
+    FailureKind,
     AppVersion,
     CheckpointComplete,
     CheckpointDeclined,
@@ -365,7 +366,7 @@ class Executor(Service):
         try:
             await runner.commit(commit.checkpoint_id)
         except Exception as exc:
-            error = failure_report(exc, runner.context)
+            error = failure_report(exc, runner.context, FailureKind.FAULT)  # a rollback commits again
             log.error("commit_failed", task=runner.name, checkpoint_id=commit.checkpoint_id, error=error.message,
                       exc_info=exc)
             await self._carry_out(self.tasks.commit_failed(commit.task, runner.epoch, error))
