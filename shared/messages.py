@@ -283,6 +283,12 @@ class TaskId(Struct):
     processor: int
     index: int
 
+    def named(self, names: dict[int, str]) -> str:
+        """The task as a user reads it: its processor's name (``names``: by processor id)
+        and its index, e.g. ``count[1]``; ``task 3.1`` where the name is not known."""
+        name = names.get(self.processor)
+        return f"{name}[{self.index}]" if name else f"task {self.processor}.{self.index}"
+
 
 #: Upper bounds (ms) of the buckets of ``TaskCounters.batch_ms_buckets``; the last bucket is
 #: everything above the last bound.

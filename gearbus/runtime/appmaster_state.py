@@ -62,7 +62,7 @@ from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.state_backend import backend_name
 from gearbus.runtime.stimuli import StimulusLog, stimulus
 from gearbus.runtime.task_key import TaskKey
-from shared.messages import AppError, AppState, ErrorCode, FailureKind
+from shared.messages import AppError, AppState, ErrorCode, FailureKind, TaskId
 
 DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app survives
 DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": executor failures on one worker before avoiding it
@@ -564,7 +564,7 @@ class AppMasterState:
             return []
         kind = error.kind or (FailureKind.FAULT if recoverable else FailureKind.USER)
         error = dataclasses.replace(error, kind=kind, step=error.step or self._named(task[0]))
-        named = self._task_named(task)
+        named = TaskId(*task).named(self.names)
         if kind == FailureKind.USER and not new_code:
             repeated = (error.step, error.error_type, error.message, error.record)
             if repeated == self._last_user_error:
@@ -1093,10 +1093,6 @@ class AppMasterState:
     def _named(self, processor: int) -> str:
         return self.names.get(processor) or f"processor {processor}"
 
-    def _task_named(self, task: TaskKey) -> str:
-        """A task as the user reads it: its processor's name and its index, e.g. ``count[1]``."""
-        name = self.names.get(task[0])
-        return f"{name}[{task[1]}]" if name else f"task {task[0]}.{task[1]}"
 
     def _parallelisms(self, parallelism: dict[int, int]) -> str:
         return ", ".join(f"{self._named(p)}: {n}" for p, n in sorted(parallelism.items()))

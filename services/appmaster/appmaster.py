@@ -972,7 +972,7 @@ class AppMaster(common.AppMasterProcess):
                                                   self.versions.history if self.versions else []))
 
     def _task_name(self, task: TaskId) -> str:
-        return f"{self.plan.graph.processors[task.processor].name}[{task.index}]"
+        return task.named({p.id: p.name for p in self.plan.graph.processors})
 
     async def heartbeat_loop(self) -> None:
         while True:
