@@ -3,15 +3,17 @@
 An exception a task raises is the app's own (kind "user"): its code raised, or a
 connector's input did (a missing file, a record the user's function rejects, a schema
 error); it will raise again after a restore. Unless it is the cluster's (kind "fault"): the
-data plane broke, a connection was lost or timed out; a restore can repair that. The
-AppMaster's machine (gearbus/runtime/appmaster_state.py) retries both, counts only faults
-against a worker, and fails the app when a user error repeats identically after a restore.
-The report names the step, the record (where there is one) and the innermost line of the
-traceback in the user's own code, not gearbus's.
+data plane broke, a connection was lost or timed out, the worker's disk failed; a restore,
+elsewhere perhaps, can repair that. The AppMaster's machine
+(gearbus/runtime/appmaster_state.py) retries both, counts only faults against a worker,
+and fails the app when a user error repeats identically after a restore. The report names
+the step, the record (where there is one) and the innermost line of the traceback in the
+user's own code, not gearbus's.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sysconfig
 import traceback
@@ -21,10 +23,18 @@ import nats.js.errors
 
 from gearbus.runtime.chain import StepError
 from gearbus.runtime.core import DataPlaneError
+from gearbus.runtime.state_backend import StateBackendError
 from shared.messages import FRAMEWORK_PACKAGES, AppError, FailureKind
 from shared.values import ValueTypeError
 
-_UNAVAILABLE = 503  # a JetStream API error with this code: the server cannot serve now (a fault)
+_SERVER_ERRORS = 500  # a JetStream API error with a code from this on: the server failed (a fault), not the request
+#: The NATS connection broke or the server did not answer in time (in a step too: a sink's publish).
+_NATS_FAULTS = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+                nats.errors.ConnectionReconnectingError, nats.errors.NoServersError, nats.errors.StaleConnectionError,
+                nats.errors.OutboundBufferLimitError, nats.errors.SlowConsumerError, nats.errors.FlushTimeoutError,
+                nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)
+#: The worker's disk failing (full, read-only, broken): another worker may do
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: Where code that is not the user's lives: gearbus's own packages, the standard library, installed packages.
@@ -35,14 +45,20 @@ _NOT_USERS = tuple(sorted({os.path.join(os.path.abspath(path), "") for path in (
 
 def failure_kind(exc: BaseException) -> str:
     """FailureKind.FAULT for what a restore can repair, else FailureKind.USER. Within a
-    step (a StepError), only the data plane or the cluster's NATS failing is a fault: a
-    time-out or a lost connection of the user's own calls is the app's."""
+    step (a StepError) only the data plane breaking or a NATS connection failing is a
+    fault: a time-out, a lost connection or no responder to the user's own calls is the
+    app's. A JetStream API error is the request's (a fault if the server failed); the
+    state backend or the worker's disk failing is a fault."""
     original = exc.original if isinstance(exc, StepError) else exc
     if isinstance(original, nats.js.errors.APIError):
-        return FailureKind.FAULT if original.code == _UNAVAILABLE else FailureKind.USER
-    if isinstance(original, (DataPlaneError, nats.errors.Error)):
+        return FailureKind.FAULT if (original.code or 0) >= _SERVER_ERRORS else FailureKind.USER
+    if isinstance(original, (DataPlaneError, StateBackendError, *_NATS_FAULTS)) \
+            or isinstance(original, OSError) and original.errno in _DISK_ERRNOS:
         return FailureKind.FAULT
-    return FailureKind.FAULT if isinstance(exc, (ConnectionError, TimeoutError)) else FailureKind.USER
+    if isinstance(exc, StepError):
+        return FailureKind.USER
+    return FailureKind.FAULT if isinstance(exc, (ConnectionError, TimeoutError, nats.errors.Error)) \
+        else FailureKind.USER
 
 
 def user_location(exc: BaseException) -> str:

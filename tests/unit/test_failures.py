@@ -5,6 +5,7 @@ occurrence, after one restore, naming the step, the record and the user's own li
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 
 import nats.errors
@@ -16,6 +17,7 @@ from gearbus.runners import PipelineFailed, TestRunner
 from gearbus.runtime.chain import StepError
 from gearbus.runtime.core import DataPlaneError
 from gearbus.runtime.failures import failure_kind, user_location
+from gearbus.runtime.state_backend import StateBackendError
 from shared.messages import FailureKind
 
 pytestmark = pytest.mark.unit
@@ -29,10 +31,14 @@ pytestmark = pytest.mark.unit
     (StepError("lookup", 3, TimeoutError("the user's call timed out")), FailureKind.USER),
     (nats.js.errors.NotFoundError(code=404, description="stream not found"), FailureKind.USER),
     (DataPlaneError("frame 7 lost"), FailureKind.FAULT),
+    (StateBackendError("rocksdb state backend failed writing the state of step 'count'"), FailureKind.FAULT),
+    (StepError("write", None, OSError(errno.ENOSPC, "No space left on device")), FailureKind.FAULT),
     (ConnectionResetError("reset"), FailureKind.FAULT),
     (asyncio.TimeoutError(), FailureKind.FAULT),
     (nats.errors.ConnectionClosedError(), FailureKind.FAULT),
     (StepError("out", None, nats.errors.TimeoutError()), FailureKind.FAULT),
+    (StepError("customer", {"id": 1}, nats.errors.NoRespondersError()), FailureKind.USER),
+    (nats.errors.NoRespondersError(), FailureKind.FAULT),  # a JetStream request while its server restarts
     (nats.js.errors.ServiceUnavailableError(code=503, description="jetstream unavailable"), FailureKind.FAULT),
 ])
 def test_an_exception_is_the_apps_unless_the_cluster_broke(exc, kind):
