@@ -607,7 +607,8 @@ class AppMasterState:
     @stimulus
     def checkpoint_declined(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
                             now: float) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.decline(checkpoint_id, epoch, task, reason, now), now)
+        return self._checkpointing(self.coordinator.decline(checkpoint_id, epoch, task, reason, now,
+                                                            TaskId(*task).named(self.names)), now)
 
     @stimulus
     def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:

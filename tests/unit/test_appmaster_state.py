@@ -355,12 +355,13 @@ def test_a_savepoint_with_stop_answers_with_its_checkpoint_then_terminates_the_a
     assert m.savepoint_written(41) == [EndApp(AppState.TERMINATED), ReportState(AppState.TERMINATED)]
 
 
-def test_a_savepoint_whose_checkpoint_fails_is_answered_with_the_reason():
+def test_a_savepoint_whose_checkpoint_fails_is_answered_with_the_reason_naming_the_task():
     m = machine()
+    m.names = {0: "source", 1: "sink"}
     running(m)
     [trigger] = of(cp.TriggerCheckpoint, m.savepoint_requested(1, False, 1))
     [answer] = of(AnswerSavepoint, m.checkpoint_declined(trigger.checkpoint_id, 0, SRC0, "too big", 1))
-    assert answer.meta is None and "too big" in answer.error
+    assert answer.meta is None and answer.error.endswith("failed: declined by source[0]: too big")
 
 
 # -- any ordering ----------------------------------------------------------------------------
