@@ -807,6 +807,8 @@ class AppMasterState:
         assert self.phase is Phase.ENDING or all(not e.tasks for e in self.executors.values() if e.lost), \
             "a lost executor still hosts tasks"
         assert self.unfinished <= set(self.tasks)
+        assert all(self.failures[w] >= self.settings.blacklist_after for w in self.blacklist), "blacklisted, no faults"
+        assert sum(self.failures.values()) <= self.restarts, (self.failures, self.restarts)  # faults are restarts
         assert self.coordinator.epoch == self.epoch, (self.coordinator.epoch, self.epoch)
         assert sorted(self.tasks) == sorted((p, i) for p, n in self.parallelism.items() for i in range(n))
         assert self.coordinator.tasks == set(self.tasks), (self.coordinator.tasks, self.tasks)
