@@ -33,8 +33,9 @@ from gearbus.security import init as init_security
 from gearbus.security import summary as security_summary
 from shared.bus import DEFAULT_NATS_URL, NATS_URL_ENV, RequestError
 from shared.logging import configure
-from shared.messages import (SHELL_OUTPUT_BYTES, AppState, AppStimuli, AppSummary, AppType, AppVersion,
-                             CheckpointRecord, CheckpointStats, ClusterInfo, ShellStream, ShellWorkerOutput)
+from shared.messages import (SHELL_OUTPUT_BYTES, AppError, AppState, AppStimuli, AppSummary, AppType, AppVersion,
+                             CheckpointRecord, CheckpointStats, ClusterInfo, FailureKind, ShellStream,
+                             ShellWorkerOutput, TaskId)
 from shared.nats_jwt import CredentialsError
 from shared.security import Security
 from shared.security import add_arguments as add_security_arguments
@@ -102,16 +103,40 @@ def format_status(app: AppSummary) -> str:
         lines.append("  versions:")
         lines += [f"    {line}" for line in format_versions(app.versions)]
     if app.error is not None:
-        where = f" in {app.error.where}" if app.error.where else ""
-        lines.append(f"  error{where}: {app.error.error_type}: {app.error.message}")
+        lines.append(f"  error{format_error(app.error)}")
+        if (whose := error_kind_text(app.error)):
+            lines.append(f"    {whose}")
     for c in sorted(app.tasks, key=lambda c: (c.task.processor, c.task.index)):
         done = " finished" if c.finished else ""
         late = f" late {c.late_records}" if c.late_records else ""
         dead = f" dead-letters {c.dead_letters}" if c.dead_letters else ""
         state = f" state {c.state_keys} keys {c.state_bytes} bytes" if c.state_keys else ""
-        lines.append(f"  task {c.task.processor}.{c.task.index}: in {c.records_in} out {c.records_out}{late}{dead}"
+        lines.append(f"  {task_label(app, c.task)}: in {c.records_in} out {c.records_out}{late}{dead}"
                      f"{state}{done}")
     return "\n".join(lines)
+
+
+def task_label(app: AppSummary, task: TaskId) -> str:
+    """``task`` named from ``app``'s plan, e.g. ``count[1]`` (by id until its AppMaster reported the plan)."""
+    return task.named({p.id: p.name for p in app.dag.processors} if app.dag else {})
+
+
+def format_error(error: AppError) -> str:
+    """`` in <where>: <type>: <message>``, as an app's error line goes on."""
+    where = f" in {error.where}" if error.where else ""
+    return f"{where}: {error.error_type}: {error.message}"
+
+
+def error_kind_text(error: AppError) -> str:
+    """Whose a task's failure was, the step, the user's line and the record ("" for a
+    failure of the app's life)."""
+    if not error.kind:
+        return ""
+    whose = "user error (the app's code or input: fix it, then submit again)" if error.kind == FailureKind.USER \
+        else "fault (a process died, hung or lost its connection)"
+    details = [f"step {error.step}" if error.step else "", f"at {error.location}" if error.location else "",
+               f"on record {error.record}" if error.record else ""]
+    return f"{whose}: {', '.join(d for d in details if d)}" if any(details) else whose
 
 
 def format_versions(versions: list[AppVersion]) -> list[str]:
@@ -171,8 +196,8 @@ def format_info(info: ClusterInfo) -> str:
 def error_text(app: AppSummary) -> str:
     if app.error is None:
         return f"app {app.app_id} ended {app.state}"
-    where = f" in {app.error.where}" if app.error.where else ""
-    return f"app {app.app_id} {app.state}{where}: {app.error.error_type}: {app.error.message}"
+    whose = error_kind_text(app.error)
+    return f"app {app.app_id} {app.state}{format_error(app.error)}" + (f" [{whose}]" if whose else "")
 
 
 EXIT_READER_GONE = 141  # what a shell reports for a command its pipe's reader ended (128 + SIGPIPE)
@@ -385,13 +410,13 @@ async def _state(args) -> int:
 
     async def go(client: Client) -> int:
         reply = await client.state(args.app_id, args.step, args.key)
-        task = f"{reply.task.processor}.{reply.task.index}"
         if args.json:
             print(json.dumps(state_query.answer(reply)))
         elif reply.found:
             print(reply.value)
         else:
-            print(f"step {reply.step} holds nothing for key {reply.key} (task {task}, which owns it)", file=sys.stderr)
+            task = task_label(await client.status(args.app_id), reply.task)
+            print(f"step {reply.step} holds nothing for key {reply.key} ({task}, which owns it)", file=sys.stderr)
         return 0 if reply.found else 1
 
     return await _with_client(args, go)
@@ -402,8 +427,8 @@ async def _status(args) -> int:
         app = await client.status(args.app_id)
         debug = await client.stimuli(args.app_id) if getattr(args, "debug", False) else None
         if args.json:
-            print(json.dumps({**app.to_wire(), "debug": debug.to_wire()}, indent=2, default=str) if debug
-                  else _as_json(app))
+            print(json.dumps({**status_json(app), **({"debug": debug.to_wire()} if debug else {})}, indent=2,
+                             default=str))
         else:
             print(format_status(app) + (f"\n{format_stimuli(debug)}" if debug else ""))
         return 0
@@ -411,10 +436,18 @@ async def _status(args) -> int:
     return await _with_client(args, go)
 
 
+def status_json(app: AppSummary) -> dict:
+    """The app's summary on the wire, each task's counters also named (``name``: e.g. ``count[1]``)."""
+    wire = app.to_wire()
+    for counters, task in zip(wire["tasks"], app.tasks):
+        counters["name"] = task_label(app, task.task)
+    return wire
+
+
 async def _wait(args) -> int:
     async def go(client: Client) -> int:
         app = await client.wait(args.app_id, timeout=args.timeout)
-        print(_as_json(app) if args.json else format_status(app))
+        print(json.dumps(status_json(app), indent=2, default=str) if args.json else format_status(app))
         return 0 if app.state == AppState.SUCCEEDED else 1
 
     return await _with_client(args, go)
@@ -456,17 +489,19 @@ async def _restart(args) -> int:
 
 
 def _task_executor(app: AppSummary, task: str) -> int:
-    """The executor that runs task "P.I" of ``app`` (processor id or name, task index)."""
-    processor, _, index = task.rpartition(".")
+    """The executor that runs task ``NAME[I]`` (as status shows it) or ``P.I`` (processor
+    id or name, task index) of ``app``."""
+    processor, _, index = task[:-1].rpartition("[") if task.endswith("]") else task.rpartition(".")
     names = {p.name: p.id for p in app.dag.processors} if app.dag else {}
     try:
         key = (names[processor] if processor in names else int(processor), int(index))
     except ValueError:
-        raise RequestError("bad_request", f"--task must be PROCESSOR.INDEX (id or name, e.g. 1.0), got {task!r}")
+        raise RequestError("bad_request", f"--task must be NAME[INDEX] as status shows it (e.g. count[1]) or "
+                                          f"PROCESSOR.INDEX (id or name, e.g. 1.0), got {task!r}")
     for counters in app.tasks:
         if (counters.task.processor, counters.task.index) == key:
             return counters.executor_id
-    known = ", ".join(f"{c.task.processor}.{c.task.index}" for c in app.tasks) or "none reported yet"
+    known = ", ".join(task_label(app, c.task) for c in app.tasks) or "none reported yet"
     raise RequestError("not_found", f"app {app.app_id} has no task {task} (tasks: {known})")
 
 
@@ -685,8 +720,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="print what an app's processes wrote (from every worker)")
     cluster_args(logs)
     logs.add_argument("app_id", type=int)
-    logs.add_argument("--task", default="", metavar="P.I",
-                      help="only the log of the executor running task P.I (processor id or name, task index)")
+    logs.add_argument("--task", default="", metavar="NAME[I]",
+                      help="only the log of the executor running this task: NAME[I] as status shows it "
+                           "(e.g. count[1]), or P.I (processor id or name, task index)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the app ends")
     logs.set_defaults(handler=_logs)
 

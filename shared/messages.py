@@ -283,6 +283,12 @@ class TaskId(Struct):
     processor: int
     index: int
 
+    def named(self, names: dict[int, str]) -> str:
+        """The task as a user reads it: its processor's name (``names``: by processor id)
+        and its index, e.g. ``count[1]``; ``task 3.1`` where the name is not known."""
+        name = names.get(self.processor)
+        return f"{name}[{self.index}]" if name else f"task {self.processor}.{self.index}"
+
 
 #: Upper bounds (ms) of the buckets of ``TaskCounters.batch_ms_buckets``; the last bucket is
 #: everything above the last bound.
@@ -433,13 +439,26 @@ class CheckpointStats(Struct):
     history: list[CheckpointRecord] = dataclasses.field(default_factory=list)  # the last 20, oldest first
 
 
+class FailureKind:
+    """Whose a task's failure is: the app's (its code or its input: it repeats after a
+    restore) or the cluster's (a process died, hung or lost its connection: retried)."""
+
+    USER = "user"
+    FAULT = "fault"
+
+
 class AppError(Struct):
-    """A failure as the user sees it: what raised, where, and the Python traceback."""
+    """A failure as the user sees it: what raised, where, and the Python traceback; for a
+    task's, whose it is (``kind``), the step, the record and the user's own line."""
 
     error_type: str
     message: str
     where: str = ""
     traceback: str = ""
+    kind: str = ""  # a FailureKind; "" for a failure of the app's life, not of one task
+    step: str = ""  # the step that raised (a task's failure)
+    record: str = ""  # a bounded repr of the record it raised on, where there is one
+    location: str = ""  # the user's own file and line it raised at, e.g. "counts.py:12"
 
 
 class WorkerSummary(Struct):

@@ -106,8 +106,9 @@ class Task:
     :meth:`on_batch` (every record of one input frame); emit with :meth:`emit`.
 
     :meth:`on_end` runs once every input has ended: a bounded task emits its final
-    results there. An exception from any of these fails the application, and its type
-    and message reach ``gearbus status``.
+    results there. An exception from any of these is a user error: the app restores its
+    last checkpoint once, and fails if the same exception comes again; its type, message
+    and the line of your code that raised reach ``gearbus status``.
     """
 
     def __init__(self, context: TaskContext):

@@ -57,7 +57,7 @@ from gearbus.api.watermarks import WATERMARK_MAX
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import executor_tasks as lifecycle
-from gearbus.runtime.chain import failure_report
+from gearbus.runtime.failures import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
 from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender, edges_of, senders_of
@@ -67,7 +67,7 @@ from gearbus.runtime.savepoints import SavepointMismatch, compacted, rescaled_sn
 from gearbus.runtime.snapshots import COMPACT_DEPTH, MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
 from gearbus.runtime.task_key import TaskKey
-from shared.messages import AppError, LaunchTasks, TaskId
+from shared.messages import AppError, FailureKind, LaunchTasks, TaskId
 
 log = logging.getLogger(__name__)  # as the connectors log: quiet unless the user sets logging up
 
@@ -517,7 +517,7 @@ class InProcessEngine:
             node.task.checkpoint_complete(commit.checkpoint_id)
         except Exception as exc:
             self._do(executor_id, machine.commit_failed(commit.task, node.core.epoch,
-                                                        failure_report(exc, node.task.context)))
+                                                        failure_report(exc, node.task.context, FailureKind.FAULT)))
             return
         self._do(executor_id, machine.committed(commit.task, node.core.epoch, commit.checkpoint_id, commit.final))
 
@@ -740,17 +740,16 @@ class InProcessEngine:
 
     def _guard(self, node: _Node, fn, *args):
         """Run a task's step; an exception fails the task, as its loop on an executor, and
-        the AppMaster's machine decides: the app ends (the user's error: its EndApp raises
-        PipelineFailed) or rolls back (one a rollback can repair, lifecycle.RECOVERABLE, or
-        new code on trial), and what was under way stops (_Interrupted, caught where the
-        engine drives the next step)."""
+        the AppMaster's machine decides: the app rolls back, or ends (a user error repeated
+        after a restore, the budget spent: its EndApp raises PipelineFailed), and what was
+        under way stops (_Interrupted, caught where the engine drives the next step)."""
         try:
             return fn(*args)
         except (PipelineFailed, _Interrupted):
             raise
         except Exception as exc:
             error = failure_report(exc, node.task.context)
-            recoverable = isinstance(exc, lifecycle.RECOVERABLE)
+            recoverable = error.kind == FailureKind.FAULT
             executor_id, machine = self._machine(node)
             self._do(executor_id, machine.task_done(TaskId(*node.key), node.core.epoch, error, recoverable))
             raise _Interrupted(error.message) from exc

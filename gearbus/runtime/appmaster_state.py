@@ -18,7 +18,7 @@ The app moves through these phases (``_ALLOWED`` enforces the table)::
     STARTING      every executor registered                  DEPLOYING     Deploy(epoch)
     ADOPTING      every task hosted, or the window passed    DEPLOYING     Deploy | ROLLING_BACK (orphans)
     DEPLOYING     deployed (tasks launched and started)      RUNNING       [ReportState(ACTIVE) the first time]
-    RUNNING       executor lost, recoverable task failure    ROLLING_BACK  Fence, StoreEpoch, RequestSlot
+    RUNNING       executor lost, task failure                ROLLING_BACK  Fence, StoreEpoch, RequestSlot
     DEPLOYING       (or a deployment failed)                   (a new epoch; lost tasks get new executors)
     ROLLING_BACK  more losses                                ROLLING_BACK  (placed too)
     ROLLING_BACK  every lost task has a registered executor  DEPLOYING     Deploy(epoch)
@@ -30,11 +30,14 @@ The app moves through these phases (``_ALLOWED`` enforces the table)::
                                                                or DEPLOYING  parallelism), as a failure
     RUNNING       every task finished                        ENDING        EndApp(SUCCEEDED), ReportState
     RUNNING       a savepoint with stop is written           ENDING        EndApp(TERMINATED), ReportState
-    any           task failure, budget spent, no slot, ...   ENDING        EndApp(FAILED, error), ReportState
+    any           user error repeated, budget spent, no slot ENDING        EndApp(FAILED, error), ReportState
     ENDING        the end reported (or given up on)          ENDING        Shutdown
 
-Every loss counts against the restart budget (``max_restarts``) and against its worker
-(``blacklist_after`` failures there and the worker is avoided). Losses while a rollback is
+Every loss or task failure counts against the restart budget (``max_restarts``); a fault
+(a lost executor, a task's failure of kind "fault") counts against its worker too
+(``blacklist_after`` of them there and the worker is avoided), a user error never does. A
+user error that repeats the previous one after a restore (same step, type, message and
+record) ends the app at once: it is the app's, and would again. Losses while a rollback is
 under way join it; a loss while a deployment is under way starts a new epoch at once
 (the tasks of the older epoch are replaced, and its ``deployed`` report is ignored).
 Reports of an older epoch change nothing.
@@ -49,6 +52,7 @@ they run falls back to the global rollback.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -58,7 +62,7 @@ from gearbus.runtime import checkpoints as cp
 from gearbus.runtime.state_backend import backend_name
 from gearbus.runtime.stimuli import StimulusLog, stimulus
 from gearbus.runtime.task_key import TaskKey
-from shared.messages import AppError, AppState, ErrorCode
+from shared.messages import AppError, AppState, ErrorCode, FailureKind, TaskId
 
 DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app survives
 DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": executor failures on one worker before avoiding it
@@ -351,7 +355,9 @@ class AppMasterState:
         self.executors: dict[int, ExecutorRecord] = {}
         self.unfinished: set[TaskKey] = set(self.tasks)
         self.blacklist: set[str] = set()
-        self.failures: collections.Counter[str] = collections.Counter()
+        self.failures: collections.Counter[str] = collections.Counter()  # faults by worker (user errors: none)
+        #: (step, error type, message, record) of the last user error: the same again after a restore ends the app
+        self._last_user_error: tuple[str, str, str, str] | None = None
         self.outcome: EndApp | None = None
         self._restore: cp.CheckpointMeta | None = None  # what the next deployment restores
         self._active_reported = False
@@ -546,18 +552,31 @@ class AppMasterState:
     @stimulus
     def task_failed(self, task: TaskKey, epoch: int, error: AppError, recoverable: bool, executor_id: int,
                     now: float) -> list[Instruction]:
+        """A task raised: the app rolls back to its last checkpoint. Only a fault counts
+        against the executor's worker; a user error (``error.kind``; from an executor that
+        predates it, ``recoverable`` false) that repeats the previous user error after a
+        restore (the same step, type, message and record) ends the app: it would again."""
         if not self._deployed_epoch(epoch):
             return []
         # new code on trial failing: rolled back to the old, and not the worker's fault
         new_code = self._replace is not None and self._replace.switched_at > 0 and task[0] == self._replace.processor
-        if not recoverable and not new_code:
-            return self._end(AppState.FAILED, error)
         if self.phase is Phase.ROLLING_BACK:  # the rollback under way covers it (one lost server fails many tasks)
             return []
+        kind = error.kind or (FailureKind.FAULT if recoverable else FailureKind.USER)
+        error = dataclasses.replace(error, kind=kind, step=error.step or self._named(task[0]))
+        named = TaskId(*task).named(self.names)
+        if kind == FailureKind.USER and not new_code:
+            repeated = (error.step, error.error_type, error.message, error.record)
+            if repeated == self._last_user_error:
+                return [Logged("user_error_repeated", "error", (("task", named), ("step", error.step),
+                                                               ("error", f"{error.error_type}: {error.message}"),
+                                                               ("location", error.location)))] \
+                    + self._end(AppState.FAILED, error)
+            self._last_user_error = repeated
         executor = self.executors.get(executor_id)
-        worker = executor.worker_id if executor and not new_code else ""
-        return self._rollback(f"task {task[0]}.{task[1]} failed: {error.message}", worker,
-                              f"task {task[0]}.{task[1]}", now, new_code)
+        worker = executor.worker_id if executor and not new_code and kind == FailureKind.FAULT else ""
+        return self._rollback(f"{named} failed: {error.error_type}: {error.message}", worker, named, now, new_code,
+                              error)
 
     @stimulus
     def task_ended(self, task: TaskKey, epoch: int, now: float) -> list[Instruction]:
@@ -588,7 +607,8 @@ class AppMasterState:
     @stimulus
     def checkpoint_declined(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
                             now: float) -> list[Instruction]:
-        return self._checkpointing(self.coordinator.decline(checkpoint_id, epoch, task, reason, now), now)
+        return self._checkpointing(self.coordinator.decline(checkpoint_id, epoch, task, reason, now,
+                                                            TaskId(*task).named(self.names)), now)
 
     @stimulus
     def checkpoint_stored(self, checkpoint_id: int, now: float) -> list[Instruction]:
@@ -787,6 +807,8 @@ class AppMasterState:
         assert self.phase is Phase.ENDING or all(not e.tasks for e in self.executors.values() if e.lost), \
             "a lost executor still hosts tasks"
         assert self.unfinished <= set(self.tasks)
+        assert all(self.failures[w] >= self.settings.blacklist_after for w in self.blacklist), "blacklisted, no faults"
+        assert sum(self.failures.values()) <= self.restarts, (self.failures, self.restarts)  # faults are restarts
         assert self.coordinator.epoch == self.epoch, (self.coordinator.epoch, self.epoch)
         assert sorted(self.tasks) == sorted((p, i) for p, n in self.parallelism.items() for i in range(n))
         assert self.coordinator.tasks == set(self.tasks), (self.coordinator.tasks, self.tasks)
@@ -845,8 +867,9 @@ class AppMasterState:
             return actions
         return actions + self._rollback(reason, executor.worker_id, f"executor {executor.executor_id}", now)
 
-    def _count_failure(self, worker_id: str, reason: str, where: str) -> list[Instruction]:
-        """Count a failure on ``worker_id``; past the restart budget the app ends."""
+    def _count_failure(self, worker_id: str, reason: str, where: str, cause: AppError | None) -> list[Instruction]:
+        """Count a failure on ``worker_id`` (a fault's; "" for none); past the restart budget
+        the app ends, with what the last failure (``cause``: a task's, else a lost process's) was."""
         self.restarts += 1
         actions: list[Instruction] = []
         if worker_id:
@@ -856,17 +879,19 @@ class AppMasterState:
                 actions.append(Logged("worker_blacklisted", "warning",
                                       (("worker_id", worker_id), ("failures", self.failures[worker_id]))))
         if self.restarts > self.settings.max_restarts:
+            last = cause or AppError("", "", kind=FailureKind.FAULT)
             return actions + self._end(AppState.FAILED, AppError(
-                "RestartBudgetExhausted", f"{reason}; gave up after {self.settings.max_restarts} restarts", where))
+                "RestartBudgetExhausted", f"{reason}; gave up after {self.settings.max_restarts} restarts", where,
+                last.traceback, last.kind, last.step, last.record, last.location))
         return actions
 
     def _rollback(self, reason: str, worker_id: str, where: str, now: float,
-                  new_code_failed: bool = False) -> list[Instruction]:
+                  new_code_failed: bool = False, cause: AppError | None = None) -> list[Instruction]:
         """Global recovery: a new epoch; lost executors' tasks get new executors; every task
         restarts from the last completed checkpoint. A replacement not taken over yet is
         dropped; one on trial is rolled back if its code failed (``new_code_failed``), else
-        it stays on trial."""
-        actions = self._count_failure(worker_id, reason, where)
+        it stays on trial. ``cause``: the task's failure, if a task's."""
+        actions = self._count_failure(worker_id, reason, where, cause)
         if self.phase is Phase.ENDING:
             return actions
         if self.phase is not Phase.ROLLING_BACK:
@@ -1070,6 +1095,7 @@ class AppMasterState:
 
     def _named(self, processor: int) -> str:
         return self.names.get(processor) or f"processor {processor}"
+
 
     def _parallelisms(self, parallelism: dict[int, int]) -> str:
         return ", ".join(f"{self._named(p)}: {n}" for p, n in sorted(parallelism.items()))

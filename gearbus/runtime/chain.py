@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import traceback
 from operator import itemgetter
 from typing import Any
 
@@ -21,8 +20,6 @@ from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.keygroups import Delta, RescaleShare, WindowDelta
 from gearbus.runtime.state_backend import StateBackendError, open_backend
 from gearbus.runtime.windows import WindowOperator
-from shared.messages import AppError
-from shared.values import ValueTypeError
 
 RECORD_PREVIEW_CHARS = 200
 _value, _timestamp = itemgetter(0), itemgetter(1)
@@ -32,36 +29,18 @@ _NO_VALUE = object()
 
 
 class StepError(Exception):
-    """User code failed inside a step; names the step and shows the value it failed on."""
+    """User code failed inside a step; names the step and shows the value it failed on
+    (``record``: its repr, bounded; "" for none)."""
 
     def __init__(self, step: str, value, original: BaseException):
         self.step = step
         self.value = value
         self.original = original
-        detail = ""
+        self.record = ""
         if value is not _NO_VALUE:
             shown = repr(value)
-            if len(shown) > RECORD_PREVIEW_CHARS:
-                shown = shown[:RECORD_PREVIEW_CHARS] + "..."
-            detail = f" on record {shown}"
-        super().__init__(f"{original} (step {step!r}{detail})")
-
-
-def failure_report(exc: BaseException, context) -> AppError:
-    """What a user sees of a task's failure: the original exception type, the message
-    (with the step and record for user code, the step for an unsendable value), where
-    it happened and the traceback."""
-    original = exc.original if isinstance(exc, StepError) else exc
-    message = str(exc)
-    if isinstance(exc, ValueTypeError):
-        emitted = getattr(exc, "emitted_by", None) or (context.config.get("steps") or [context.processor_name])[-1:]
-        message = f"{exc} (emitted by {'step' if len(emitted) == 1 else 'one of steps'} {', '.join(map(repr, emitted))})"
-    return AppError(
-        error_type=type(original).__name__,
-        message=message,
-        where=f"task {context.task_name} of processor {context.processor_name!r}",
-        traceback=traceback.format_exc(),
-    )
+            self.record = shown[:RECORD_PREVIEW_CHARS] + "..." if len(shown) > RECORD_PREVIEW_CHARS else shown
+        super().__init__(f"{original} (step {step!r}{f' on record {self.record}' if self.record else ''})")
 
 
 class RestoreError(ValueError):

@@ -441,11 +441,12 @@ class CheckpointCoordinator:
         return pruned + [StoreCheckpoint(p.meta)]
 
     def decline(self, checkpoint_id: int, epoch: int, task: TaskKey, reason: str,
-                now: float) -> list[Action]:
-        """A task could not snapshot: the checkpoint is abandoned, a failure."""
+                now: float, named: str = "") -> list[Action]:
+        """A task could not snapshot: the checkpoint is abandoned, a failure (``named``: the
+        task as the user reads it, e.g. ``count[1]``, for the reason)."""
         if self._accepts("decline", checkpoint_id, epoch, task) is None:
             return []
-        return self._abandon(f"declined by {task}: {reason}", failure=True, now=now) + self._final_if_due(now)
+        return self._abandon(f"declined by {named or task}: {reason}", failure=True, now=now) + self._final_if_due(now)
 
     def stored(self, checkpoint_id: int, now: float) -> list[Action]:
         """The shell wrote the meta: the checkpoint is complete."""

@@ -51,7 +51,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gearbus.runtime.core import DataPlaneError, Snapshot
+from gearbus.runtime.core import Snapshot
 from gearbus.runtime.keygroups import unserialisable_part
 from shared.messages import AppError, LaunchTasks, TaskId
 
@@ -60,8 +60,6 @@ EXIT_APPMASTER_GONE = 3  # the process's exit codes, one per cause (docs/protoco
 EXIT_FENCED = 4
 EXIT_WORKER_GONE = 5
 NO_EPOCH = -1  # no task launched yet
-#: Errors of a task that a rollback to the last checkpoint can repair (the rest are the user's).
-RECOVERABLE = (DataPlaneError, ConnectionError, TimeoutError, OSError)
 
 
 def unserialisable(task_name: str, exc: BaseException, state) -> str:

@@ -935,11 +935,9 @@ class AppMaster(common.AppMasterProcess):
     async def on_task_failed(self, msg: TaskFailed) -> None:
         if self.state is None:
             return
-        task = f"{msg.task.processor}.{msg.task.index}"
-        if msg.recoverable:
-            log.warning("task_failed_recovering", task=task, error=msg.error.message)
-        else:
-            log.error("task_failed", task=task, error=msg.error.message, exception=msg.error.traceback)
+        log.warning("task_failed", task=self._task_name(msg.task), kind=msg.error.kind or None, step=msg.error.step,
+                    error=f"{msg.error.error_type}: {msg.error.message}", record=msg.error.record or None,
+                    location=msg.error.location or None, exception=msg.error.traceback)
         await self.carry_out(self.state.task_failed((msg.task.processor, msg.task.index), msg.epoch, msg.error,
                                                     msg.recoverable, msg.executor_id, time.monotonic()))
 
@@ -1038,7 +1036,7 @@ class AppMaster(common.AppMasterProcess):
                                                   list(self.timeline.events)))
 
     def _task_name(self, task: TaskId) -> str:
-        return f"{self.plan.graph.processors[task.processor].name}[{task.index}]"
+        return task.named({p.id: p.name for p in self.plan.graph.processors})
 
     async def heartbeat_loop(self) -> None:
         while True:

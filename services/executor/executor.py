@@ -13,7 +13,7 @@ from gearbus.api.graph import Application, GraphError
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.partitioners import key_owner
 from gearbus.runtime import state_query
-from gearbus.runtime.chain import failure_report
+from gearbus.runtime.failures import failure_report
 from gearbus.runtime.core import Snapshot
 from gearbus.runtime.replace import carried_over, compose
 from gearbus.runtime.savepoints import SavepointMismatch, rescaled_snapshot, restored_from, whole_snapshot
@@ -31,6 +31,7 @@ from shared.bus import RequestError, object_chunk_bytes
 from shared.logging import configure
 from shared.messages import (
     AppError,
+    FailureKind,
     AppVersion,
     CheckpointComplete,
     CheckpointDeclined,
@@ -200,18 +201,22 @@ class Executor(Service):
             for runner in self.runners.values():
                 runner.core.compacted(msg.compacted)
 
+    def _task_name(self, task: TaskId) -> str:
+        return task.named({p.id: p.name for p in self.app.graph.processors} if self.app is not None else {})
+
     async def on_state_query(self, msg: QueryTaskState) -> StateValue:
         """Read a running task's state of one key, between two of its batches."""
         runner = self.runners.get(msg.task)
         ops = getattr(runner.task, "ops", None) if runner is not None else None
         if ops is None:
-            raise RequestError(ErrorCode.UNAVAILABLE, f"task {msg.task.processor}.{msg.task.index} does not run "
-                                                      f"here now", retryable=True)
+            raise RequestError(ErrorCode.UNAVAILABLE, f"{self._task_name(msg.task)} does not run here now",
+                               retryable=True)
         try:
             key = state_query.parse_key(msg.key)
             owner = key_owner(key, runner.processor.parallelism)
             if owner != msg.task.index:
-                raise state_query.StateQueryError(f"key {msg.key} belongs to task {msg.task.processor}.{owner}")
+                raise state_query.StateQueryError(f"key {msg.key} belongs to "
+                                                  f"{self._task_name(TaskId(msg.task.processor, owner))}")
             found, value = state_query.read(ops, msg.step, key)
         except state_query.StateQueryError as exc:
             raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
@@ -306,8 +311,8 @@ class Executor(Service):
             return rescaled_snapshot(processor, taken_at, {index: old[(p, index)] for p, index in wanted},
                                      task_id.index)
         except SavepointMismatch as exc:
-            raise RequestError(ErrorCode.BAD_REQUEST, f"task {task_id.processor}.{task_id.index} cannot restore its "
-                                                      f"share of checkpoint {checkpoint}: {exc}") from None
+            raise RequestError(ErrorCode.BAD_REQUEST, f"{self._task_name(task_id)} cannot restore its share of "
+                                                      f"checkpoint {checkpoint}: {exc}") from None
 
     async def _start(self, start: lifecycle.StartTasks) -> None:
         for task in start.tasks:
@@ -365,7 +370,7 @@ class Executor(Service):
         try:
             await runner.commit(commit.checkpoint_id)
         except Exception as exc:
-            error = failure_report(exc, runner.context)
+            error = failure_report(exc, runner.context, FailureKind.FAULT)  # a rollback commits again
             log.error("commit_failed", task=runner.name, checkpoint_id=commit.checkpoint_id, error=error.message,
                       exc_info=exc)
             await self._carry_out(self.tasks.commit_failed(commit.task, runner.epoch, error))

@@ -22,9 +22,8 @@ from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import TaskContext, now_ms
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
-from gearbus.runtime.chain import failure_report
+from gearbus.runtime.failures import failure_report
 from gearbus.runtime.core import DataPlaneError, End, Grant, Snapshot, TaskCore
-from gearbus.runtime.executor_tasks import RECOVERABLE
 from gearbus.runtime.frames import Frame, FrameReader, decode_credit, encode_credit
 from gearbus.runtime.keygroups import collector_paused
 from gearbus.runtime.sender import edges_of, senders_of
@@ -35,7 +34,7 @@ from services.histogram import Histogram
 from services.launch import state_directory, worker_place
 from shared import subjects
 from shared.bus import unsubscribe_all
-from shared.messages import AppError, TaskCounters, TaskId
+from shared.messages import AppError, FailureKind, TaskCounters, TaskId
 
 log = structlog.get_logger()
 
@@ -249,9 +248,10 @@ class TaskRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            error, recoverable = failure_report(exc, self.context), isinstance(exc, RECOVERABLE)
-            log.error("task_failed", task=self.name, error=f"{error.error_type}: {error.message}",
-                      recoverable=recoverable, exc_info=exc)
+            error = failure_report(exc, self.context)
+            recoverable = error.kind == FailureKind.FAULT
+            log.error("task_failed", task=self.name, error=f"{error.error_type}: {error.message}", kind=error.kind,
+                      step=error.step, location=error.location, exc_info=exc)
         finally:
             if started:
                 try:

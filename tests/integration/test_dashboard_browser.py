@@ -93,6 +93,8 @@ async def test_the_app_page_draws_the_dag_updates_live_and_kills_with_the_button
         await expect(nodes.first).to_contain_text("/s")
         await expect(page.locator("#tasks tbody tr")).to_have_count(
             sum(p["parallelism"] for p in dag["processors"]))
+        first_processor = dag["processors"][0]["name"]  # tasks named as status names them, e.g. count[1]
+        await expect(page.locator("#tasks tbody tr").first.locator("td").first).to_have_text(f"{first_processor}[0]")
 
         await expect(page.locator("#processors tbody tr")).to_have_count(len(dag["processors"]))
         first = await records_out(page, 0)
@@ -168,6 +170,7 @@ async def test_a_failed_app_shows_its_traceback_and_a_lost_cluster_shows_a_banne
         await expect(page.locator("#app-state")).to_have_text("FAILED")
         await expect(page.locator("#error")).to_be_visible()
         await expect(page.locator("#error-message")).to_contain_text("cannot handle record 42")
+        await expect(page.locator("#error-message")).to_contain_text("[user error: step picky, at failing.py:9]")
         await expect(page.locator("#error-traceback")).to_contain_text("Traceback")
         await expect(page.locator("#kill")).to_be_disabled()
         await screenshot(page, "dashboard-app-failed.png")

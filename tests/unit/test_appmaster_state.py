@@ -27,7 +27,7 @@ from gearbus.runtime.appmaster_state import (
     Shutdown,
     StoreEpoch,
 )
-from shared.messages import AppError, AppState
+from shared.messages import AppError, AppState, FailureKind
 
 SRC0, SRC1, SINK0, SINK1 = (0, 0), (0, 1), (1, 0), (1, 1)
 TASKS = [SRC0, SRC1, SINK0, SINK1]
@@ -190,13 +190,69 @@ def test_a_silent_executor_is_lost_after_five_heartbeats():
     assert refused.value.code == "fenced"
 
 
-def test_a_task_failing_for_good_fails_the_app_with_its_error():
-    m = machine()
+def user_error(message: str = "bad record", record: str = "{'n': 7}") -> AppError:
+    return AppError("ValueError", message, "task sink[0] of processor 'sink'", "Traceback ...", FailureKind.USER,
+                    "parse", record, "counts.py:12")
+
+
+def test_a_user_error_repeated_after_a_restore_fails_the_app_on_its_second_occurrence_blaming_no_worker():
+    m = machine(blacklist_after=1)
     running(m)
-    error = AppError("ValueError", "bad record", "task 1.0")
-    assert m.task_failed(SINK0, 0, error, False, 0, 1) == [EndApp(AppState.FAILED, error),
-                                                           ReportState(AppState.FAILED, error)]
-    assert m.task_failed(SINK1, 0, error, False, 1, 1) == []  # decided once
+    error = user_error()
+    [deploy] = of(Deploy, m.task_failed(SINK0, 0, error, False, 0, 1))  # once: retried, from the last checkpoint
+    assert deploy.epoch == 1 and m.restarts == 1
+    assert m.task_failed(SINK1, 0, error, False, 1, 1) == []  # the same epoch's: the rollback covers it
+    m.deployed(1, 2)
+    out = m.task_failed(SINK0, 1, error, False, 0, 3)
+    assert of(EndApp, out) == [EndApp(AppState.FAILED, error)] and ReportState(AppState.FAILED, error) in out
+    assert m.restarts == 1 and m.blacklist == set() and not m.failures
+    assert m.task_failed(SINK1, 1, error, False, 1, 3) == []  # decided once
+    m.validate()
+
+
+def test_a_fault_is_retried_and_counts_against_its_worker_a_user_error_never_does():
+    m = machine(blacklist_after=2)
+    running(m)
+    m.task_failed(SRC0, 0, user_error("first"), False, 0, 1)
+    m.deployed(1, 1)
+    m.task_failed(SRC0, 1, user_error("second"), False, 0, 2)
+    m.deployed(2, 2)
+    assert m.blacklist == set() and m.restarts == 2
+    fault = AppError("TimeoutError", "nats: timeout", kind=FailureKind.FAULT)
+    m.task_failed(SRC0, 2, fault, True, 0, 3)
+    m.deployed(3, 3)
+    assert m.blacklist == set() and m.failures == {"w1": 1}
+    [deploy] = of(Deploy, m.task_failed(SRC0, 3, fault, True, 0, 4))  # a fault, identical again: retried still
+    assert deploy.epoch == 4 and m.blacklist == {"w1"} and m.phase is Phase.DEPLOYING
+    m.validate()
+
+
+def test_user_errors_that_differ_are_retried_within_the_budget_and_the_last_one_is_shown():
+    m = machine(max_restarts=2, blacklist_after=1)
+    m.names = {0: "source", 1: "count"}
+    running(m)
+    for epoch, record in enumerate(("1", "2")):
+        [deploy] = of(Deploy, m.task_failed(SINK1, epoch, user_error(record=record), False, 1, 1))
+        m.deployed(deploy.epoch, 1)
+    [end] = of(EndApp, m.task_failed(SINK1, 2, user_error(record="3"), False, 1, 2))
+    assert end.error.error_type == "RestartBudgetExhausted" and end.error.where == "count[1]"
+    assert end.error.message.startswith("count[1] failed: ValueError: bad record; gave up after 2 restarts")
+    assert (end.error.kind, end.error.step, end.error.record, end.error.location) == \
+        (FailureKind.USER, "parse", "3", "counts.py:12")
+    assert m.blacklist == set()
+
+
+def test_a_failure_from_an_executor_predating_kinds_is_a_user_error_unless_recoverable():
+    m = machine(blacklist_after=1)
+    running(m)
+    m.task_failed(SINK0, 0, AppError("E", "lost frames"), True, 0, 1)
+    m.deployed(1, 1)
+    assert m.blacklist == {"w1"}
+    old = AppError("ValueError", "bad record", "task 1.0")
+    m.task_failed(SINK1, 1, old, False, 1, 2)
+    m.deployed(2, 2)
+    [end] = of(EndApp, m.task_failed(SINK1, 2, old, False, 1, 3))
+    assert end.error.kind == FailureKind.USER and end.error.step == "processor 1" and m.blacklist == {"w1"}
 
 
 # -- adoption -------------------------------------------------------------------------------
@@ -257,8 +313,8 @@ def test_the_final_checkpoint_is_announced_again_every_second_until_every_task_f
 def test_the_outcome_is_reported_again_through_a_fail_over_then_the_processes_stop():
     m = machine()
     running(m)
-    error = AppError("ValueError", "bad record", "step")
-    assert of(ReportState, m.task_failed(SINK0, 0, error, False, 0, 1)) == [ReportState(AppState.FAILED, error)]
+    error = AppError("ValueError", "bad record", "loading the application")
+    assert of(ReportState, m.fail(error)) == [ReportState(AppState.FAILED, error)]
     # no master answers (one is being elected): again, for REPORT_RETRY_S from the first miss
     assert m.state_reported(AppState.FAILED, 10, "timed out", retryable=True) == [ReportState(AppState.FAILED, error)]
     assert m.state_reported(AppState.FAILED, 39, "timed out", retryable=True) == [ReportState(AppState.FAILED, error)]
@@ -299,12 +355,13 @@ def test_a_savepoint_with_stop_answers_with_its_checkpoint_then_terminates_the_a
     assert m.savepoint_written(41) == [EndApp(AppState.TERMINATED), ReportState(AppState.TERMINATED)]
 
 
-def test_a_savepoint_whose_checkpoint_fails_is_answered_with_the_reason():
+def test_a_savepoint_whose_checkpoint_fails_is_answered_with_the_reason_naming_the_task():
     m = machine()
+    m.names = {0: "source", 1: "sink"}
     running(m)
     [trigger] = of(cp.TriggerCheckpoint, m.savepoint_requested(1, False, 1))
     [answer] = of(AnswerSavepoint, m.checkpoint_declined(trigger.checkpoint_id, 0, SRC0, "too big", 1))
-    assert answer.meta is None and "too big" in answer.error
+    assert answer.meta is None and answer.error.endswith("failed: declined by source[0]: too big")
 
 
 # -- any ordering ----------------------------------------------------------------------------
@@ -321,7 +378,8 @@ events = st.one_of(
     st.tuples(st.just("deployed"), st.integers(0, 3)),
     st.tuples(st.just("deploy_failed"), st.integers(0, 3), st.booleans()),
     st.tuples(st.just("finished"), st.sampled_from(TASKS), st.integers(0, 3)),
-    st.tuples(st.just("failed"), st.sampled_from(TASKS), st.integers(0, 3), st.booleans()),
+    st.tuples(st.just("failed"), st.sampled_from(TASKS), st.integers(0, 3), st.booleans(),
+              st.sampled_from(["", FailureKind.USER, FailureKind.FAULT]), st.sampled_from(["x", "y"])),
     st.tuples(st.just("tick"), st.floats(0, 3)),
     st.tuples(st.just("rescale"), st.integers(0, 2), st.integers(0, 5)),
     st.tuples(st.just("checkpointed"), st.booleans(), st.booleans()),
@@ -364,7 +422,10 @@ def test_any_ordering_keeps_the_invariants(adopt, sequence):
             elif kind == "finished":
                 out = m.task_finished(*args)
             elif kind == "failed":
-                out = m.task_failed(args[0], args[1], AppError("E", "x"), args[2], 0, now)
+                blacklist = set(m.blacklist)
+                out = m.task_failed(args[0], args[1], AppError("E", args[4], kind=args[3]), args[2], 0, now)
+                if args[3] == FailureKind.USER or not args[3] and not args[2]:
+                    assert m.blacklist == blacklist, "a user error blacklisted a worker"
             elif kind == "rescale":
                 out = m.rescale_requested(len(sequence), {args[0]: args[1]}, now)
             elif kind == "replace":
@@ -733,9 +794,11 @@ def test_new_code_failing_on_trial_is_rolled_back_and_other_failures_are_not_its
     [back] = of(Deploy, out)
     assert back.versions == () and m.phase is Phase.DEPLOYING and not of(EndApp, out)
     m.validate()
-    # once the trial is over, a user error ends the app as always
+    # once the trial is over, a user error is the app's: it ends the app when it repeats after a restore
     m.deployed(back.epoch, 3)
-    assert of(EndApp, m.task_failed(SRC0, back.epoch, AppError("KeyError", "'user'", "read"), False, 1, 4))
+    [again] = of(Deploy, m.task_failed(SRC0, back.epoch, AppError("KeyError", "'user'", "read"), False, 1, 4))
+    m.deployed(again.epoch, 4)
+    assert of(EndApp, m.task_failed(SRC0, again.epoch, AppError("KeyError", "'user'", "read"), False, 1, 5))
 
 
 def test_code_keeping_the_same_state_stays_on_trial_until_it_processed_records():

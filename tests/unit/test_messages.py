@@ -9,10 +9,12 @@ from shared.messages import (
     ApplicationStatus,
     AppSummary,
     ErrorReply,
+    FailureKind,
     KillApplication,
     ProtocolError,
     SubmitApplication,
     TaskCounters,
+    TaskFailed,
     TaskId,
     decode,
 )
@@ -38,6 +40,18 @@ def test_wire_layout_is_a_map_with_type_and_version():
 def test_missing_optional_fields_take_defaults_and_unknown_fields_are_ignored():
     message = decode(raw(type="SubmitApplication", v=1, name="a", artifact="x", entry="m", future_field=1))
     assert message == SubmitApplication(name="a", artifact="x", entry="m")
+
+
+def test_a_task_failure_from_an_executor_that_predates_its_kind_decodes_with_empty_fields():
+    """TaskFailed as an older executor sends it: no kind, step, record or location."""
+    old = raw(type="TaskFailed", v=PROTOCOL_VERSION, executor_id=1, task={"processor": 3, "index": 1},
+              error={"error_type": "ValueError", "message": "bad", "where": "task count[1]", "traceback": "..."},
+              epoch=2, recoverable=False)
+    failed = decode(old)
+    assert failed.error == AppError("ValueError", "bad", "task count[1]", "...")
+    assert (failed.error.kind, failed.error.step, failed.error.record, failed.error.location) == ("", "", "", "")
+    new = AppError("ValueError", "bad", "task count[1]", "...", FailureKind.USER, "count", "'x'", "counts.py:12")
+    assert decode(TaskFailed(1, TaskId(3, 1), new, 2).encode()).error == new
 
 
 @pytest.mark.parametrize("data, expected", [

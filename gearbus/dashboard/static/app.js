@@ -136,8 +136,12 @@ function showError(error) {
   const section = document.getElementById("error");
   section.classList.toggle("shown", Boolean(error));
   if (!error) return;
+  const whose = error.kind === "user" ? "user error" : error.kind === "fault" ? "fault" : "";
+  const details = [error.step && `step ${error.step}`, error.location && `at ${error.location}`,
+    error.record && `on record ${error.record}`].filter(Boolean).join(", ");
   document.getElementById("error-message").textContent =
-    `${error.error_type}: ${error.message}` + (error.where ? ` (in ${error.where})` : "");
+    `${error.error_type}: ${error.message}` + (error.where ? ` (in ${error.where})` : "") +
+    (whose ? ` [${whose}${details ? `: ${details}` : ""}]` : "");
   document.getElementById("error-traceback").textContent = error.traceback || "";
 }
 
@@ -166,7 +170,8 @@ function showTables(a) {
   ], "no checkpoint yet");
   const tasks = a.tasks.slice().sort((x, y) => x.task.processor - y.task.processor || x.task.index - y.task.index);
   fillTable(document.querySelector("#tasks tbody"), tasks, (t) => [
-    `${t.task.processor}.${t.task.index}`, num(t.executor_id < 0 ? "–" : t.executor_id),
+    `${names.get(t.task.processor) || `task ${t.task.processor}.`}[${t.task.index}]`,
+    num(t.executor_id < 0 ? "–" : t.executor_id),
     num(fmtCount(t.records_in)), num(fmtCount(t.records_out)), num(fmtBytes(t.bytes_in)),
     num(fmtBytes(t.bytes_out)), fmtWatermark(t.watermark), num(t.inbox_depth),
     num(fmtMs(t.backpressure_ms)), num(fmtMs(t.busy_ms)), num(t.epoch), t.finished ? "yes" : "no",
