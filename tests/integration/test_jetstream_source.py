@@ -452,24 +452,6 @@ def test_a_stream_that_goes_away_fails_the_read(nats_server, monkeypatch):
         source.close()
 
 
-async def test_a_stream_that_does_not_exist_is_refused_at_submit_naming_it(cluster, tmp_path, capsys):
-    """`gearbus submit` (and the cluster runners) open the JetStream sources from the
-    client first: a missing stream is an error before anything is submitted."""
-    from gearbus.cli import main
-
-    app = tmp_path / "missing_stream.py"
-    app.write_text("from gearbus import Pipeline\n"
-                   "def application(args):\n"
-                   "    p = Pipeline('missing')\n"
-                   "    p.read_jetstream('NOPE', until='now', name='events').write_jsonl('/tmp/x.jsonl', name='out')\n"
-                   "    return p\n")
-    code = await asyncio.get_running_loop().run_in_executor(
-        None, main, ["submit", "--nats", cluster.url, str(app)])
-    assert code == 2
-    error = capsys.readouterr().err
-    assert "step 'events'" in error and "'NOPE' does not exist" in error
-
-
 def on_subject(subject: str, numbers_: range) -> list[tuple[str, bytes]]:
     return [(subject, json.dumps({"n": n}).encode()) for n in numbers_]
 
