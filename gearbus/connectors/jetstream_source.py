@@ -239,6 +239,7 @@ class JetStreamSource(_Decoding, DataSource):
         self._arrivals: dict[str, int] = {}  # subject -> read up to: found by the discovery, not yet read
         self._arrivals_lock = threading.Lock()
         self._thread = LoopThread("jetstream-source")
+        self._listed_ms = now_ms()  # every message stored before it is on a subject listed since
         try:
             self._nc = self._thread.call(connect(servers, name="gearbus-jetstream-source", creds=self.creds))
             self._owned, self._position, self._until, self._stream_last = self._thread.call(
@@ -301,7 +302,7 @@ class JetStreamSource(_Decoding, DataSource):
         self._max_ts = dict(state["max_ts"])
         self._skip = {subject: seq for subject, seq in state.get("skip", {}).items() if seq > self._position}
         self._base = state.get("base")
-        self._listed_at = 0
+        self._listed_at = self._listed_ms = 0
 
     def rescale(self, states: list, index: int, parallelism: int) -> dict | None:
         """Task ``index`` of ``parallelism``'s state from every old task's: the subjects
@@ -392,23 +393,37 @@ class JetStreamSource(_Decoding, DataSource):
         ``max_out_of_orderness_ms`` − 1: a record as new as the newest may still come), over
         the partitions that may still deliver records: one with messages ahead of the read
         position (buffered, or known in the stream) or, on an unbounded stream, one that had
-        a record in the last ``idle_timeout_ms``. When none may, the newest of them all.
-        None until a record was read; it never goes back."""
-        if not self._max_ts or self._reader is None:
-            return self._watermark
+        a record in the last ``idle_timeout_ms``. When none may, the newest of them all;
+        and, with the stream's own timestamps on an unbounded stream, no less than the time
+        of the last look for new subjects − ``idle_timeout_ms`` − ``max_out_of_orderness_ms``
+        − 1: a message stored since is newer, so a subject that appears later is not late,
+        and a task with no subject (yet) does not hold the app's watermark back. None until
+        a record was read or the clock says more; it never goes back."""
         reader = self._reader
+        if self._owned and reader is None:  # before the first read, or new subjects were just taken
+            return self._watermark
+        holding = self._holding(reader) if reader is not None else []
+        delay = self.max_out_of_orderness_ms
+        current = partition_watermark(self._max_ts, holding, delay) if self._max_ts else None
+        if not holding and self._until is None and self.timestamp_fn is None and self._base is not None:
+            with self._arrivals_lock:
+                clock = None if self._arrivals else self._listed_ms - self.idle_timeout_ms - delay - 1
+            if clock is not None and (current is None or clock > current):
+                current = clock
+        if current is not None and (self._watermark is None or current > self._watermark):
+            self._watermark = current
+        return self._watermark
+
+    def _holding(self, reader: PullReader) -> list[str]:
+        """The subjects that may still deliver records (see :meth:`watermark`)."""
         bounded = self._until is not None
         position, now, idle_after = self._position, time.monotonic(), self.idle_timeout_ms / 1000
         with reader.lock:
             complete, buffered, last_seq = reader.complete, reader.buffered, self._last_seq
-            holding = [subject for subject in self._owned
-                       if buffered[subject] > 0
-                       or (not complete and last_seq.get(subject, position + 1) > position)
-                       or (not bounded and now - self._active.get(subject, now) < idle_after)]
-        current = partition_watermark(self._max_ts, holding, self.max_out_of_orderness_ms)
-        if self._watermark is None or current > self._watermark:
-            self._watermark = current
-        return self._watermark
+            return [subject for subject in self._owned
+                    if buffered[subject] > 0
+                    or (not complete and last_seq.get(subject, position + 1) > position)
+                    or (not bounded and now - self._active.get(subject, now) < idle_after)]
 
     # --- subjects that appear (the task's thread, and the source's loop) ---------------
 
@@ -458,6 +473,7 @@ class JetStreamSource(_Decoding, DataSource):
             await asyncio.sleep(DISCOVER_INTERVAL_S)
 
     async def _discover_once(self) -> None:
+        started = now_ms()
         last, every = await self._listing(self._nc)
         with self._arrivals_lock:
             known = set(self._owned) | set(self._arrivals)
@@ -469,6 +485,7 @@ class JetStreamSource(_Decoding, DataSource):
         with self._arrivals_lock:
             self._arrivals.update(found)
             self._listed_at = max(self._listed_at, last)
+            self._listed_ms = max(self._listed_ms, started)
 
     async def _first_after(self, subject: str, seq: int) -> int | None:
         """The sequence of ``subject``'s first message after ``seq`` (None: none now)."""

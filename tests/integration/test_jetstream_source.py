@@ -15,7 +15,7 @@ import pytest
 from gearbus.api.graph import Processor
 from gearbus.api.task import TaskContext
 from gearbus.connectors.jetstream import JetStreamError, Publisher, connect, ensure_stream, run_fresh
-from gearbus.connectors import jetstream_reader
+from gearbus.connectors import jetstream_reader, jetstream_source
 from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSource
 from gearbus.connectors.jetstream_subjects import owned_subjects, subject_owner
 from tests.support.jetstream import EVENT_COUNT as N
@@ -538,3 +538,33 @@ def test_a_rescaled_source_hands_each_subject_on_and_reads_those_that_appear_lat
     for index, result in enumerate(results):
         assert {subject_of[n] for n in numbers(result)} <= set(owned_subjects(SUBJECTS, index, 3))
     assert sorted(numbers(got[0] + got[1]) + [n for result in results for n in numbers(result)]) == list(range(600))
+
+
+def test_a_task_with_no_subject_yet_moves_its_watermark_with_the_clock_and_never_past_what_comes(
+        nats_server, monkeypatch):
+    """With the stream's timestamps, a task that has no subject (yet) does not hold the
+    watermark back: it follows the time of its last look for subjects, less the idle
+    timeout, so the records of a subject that appears later are not late. With event times
+    of the user's own it cannot know their clock, and gives none."""
+    monkeypatch.setattr(jetstream_source, "DISCOVER_INTERVAL_S", 0.05)
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    source = opened(url, JetStreamSource("EV", idle_timeout_ms=200))
+    custom = opened(url, JetStreamSource("EV", idle_timeout_ms=200, timestamp_fn=lambda v: v["n"]))
+    try:
+        assert source.read(10) == [] and custom.read(10) == []
+        first = source.watermark()
+        assert first is not None and first > int(time.time() * 1000) - 5_000
+        deadline = time.monotonic() + 10
+        while source.watermark() <= first:  # it moves on as the task looks again
+            assert time.monotonic() < deadline, "the watermark of a task with no subject did not move"
+            assert source.read(10) == []
+            time.sleep(0.05)
+        given = source.watermark()
+        publish(url, events(0, 20))
+        records = read_count(source, 20)
+        assert min(r.timestamp for r in records) > given
+        assert custom.watermark() is None
+    finally:
+        source.close()
+        custom.close()
