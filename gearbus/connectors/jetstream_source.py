@@ -179,7 +179,8 @@ class JetStreamSource(_Decoding, DataSource):
     Event time is ``timestamp_fn(value)``, else the stream's timestamp. The watermark is
     per partition (:meth:`watermark`); a partition stops holding it back once nothing more
     is in the stream for it (with ``until``: at once; otherwise after ``idle_timeout_ms``
-    without a record, so a slow but live partition still holds it).
+    without a record, so a slow but live partition still holds it); with the stream's
+    timestamps, a task with no partition, or only quiet ones, follows the clock.
     """
 
     replayable = True
