@@ -36,9 +36,9 @@ PROBE_INTERVAL_S = 1.0          # while behind: how often to ask which quiet par
 PROBE_CONCURRENCY = 64
 IDLE_TIMEOUT_MS = 1_000         # a live partition with nothing new stops holding the watermark after this
 LIVE_WAIT_S = 0.02              # idle_wait_s when caught up with the stream
-DISCOVER_INTERVAL_S = 1.0       # how often a task looks for subjects that appeared in the stream
-NO_SUBJECT_WAIT_S = 0.1         # idle_wait_s of a task that has no subject yet
 BEHIND_WAIT_S = 0.002           # ... and when more is on its way
+NO_SUBJECT_WAIT_S = 0.1         # ... and when the task has no subject yet
+DISCOVER_INTERVAL_S = 1.0       # how often a task looks for subjects that appeared in the stream
 
 
 def _text(data: bytes) -> str:
@@ -240,7 +240,7 @@ class JetStreamSource(_Decoding, DataSource):
         self._arrivals: dict[str, int] = {}  # subject -> read up to: found by the discovery, not yet read
         self._arrivals_lock = threading.Lock()
         self._thread = LoopThread("jetstream-source")
-        self._listed_ms = now_ms()  # every message stored before it is on a subject listed since
+        self._listed_ms: int | None = now_ms()  # every message stored before it is on a subject listed since
         try:
             self._nc = self._thread.call(connect(servers, name="gearbus-jetstream-source", creds=self.creds))
             self._owned, self._position, self._until, self._stream_last = self._thread.call(
@@ -303,7 +303,7 @@ class JetStreamSource(_Decoding, DataSource):
         self._max_ts = dict(state["max_ts"])
         self._skip = {subject: seq for subject, seq in state.get("skip", {}).items() if seq > self._position}
         self._base = state.get("base")
-        self._listed_at = self._listed_ms = 0
+        self._listed_at, self._listed_ms = 0, None  # the checkpoint's subjects: not all there are now
 
     def rescale(self, states: list, index: int, parallelism: int) -> dict | None:
         """Task ``index`` of ``parallelism``'s state from every old task's: the subjects
@@ -408,7 +408,8 @@ class JetStreamSource(_Decoding, DataSource):
         current = partition_watermark(self._max_ts, holding, delay) if self._max_ts else None
         if not holding and self._until is None and self.timestamp_fn is None and self._base is not None:
             with self._arrivals_lock:
-                clock = None if self._arrivals else self._listed_ms - self.idle_timeout_ms - delay - 1
+                listed, arriving = self._listed_ms, bool(self._arrivals)
+            clock = None if arriving or listed is None else listed - self.idle_timeout_ms - delay - 1
             if clock is not None and (current is None or clock > current):
                 current = clock
         if current is not None and (self._watermark is None or current > self._watermark):
@@ -479,14 +480,18 @@ class JetStreamSource(_Decoding, DataSource):
         with self._arrivals_lock:
             known = set(self._owned) | set(self._arrivals)
         new = [subject for subject in owned_subjects(every, self._index, self._parallelism) if subject not in known]
-        found = {}
-        for subject in new:
-            first = await self._first_after(subject, self._base)
-            found[subject] = max(last, self._base) if first is None else first - 1
+        limit = asyncio.Semaphore(PROBE_CONCURRENCY)
+
+        async def read_to_before(subject: str) -> tuple[str, int]:
+            async with limit:
+                first = await self._first_after(subject, self._base)
+            return subject, max(last, self._base) if first is None else first - 1
+
+        found = dict(await asyncio.gather(*map(read_to_before, new)))
         with self._arrivals_lock:
             self._arrivals.update(found)
             self._listed_at = max(self._listed_at, last)
-            self._listed_ms = max(self._listed_ms, started)
+            self._listed_ms = max(self._listed_ms or 0, started)
 
     async def _first_after(self, subject: str, seq: int) -> int | None:
         """The sequence of ``subject``'s first message after ``seq`` (None: none now)."""
