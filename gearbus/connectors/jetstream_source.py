@@ -9,6 +9,7 @@ reader has already put into a bounded buffer.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import datetime
 import json
@@ -239,6 +240,7 @@ class JetStreamSource(_Decoding, DataSource):
         self._discovery = None
         self._arrivals: dict[str, int] = {}  # subject -> read up to: found by the discovery, not yet read
         self._arrivals_lock = threading.Lock()
+        self._newest_elsewhere: int | None = None  # with timestamp_fn, for a task with no subject: see _idle_floor
         self._thread = LoopThread("jetstream-source")
         self._listed_ms: int | None = now_ms()  # every message stored before it is on a subject listed since
         try:
@@ -394,27 +396,41 @@ class JetStreamSource(_Decoding, DataSource):
         ``max_out_of_orderness_ms`` − 1: a record as new as the newest may still come), over
         the partitions that may still deliver records: one with messages ahead of the read
         position (buffered, or known in the stream) or, on an unbounded stream, one that had
-        a record in the last ``idle_timeout_ms``. When none may, the newest of them all;
-        and, with the stream's own timestamps on an unbounded stream, no less than the time
-        of the last look for new subjects − ``idle_timeout_ms`` − ``max_out_of_orderness_ms``
-        − 1: a message stored since is newer, so a subject that appears later is not late,
-        and a task with no subject (yet) does not hold the app's watermark back. None until
-        a record was read or the clock says more; it never goes back."""
+        a record in the last ``idle_timeout_ms``. When none may, the newest of them all, and
+        no less than :meth:`_idle_floor`, so a task with no subject (yet) does not hold the
+        app's watermark back. None until a record was read or the floor is known; it never
+        goes back."""
         reader = self._reader
         if self._owned and reader is None:  # before the first read, or new subjects were just taken
             return self._watermark
         holding = self._holding(reader) if reader is not None else []
-        delay = self.max_out_of_orderness_ms
-        current = partition_watermark(self._max_ts, holding, delay) if self._max_ts else None
-        if not holding and self._until is None and self.timestamp_fn is None and self._base is not None:
-            with self._arrivals_lock:
-                listed, arriving = self._listed_ms, bool(self._arrivals)
-            clock = None if arriving or listed is None else listed - self.idle_timeout_ms - delay - 1
-            if clock is not None and (current is None or clock > current):
-                current = clock
+        current = partition_watermark(self._max_ts, holding, self.max_out_of_orderness_ms) if self._max_ts else None
+        floor = None if holding else self._idle_floor()
+        if floor is not None and (current is None or floor > current):
+            current = floor
         if current is not None and (self._watermark is None or current > self._watermark):
             self._watermark = current
         return self._watermark
+
+    def _idle_floor(self) -> int | None:
+        """How far the watermark of a task whose subjects may deliver nothing now can go
+        (None: no further). With the stream's timestamps: the time of the last look for new
+        subjects − ``idle_timeout_ms`` − ``max_out_of_orderness_ms`` − 1, as a message stored
+        since is newer (a subject that appears later is not late). With ``timestamp_fn``, for a
+        task with no subject: the oldest event time of the other subjects' last messages −
+        ``max_out_of_orderness_ms`` − 1; their own tasks hold the app back while they read
+        (a subject that appears later with older event times is late, as after Flink's
+        source idleness); none while the stream has no subject."""
+        if self._base is None:
+            return None
+        with self._arrivals_lock:
+            listed, arriving, elsewhere = self._listed_ms, bool(self._arrivals), self._newest_elsewhere
+        if arriving:
+            return None
+        delay = self.max_out_of_orderness_ms
+        if self.timestamp_fn is None:
+            return None if listed is None else listed - self.idle_timeout_ms - delay - 1
+        return None if self._owned or elsewhere is None else elsewhere - delay - 1
 
     def _holding(self, reader: PullReader) -> list[str]:
         """The subjects that may still deliver records (see :meth:`watermark`)."""
@@ -488,10 +504,33 @@ class JetStreamSource(_Decoding, DataSource):
             return subject, max(last, self._base) if first is None else first - 1
 
         found = dict(await asyncio.gather(*map(read_to_before, new)))
+        alone = not known and not found  # no subject of its own
+        elsewhere = await self._oldest_newest(every) if self.timestamp_fn is not None and alone else None
         with self._arrivals_lock:
             self._arrivals.update(found)
+            self._newest_elsewhere = elsewhere
             self._listed_at = max(self._listed_at, last)
             self._listed_ms = max(self._listed_ms or 0, started)
+
+    async def _oldest_newest(self, subjects: set[str]) -> int | None:
+        """The oldest of the event times of ``subjects``' last messages (those that decode
+        and stamp); None when there is none."""
+        limit = asyncio.Semaphore(PROBE_CONCURRENCY)
+
+        async def newest(subject: str) -> int | None:
+            async with limit:
+                try:
+                    reply = await api(self._nc, f"$JS.API.STREAM.MSG.GET.{self.stream}", {"last_by_subj": subject})
+                except JetStreamError:  # gone since the listing
+                    return None
+            data = base64.b64decode(reply["message"].get("data") or b"")
+            try:
+                return int(self.timestamp_fn(data if self._decode is None else self._decode(data)))
+            except Exception:  # its own task dead-letters it or fails on it
+                return None
+
+        times = [t for t in await asyncio.gather(*map(newest, subjects)) if t is not None]
+        return min(times, default=None)
 
     async def _first_after(self, subject: str, seq: int) -> int | None:
         """The sequence of ``subject``'s first message after ``seq`` (None: none now)."""

@@ -568,3 +568,29 @@ def test_a_task_with_no_subject_yet_moves_its_watermark_with_the_clock_and_never
     finally:
         source.close()
         custom.close()
+
+
+def test_a_task_with_no_subject_and_event_times_of_its_own_follows_the_other_subjects_newest(
+        nats_server, monkeypatch):
+    """With a ``timestamp_fn``, a task owning none of the subjects gives the oldest of the
+    event times of their last messages, less the allowed disorder: the tasks reading them
+    hold the app back, and it does not (a bounded one waits for the end of the stream, as a
+    subject may still appear)."""
+    monkeypatch.setattr(jetstream_source, "DISCOVER_INTERVAL_S", 0.05)
+    url = nats_server.url
+    fill(url, 20)  # ev.0 .. ev.3, their last events 16 .. 19
+    spare = opened(url, JetStreamSource("EV", until=40, timestamp_fn=lambda v: v["n"], max_out_of_orderness_ms=5),
+                   spare_index(5), 5)
+    try:
+        assert spare.read(10) == []
+        deadline = time.monotonic() + 10
+        while spare.watermark() is None:
+            assert time.monotonic() < deadline, "no watermark from a task with no subject"
+            assert spare.read(10) == []
+            time.sleep(0.05)
+        assert spare.watermark() == 16 - 5 - 1
+        publish(url, events(20, 40))
+        assert read_all(spare) == []  # it ends once the stream reached 40
+        assert spare.watermark() == 36 - 5 - 1
+    finally:
+        spare.close()
