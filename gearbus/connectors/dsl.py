@@ -40,8 +40,9 @@ class Pipeline(dsl.BasePipeline):
                        max_out_of_orderness_ms: int = 0, parallelism: int | None = None, name: str | None = None,
                        servers: str | list[str] | None = None, dead_letter: str | None = None,
                        creds: str | None = None) -> Stream:
-        """The messages of a JetStream stream (its subjects matching ``subjects``, spread
-        over the tasks), replayed exactly on recovery. ``start``: "first", "new", a stream
+        """The messages of a JetStream stream (its subjects matching ``subjects``, each read
+        by the task owning its hash, also those that appear while the app runs: the stream
+        may start empty), replayed exactly on recovery. ``start``: "first", "new", a stream
         sequence or a datetime; ``until``: None (endless), "now" or a sequence. Messages
         that do not decode go to ``dead_letter`` (a subject) instead of failing the task.
         ``servers`` default to the cluster's NATS; ``creds``: the credential file to read

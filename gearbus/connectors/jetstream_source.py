@@ -9,10 +9,12 @@ reader has already put into a bounded buffer.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import datetime
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +27,7 @@ from gearbus.api.watermarks import WATERMARK_MIN
 from gearbus.connectors.jetstream import (API_TIMEOUT, JetStreamError, api, close_thread, connect, on_connection,
                                         server_list, servers_for, stream_info)
 from gearbus.connectors.jetstream_reader import CONSUMER_INACTIVE_S, PullReader
+from gearbus.connectors.jetstream_subjects import owned_subjects, position_and_skip, read_to
 from shared.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,8 @@ PROBE_CONCURRENCY = 64
 IDLE_TIMEOUT_MS = 1_000         # a live partition with nothing new stops holding the watermark after this
 LIVE_WAIT_S = 0.02              # idle_wait_s when caught up with the stream
 BEHIND_WAIT_S = 0.002           # ... and when more is on its way
+NO_SUBJECT_WAIT_S = 0.1         # ... and when the task has no subject yet
+DISCOVER_INTERVAL_S = 1.0       # how often a task looks for subjects that appeared in the stream
 
 
 def _text(data: bytes) -> str:
@@ -152,11 +157,13 @@ class JetStreamSource(_Decoding, DataSource):
     """Reads a JetStream stream. Replayable: a checkpoint records the read position and a
     recovery reads again exactly from it.
 
-    Partitions are the stream's concrete subjects that match ``subjects`` (default: the
-    stream's own subjects) when the source opens; task i of N owns the sorted subjects
-    i, i+N, ... Subjects that appear later are not read (a restored task keeps the subjects
-    of its checkpoint). A rescale spreads the subjects anew the same way, each with its own
-    read position (:meth:`rescale`).
+    Partitions are the stream's concrete subjects that match ``subjects`` (literal or
+    wildcards; default: the stream's own subjects). Each belongs to one task by its hash
+    (:mod:`~gearbus.connectors.jetstream_subjects`), so every task decides alone which are
+    its own. The stream may hold no message yet: a task looks for subjects that appear
+    (every DISCOVER_INTERVAL_S) and reads each of its own from its first message after the
+    start, also after a recovery or a rescale (which hands every subject's read position
+    to its new task, :meth:`rescale`). Only a stream that does not exist fails :meth:`open`.
 
     A task reads its subjects in stream-sequence order through one
     :class:`~gearbus.connectors.jetstream_reader.PullReader` (one ephemeral pull consumer
@@ -173,7 +180,8 @@ class JetStreamSource(_Decoding, DataSource):
     Event time is ``timestamp_fn(value)``, else the stream's timestamp. The watermark is
     per partition (:meth:`watermark`); a partition stops holding it back once nothing more
     is in the stream for it (with ``until``: at once; otherwise after ``idle_timeout_ms``
-    without a record, so a slow but live partition still holds it).
+    without a record, so a slow but live partition still holds it); with the stream's
+    timestamps, a task with no partition, or only quiet ones, follows the clock.
     """
 
     replayable = True
@@ -228,7 +236,13 @@ class JetStreamSource(_Decoding, DataSource):
         self._skip: dict[str, int] = {}  # subject -> read up to this sequence, ahead of the position (a rescale's)
         self._active: dict[str, float] = {}
         self._watermark: int | None = None
+        self._index, self._parallelism = context.index, context.parallelism
+        self._discovery = None
+        self._arrivals: dict[str, int] = {}  # subject -> read up to: found by the discovery, not yet read
+        self._arrivals_lock = threading.Lock()
+        self._newest_elsewhere: int | None = None  # with timestamp_fn, for a task with no subject: see _idle_floor
         self._thread = LoopThread("jetstream-source")
+        self._listed_ms: int | None = now_ms()  # every message stored before it is on a subject listed since
         try:
             self._nc = self._thread.call(connect(servers, name="gearbus-jetstream-source", creds=self.creds))
             self._owned, self._position, self._until, self._stream_last = self._thread.call(
@@ -236,27 +250,16 @@ class JetStreamSource(_Decoding, DataSource):
         except BaseException:
             self.close()
             raise
+        self._base: int | None = self._position  # new subjects are read after it (None: not looked for)
+        self._listed_at = self._stream_last  # every subject with a message up to it is known
 
     async def locate(self, nc, index: int = 0, parallelism: int = 1) -> tuple[list[str], int, int | None, int]:
-        """Task ``index`` of ``parallelism``'s subjects, the sequence to read after, the last one
-        to read (None: no end) and the stream's last sequence now."""
-        try:
-            info = await stream_info(nc, self.stream)
-        except JetStreamError as exc:
-            if "not found" in str(exc):
-                raise JetStreamError(f"JetStream stream {self.stream!r} does not exist") from None
-            raise
-        filters = self.subjects or info["config"].get("subjects") or [">"]  # a mirror has no subjects
-        every: set[str] = set()
-        for subject_filter in filters:
-            found = await _subjects(nc, self.stream, subject_filter)
-            if not found:
-                configured = ", ".join(info["config"].get("subjects", []))
-                raise JetStreamError(f"stream {self.stream!r} has no messages on a subject matching "
-                                     f"{subject_filter!r} (its subjects: {configured})")
-            every.update(found)
-        owned = sorted(every)[index::parallelism]
-        last = info["state"]["last_seq"]
+        """Task ``index`` of ``parallelism``'s subjects now, the sequence to read after, the last
+        one to read (None: no end) and the stream's last sequence now. A stream without
+        messages on the subjects yet is no error (the task waits for them); a stream that
+        does not exist is."""
+        last, every = await self._listing(nc)
+        owned = owned_subjects(every, index, parallelism)
         until = last if self.until == "now" else self.until
         start = self.start
         if start == "first":
@@ -269,13 +272,31 @@ class JetStreamSource(_Decoding, DataSource):
             position = start - 1
         return owned, position, until, last
 
+    async def _listing(self, nc) -> tuple[int, set[str]]:
+        """The stream's last sequence and the subjects matching the source's filters that
+        hold messages (each one holding a message up to that sequence among them)."""
+        try:
+            info = await stream_info(nc, self.stream)
+        except JetStreamError as exc:
+            if "not found" in str(exc):
+                raise JetStreamError(f"JetStream stream {self.stream!r} does not exist") from None
+            raise
+        filters = self.subjects or info["config"].get("subjects") or [">"]  # a mirror has no subjects
+        every: set[str] = set()
+        for subject_filter in filters:
+            every.update(await _subjects(nc, self.stream, subject_filter))
+        return info["state"]["last_seq"], every
+
     def snapshot(self) -> dict:
         return {"seq": self._position, "until": self._until, "subjects": list(self._owned),
-                "max_ts": dict(self._max_ts), "skip": dict(self._skip)}
+                "max_ts": dict(self._max_ts), "skip": dict(self._skip), "base": self._base}
 
     def restore(self, state: dict) -> None:
         """Read on right after the checkpoint's position, the checkpoint's subjects, up to
-        the checkpoint's end (so ``until="now"`` keeps meaning the first run's now)."""
+        the checkpoint's end (so ``until="now"`` keeps meaning the first run's now); subjects
+        of this task the checkpoint does not name are read from their first message after
+        the start. A checkpoint from before subjects were assigned by hash has no ``base``:
+        its task reads its own subjects and looks for no others."""
         if self._reader is not None:
             raise RuntimeError(f"{self._name}: restore() after the first read()")
         self._position = state["seq"]
@@ -283,10 +304,12 @@ class JetStreamSource(_Decoding, DataSource):
         self._owned = list(state["subjects"])
         self._max_ts = dict(state["max_ts"])
         self._skip = {subject: seq for subject, seq in state.get("skip", {}).items() if seq > self._position}
+        self._base = state.get("base")
+        self._listed_at, self._listed_ms = 0, None  # the checkpoint's subjects: not all there are now
 
     def rescale(self, states: list, index: int, parallelism: int) -> dict | None:
         """Task ``index`` of ``parallelism``'s state from every old task's: the subjects
-        spread anew (the sorted subjects ``index``, ``index + parallelism``, ...), each read
+        spread anew by their hash (:mod:`~gearbus.connectors.jetstream_subjects`), each read
         on from where its old task was; the task's position is the lowest of its subjects',
         and it skips what each of the others had read."""
         states = [state for state in states if state is not None]
@@ -296,25 +319,25 @@ class JetStreamSource(_Decoding, DataSource):
         if len(ends) > 1:
             raise NotRescalable(f"{self._name}: its tasks end at different stream sequences ({sorted(ends)}: "
                                 "until='now' was read when each started)")
-        read_to = {subject: max(state["seq"], state.get("skip", {}).get(subject, 0))
-                   for state in states for subject in state["subjects"]}
-        owned = sorted(read_to)[index::parallelism]
-        position = min((read_to[subject] for subject in owned), default=max(s["seq"] for s in states))
+        everywhere = {subject: seq for state in states
+                      for subject, seq in read_to(state["seq"], state["subjects"], state.get("skip", {})).items()}
+        owned = owned_subjects(everywhere, index, parallelism)
+        position, skip = position_and_skip({s: everywhere[s] for s in owned}, max(s["seq"] for s in states))
+        bases = [state.get("base") for state in states]
         return {"seq": position, "until": ends.pop(), "subjects": owned,
                 "max_ts": {subject: ts for state in states for subject, ts in state["max_ts"].items()
                            if subject in owned},
-                "skip": {subject: read_to[subject] for subject in owned if read_to[subject] > position}}
+                "skip": skip, "base": None if None in bases else min(bases)}
 
     def close(self) -> None:
         """Stop the reader, remove its consumer and disconnect."""
         close_thread(self, self._shutdown, self._name)
 
     async def _shutdown(self) -> None:
-        if self._probing is not None:
-            self._probing.cancel()
-            await asyncio.gather(self._probing, return_exceptions=True)
-        if self._reader is not None:
-            await self._reader.close()
+        if self._discovery is not None:
+            self._discovery.cancel()
+            await asyncio.gather(self._discovery, return_exceptions=True)
+        await self._stop_reader()
         nc = getattr(self, "_nc", None)
         if nc is None or nc.is_closed:
             return
@@ -324,7 +347,8 @@ class JetStreamSource(_Decoding, DataSource):
     # --- reading (the task's thread) -------------------------------------------------
 
     def read(self, max_records: int) -> list[Record] | None:
-        if self._until is not None and (not self._owned or self._position >= self._until):
+        self._take_new_subjects()
+        if self._until is not None and self._all_listed() and (not self._owned or self._position >= self._until):
             return None
         if not self._owned:
             return []
@@ -333,7 +357,7 @@ class JetStreamSource(_Decoding, DataSource):
             raise reader.error
         items = reader.take(max_records)
         if not items:
-            return None if reader.finished else []
+            return None if reader.finished and self._all_listed() else []
         last = items[-1][0]
         if self._skip:  # what a subject's old task had read already (after a rescale)
             skip = self._skip
@@ -359,7 +383,7 @@ class JetStreamSource(_Decoding, DataSource):
 
     def idle_wait_s(self) -> float:
         if not getattr(self, "_owned", None):
-            return 1.0
+            return NO_SUBJECT_WAIT_S
         reader = self._reader
         if reader is None:
             return BEHIND_WAIT_S
@@ -372,23 +396,152 @@ class JetStreamSource(_Decoding, DataSource):
         ``max_out_of_orderness_ms`` − 1: a record as new as the newest may still come), over
         the partitions that may still deliver records: one with messages ahead of the read
         position (buffered, or known in the stream) or, on an unbounded stream, one that had
-        a record in the last ``idle_timeout_ms``. When none may, the newest of them all.
-        None until a record was read; it never goes back."""
-        if not self._max_ts or self._reader is None:
-            return self._watermark
+        a record in the last ``idle_timeout_ms``. When none may, the newest of them all, and
+        no less than :meth:`_idle_floor`, so a task with no subject (yet) does not hold the
+        app's watermark back. None until a record was read or the floor is known; it never
+        goes back."""
         reader = self._reader
+        if self._owned and reader is None:  # before the first read, or new subjects were just taken
+            return self._watermark
+        holding = self._holding(reader) if reader is not None else []
+        current = partition_watermark(self._max_ts, holding, self.max_out_of_orderness_ms) if self._max_ts else None
+        floor = None if holding else self._idle_floor()
+        if floor is not None and (current is None or floor > current):
+            current = floor
+        if current is not None and (self._watermark is None or current > self._watermark):
+            self._watermark = current
+        return self._watermark
+
+    def _idle_floor(self) -> int | None:
+        """How far the watermark of a task whose subjects may deliver nothing now can go
+        (None: no further). With the stream's timestamps: the time of the last look for new
+        subjects − ``idle_timeout_ms`` − ``max_out_of_orderness_ms`` − 1, as a message stored
+        since is newer (a subject that appears later is not late). With ``timestamp_fn``, for a
+        task with no subject: the oldest event time of the other subjects' last messages −
+        ``max_out_of_orderness_ms`` − 1; their own tasks hold the app back while they read
+        (a subject that appears later with older event times is late, as after Flink's
+        source idleness); none while the stream has no subject."""
+        if self._base is None:
+            return None
+        with self._arrivals_lock:
+            listed, arriving, elsewhere = self._listed_ms, bool(self._arrivals), self._newest_elsewhere
+        if arriving:
+            return None
+        delay = self.max_out_of_orderness_ms
+        if self.timestamp_fn is None:
+            return None if listed is None else listed - self.idle_timeout_ms - delay - 1
+        return None if self._owned or elsewhere is None else elsewhere - delay - 1
+
+    def _holding(self, reader: PullReader) -> list[str]:
+        """The subjects that may still deliver records (see :meth:`watermark`)."""
         bounded = self._until is not None
         position, now, idle_after = self._position, time.monotonic(), self.idle_timeout_ms / 1000
         with reader.lock:
             complete, buffered, last_seq = reader.complete, reader.buffered, self._last_seq
-            holding = [subject for subject in self._owned
-                       if buffered[subject] > 0
-                       or (not complete and last_seq.get(subject, position + 1) > position)
-                       or (not bounded and now - self._active.get(subject, now) < idle_after)]
-        current = partition_watermark(self._max_ts, holding, self.max_out_of_orderness_ms)
-        if self._watermark is None or current > self._watermark:
-            self._watermark = current
-        return self._watermark
+            return [subject for subject in self._owned
+                    if buffered[subject] > 0
+                    or (not complete and last_seq.get(subject, position + 1) > position)
+                    or (not bounded and now - self._active.get(subject, now) < idle_after)]
+
+    # --- subjects that appear (the task's thread, and the source's loop) ---------------
+
+    def _all_listed(self) -> bool:
+        """Every subject with a message up to ``until`` is among this task's subjects or
+        known not to be its own (a bounded source ends only then)."""
+        if self._base is None:
+            return True
+        with self._arrivals_lock:
+            return self._listed_at >= self._until and not self._arrivals
+
+    def _take_new_subjects(self) -> None:
+        """Start looking for subjects that appear; read those found since the last call
+        from their first message on: the position goes back to it, and the subjects read
+        further skip what they had read. The reader starts anew (what it buffered and did
+        not hand over is read again)."""
+        if self._base is None:
+            return
+        if self._discovery is None:
+            self._discovery = self._thread.call(self._start_discovery())
+        with self._arrivals_lock:  # the discovery knows a subject as new until it is owned
+            arrivals, self._arrivals = self._arrivals, {}
+            if not arrivals:
+                return
+            read = read_to(self._position, self._owned, self._skip) | arrivals
+            self._position, self._skip = position_and_skip(read, self._position)
+            self._owned = sorted(read)
+        log.info("%s: reading subjects %s as they appeared", self._name, ", ".join(sorted(arrivals)))
+        if self._reader is not None:
+            self._thread.call(self._stop_reader())
+            self._reader = None
+
+    async def _start_discovery(self) -> asyncio.Task:
+        return asyncio.create_task(self._discover())
+
+    async def _discover(self) -> None:
+        """Every DISCOVER_INTERVAL_S, list the stream's subjects; put this task's new ones
+        in ``_arrivals`` with the sequence before their first message after the start.
+        A bounded source stops once it has listed the stream at its end."""
+        while True:
+            try:
+                await self._discover_once()
+            except (JetStreamError, nats.errors.Error) as exc:  # the reader fails on its own if the stream is gone
+                log.warning("%s: looking for new subjects: %s: %s", self._name, type(exc).__name__, exc)
+            if self._until is not None and self._listed_at >= self._until:
+                return
+            await asyncio.sleep(DISCOVER_INTERVAL_S)
+
+    async def _discover_once(self) -> None:
+        started = now_ms()
+        last, every = await self._listing(self._nc)
+        with self._arrivals_lock:
+            known = set(self._owned) | set(self._arrivals)
+        new = [subject for subject in owned_subjects(every, self._index, self._parallelism) if subject not in known]
+        limit = asyncio.Semaphore(PROBE_CONCURRENCY)
+
+        async def read_to_before(subject: str) -> tuple[str, int]:
+            async with limit:
+                first = await self._first_after(subject, self._base)
+            return subject, max(last, self._base) if first is None else first - 1
+
+        found = dict(await asyncio.gather(*map(read_to_before, new)))
+        alone = not known and not found  # no subject of its own
+        elsewhere = await self._oldest_newest(every) if self.timestamp_fn is not None and alone else None
+        with self._arrivals_lock:
+            self._arrivals.update(found)
+            self._newest_elsewhere = elsewhere
+            self._listed_at = max(self._listed_at, last)
+            self._listed_ms = max(self._listed_ms or 0, started)
+
+    async def _oldest_newest(self, subjects: set[str]) -> int | None:
+        """The oldest of the event times of ``subjects``' last messages (those that decode
+        and stamp); None when there is none."""
+        limit = asyncio.Semaphore(PROBE_CONCURRENCY)
+
+        async def newest(subject: str) -> int | None:
+            async with limit:
+                try:
+                    reply = await api(self._nc, f"$JS.API.STREAM.MSG.GET.{self.stream}", {"last_by_subj": subject})
+                except JetStreamError:  # gone since the listing
+                    return None
+            data = base64.b64decode(reply["message"].get("data") or b"")
+            try:
+                return int(self.timestamp_fn(data if self._decode is None else self._decode(data)))
+            except Exception:  # its own task dead-letters it or fails on it
+                return None
+
+        times = [t for t in await asyncio.gather(*map(newest, subjects)) if t is not None]
+        return min(times, default=None)
+
+    async def _first_after(self, subject: str, seq: int) -> int | None:
+        """The sequence of ``subject``'s first message after ``seq`` (None: none now)."""
+        try:
+            reply = await api(self._nc, f"$JS.API.STREAM.MSG.GET.{self.stream}",
+                              {"seq": seq + 1, "next_by_subj": subject})
+        except JetStreamError as exc:
+            if "no message found" in str(exc):
+                return None
+            raise
+        return reply["message"]["seq"]
 
     # --- the reader (the source's own thread and loop) ----------------------------------
 
@@ -403,6 +556,14 @@ class JetStreamSource(_Decoding, DataSource):
     async def _read_and_probe(self) -> None:
         self._probing = asyncio.create_task(self._probe_while_behind())
         await self._reader.run()
+
+    async def _stop_reader(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
+            await asyncio.gather(self._probing, return_exceptions=True)
+            self._probing = None
+        if self._reader is not None:
+            await self._reader.close()
 
     async def _probe_while_behind(self) -> None:
         """Learn each subject's last sequence now, then, on an endless stream while the

@@ -572,7 +572,7 @@ def _write_jsonl(data_sink: JsonLinesSink, rdd) -> None:
 
 async def _replay_range(nc, step: str, source: JetStreamSource) -> tuple[int, int]:
     """The first and last stream sequence the bus source would read, as of now, found as the
-    bus finds them (the same refusals: a missing stream, a subject filter without messages),
+    bus finds them (the same refusal: a missing stream),
     and a refusal of an ``until`` past the stream's end, which the bus would wait for and a
     replay cannot."""
     try:

@@ -15,12 +15,14 @@ import pytest
 from gearbus.api.graph import Processor
 from gearbus.api.task import TaskContext
 from gearbus.connectors.jetstream import JetStreamError, Publisher, connect, ensure_stream, run_fresh
-from gearbus.connectors import jetstream_reader
+from gearbus.connectors import jetstream_reader, jetstream_source
 from gearbus.connectors.jetstream_source import JetStreamSource, NatsSubjectSource
+from gearbus.connectors.jetstream_subjects import owned_subjects, subject_owner
 from tests.support.jetstream import EVENT_COUNT as N
 from tests.support.jetstream import events, fill, publish
 
 BASE_TS = 1_700_000_000_000
+SUBJECTS = [f"ev.{k}" for k in range(4)]  # fill()'s
 
 
 def opened(url: str, source: JetStreamSource, index: int = 0, parallelism: int = 1) -> JetStreamSource:
@@ -71,8 +73,8 @@ def test_two_tasks_share_the_subjects_and_together_read_everything_once(nats_ser
     finally:
         for t in tasks:
             t.close()
-    assert {n % 4 for n in numbers(results[0])} == {0, 2}
-    assert {n % 4 for n in numbers(results[1])} == {1, 3}
+    for index, result in enumerate(results):  # each reads the subjects it owns by their hash
+        assert {f"ev.{n % 4}" for n in numbers(result)} == set(owned_subjects(SUBJECTS, index, 2))
     for result in results:
         assert numbers(result) == sorted(numbers(result))  # stream order
         stamps = [r.timestamp for r in result]
@@ -177,26 +179,45 @@ def test_other_decodings(nats_server, decode, expected):
     assert source.dead_letters == (0 if decode == "bytes" else 1)
 
 
-def test_an_unknown_stream_or_subject_fails_clearly_at_open(nats_server):
+def test_an_unknown_stream_fails_clearly_at_open(nats_server):
     url = nats_server.url
     fill(url, 10)
     with pytest.raises(JetStreamError, match="'NOPE' does not exist"):
         opened(url, JetStreamSource("NOPE"))
-    with pytest.raises(JetStreamError, match="no messages on a subject matching 'ev.9'"):
-        opened(url, JetStreamSource("EV", ["ev.1", "ev.9"]))
     with pytest.raises(ValueError, match="no NATS servers"):
         JetStreamSource("EV").open(TaskContext(1, "app", Processor.source(JetStreamSource("EV")), 0, 0))
+
+
+def test_a_subject_without_messages_yet_is_read_once_it_gets_some(nats_server):
+    url = nats_server.url
+    fill(url, 10)
+    source = opened(url, JetStreamSource("EV", ["ev.1", "ev.9"]))
+    try:
+        assert numbers(read_count(source, 2)) == [1, 5]  # ev.1's (event n is on ev.(n % 4)), 9 comes next
+        publish(url, [("ev.9", b'{"n": 90}'), ("ev.9", b'{"n": 91}')] + events(10, 14))
+        got = numbers(read_count(source, 4))
+        assert sorted(got) == [9, 13, 90, 91]  # once each, whenever ev.9 was found
+        assert [n for n in got if n >= 90] == [90, 91] and [n for n in got if n < 90] == [9, 13]
+        time.sleep(0.2)
+        assert source.read(100) == []
+    finally:
+        source.close()
+
+
+def spare_index(parallelism: int) -> int:
+    """A task of ``parallelism`` that owns none of ev.0 .. ev.3."""
+    return min(set(range(parallelism)) - {subject_owner(s, parallelism) for s in SUBJECTS})
 
 
 def test_a_task_without_partitions_ends_at_once_when_bounded(nats_server):
     url = nats_server.url
     fill(url, 10)
-    spare = opened(url, JetStreamSource("EV", until="now"), 4, 5)  # 4 subjects, 5 tasks
+    spare = opened(url, JetStreamSource("EV", until="now"), spare_index(5), 5)  # 4 subjects, 5 tasks
     try:
         assert spare.read(10) is None
     finally:
         spare.close()
-    spare = opened(url, JetStreamSource("EV"), 4, 5)
+    spare = opened(url, JetStreamSource("EV"), spare_index(5), 5)
     try:
         assert spare.read(10) == []
     finally:
@@ -431,19 +452,145 @@ def test_a_stream_that_goes_away_fails_the_read(nats_server, monkeypatch):
         source.close()
 
 
-async def test_a_stream_that_does_not_exist_is_refused_at_submit_naming_it(cluster, tmp_path, capsys):
-    """`gearbus submit` (and the cluster runners) open the JetStream sources from the
-    client first: a missing stream is an error before anything is submitted."""
-    from gearbus.cli import main
+def on_subject(subject: str, numbers_: range) -> list[tuple[str, bytes]]:
+    return [(subject, json.dumps({"n": n}).encode()) for n in numbers_]
 
-    app = tmp_path / "missing_stream.py"
-    app.write_text("from gearbus import Pipeline\n"
-                   "def application(args):\n"
-                   "    p = Pipeline('missing')\n"
-                   "    p.read_jetstream('NOPE', until='now', name='events').write_jsonl('/tmp/x.jsonl', name='out')\n"
-                   "    return p\n")
-    code = await asyncio.get_running_loop().run_in_executor(
-        None, main, ["submit", "--nats", cluster.url, str(app)])
-    assert code == 2
-    error = capsys.readouterr().err
-    assert "step 'events'" in error and "'NOPE' does not exist" in error
+
+def read_into(tasks: list, got: list[list], total: int, timeout: float = 30.0) -> None:
+    """Drive every task (as their source loops would) until ``total`` records were read in all."""
+    deadline = time.monotonic() + timeout
+    while sum(map(len, got)) < total:
+        assert time.monotonic() < deadline, f"only {sum(map(len, got))} of {total} records within {timeout} s"
+        batches = [task.read(1000) for task in tasks]
+        for mine, batch in zip(got, batches):
+            mine.extend(batch or [])
+        if not any(batches):
+            time.sleep(min(task.idle_wait_s() for task in tasks))
+
+
+def test_an_empty_stream_whose_subjects_appear_one_by_one_is_read_once_by_the_tasks_owning_them(nats_server):
+    """Two tasks open on a stream with no message yet; subjects get messages one after the
+    other while they read: each record is read once, by the task owning its subject."""
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    tasks = [opened(url, JetStreamSource("EV", "ev.*", until=400), i, 2) for i in range(2)]
+    got: list[list] = [[], []]
+    try:
+        assert [task.read(10) for task in tasks] == [[], []]
+        for k, subject in enumerate(SUBJECTS):
+            publish(url, on_subject(subject, range(100 * k, 100 * k + 100)))
+            read_into(tasks, got, 100 * k + 100)
+        results = [mine + read_all(task) for mine, task in zip(got, tasks)]  # both end at sequence 400
+    finally:
+        for task in tasks:
+            task.close()
+    for index, result in enumerate(results):
+        owned = owned_subjects(SUBJECTS, index, 2)
+        assert numbers(result) == sorted(n for k, s in enumerate(SUBJECTS) if s in owned for n in range(100 * k, 100 * k + 100))
+    assert sorted(numbers(results[0]) + numbers(results[1])) == list(range(400))
+
+
+def test_a_restored_source_reads_the_subjects_that_appeared_after_its_snapshot(nats_server):
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    publish(url, on_subject("ev.0", range(50)))
+    first = opened(url, JetStreamSource("EV", until=200))
+    before = read_count(first, 30)
+    state = first.snapshot()
+    publish(url, on_subject("ev.1", range(50, 100)))
+    read_count(first, 70)  # ev.1 too, read past the snapshot: then a "crash"
+    first.close()
+    publish(url, on_subject("ev.2", range(100, 200)))
+    second = opened(url, JetStreamSource("EV", until=200))
+    second.restore(state)
+    try:
+        after = read_all(second)
+    finally:
+        second.close()
+    assert state["subjects"] == ["ev.0"]
+    assert sorted(numbers(before + after)) == list(range(200))
+
+
+def test_a_rescaled_source_hands_each_subject_on_and_reads_those_that_appear_later(nats_server):
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    ranges = {"ev.0": range(100), "ev.1": range(100, 200), "ev.2": range(200, 400), "ev.3": range(400, 600)}
+    subject_of = {n: subject for subject, numbers_ in ranges.items() for n in numbers_}
+    publish(url, on_subject("ev.0", ranges["ev.0"]) + on_subject("ev.1", ranges["ev.1"]))
+    old = [opened(url, JetStreamSource("EV", until=600), i, 2) for i in range(2)]
+    got: list[list] = [[], []]
+    try:
+        read_into(old, got, 120)
+        states = [task.snapshot() for task in old]
+    finally:
+        for task in old:
+            task.close()
+    publish(url, on_subject("ev.2", ranges["ev.2"]) + on_subject("ev.3", ranges["ev.3"]))
+    new = []
+    try:
+        for index in range(3):
+            new.append(opened(url, JetStreamSource("EV", until=600), index, 3))
+            new[index].restore(JetStreamSource("EV").rescale(states, index, 3))
+        results = [read_all(task) for task in new]
+    finally:
+        for task in new:
+            task.close()
+    for index, result in enumerate(results):
+        assert {subject_of[n] for n in numbers(result)} <= set(owned_subjects(SUBJECTS, index, 3))
+    assert sorted(numbers(got[0] + got[1]) + [n for result in results for n in numbers(result)]) == list(range(600))
+
+
+def test_a_task_with_no_subject_yet_moves_its_watermark_with_the_clock_and_never_past_what_comes(
+        nats_server, monkeypatch):
+    """With the stream's timestamps, a task that has no subject (yet) does not hold the
+    watermark back: it follows the time of its last look for subjects, less the idle
+    timeout, so the records of a subject that appears later are not late. With event times
+    of the user's own it cannot know their clock, and gives none."""
+    monkeypatch.setattr(jetstream_source, "DISCOVER_INTERVAL_S", 0.05)
+    url = nats_server.url
+    ensure_stream(url, "EV", ["ev.*"])
+    source = opened(url, JetStreamSource("EV", idle_timeout_ms=200))
+    custom = opened(url, JetStreamSource("EV", idle_timeout_ms=200, timestamp_fn=lambda v: v["n"]))
+    try:
+        assert source.read(10) == [] and custom.read(10) == []
+        first = source.watermark()
+        assert first is not None and first > int(time.time() * 1000) - 5_000
+        deadline = time.monotonic() + 10
+        while source.watermark() <= first:  # it moves on as the task looks again
+            assert time.monotonic() < deadline, "the watermark of a task with no subject did not move"
+            assert source.read(10) == []
+            time.sleep(0.05)
+        given = source.watermark()
+        publish(url, events(0, 20))
+        records = read_count(source, 20)
+        assert min(r.timestamp for r in records) > given
+        assert custom.watermark() is None
+    finally:
+        source.close()
+        custom.close()
+
+
+def test_a_task_with_no_subject_and_event_times_of_its_own_follows_the_other_subjects_newest(
+        nats_server, monkeypatch):
+    """With a ``timestamp_fn``, a task owning none of the subjects gives the oldest of the
+    event times of their last messages, less the allowed disorder: the tasks reading them
+    hold the app back, and it does not (a bounded one waits for the end of the stream, as a
+    subject may still appear)."""
+    monkeypatch.setattr(jetstream_source, "DISCOVER_INTERVAL_S", 0.05)
+    url = nats_server.url
+    fill(url, 20)  # ev.0 .. ev.3, their last events 16 .. 19
+    spare = opened(url, JetStreamSource("EV", until=40, timestamp_fn=lambda v: v["n"], max_out_of_orderness_ms=5),
+                   spare_index(5), 5)
+    try:
+        assert spare.read(10) == []
+        deadline = time.monotonic() + 10
+        while spare.watermark() is None:
+            assert time.monotonic() < deadline, "no watermark from a task with no subject"
+            assert spare.read(10) == []
+            time.sleep(0.05)
+        assert spare.watermark() == 16 - 5 - 1
+        publish(url, events(20, 40))
+        assert read_all(spare) == []  # it ends once the stream reached 40
+        assert spare.watermark() == 36 - 5 - 1
+    finally:
+        spare.close()

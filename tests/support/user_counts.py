@@ -21,14 +21,14 @@ EVENTS = 6_000
 USERS = 7
 
 
-async def publish(url: str, first: int, end: int, subjects: int = 1) -> None:
-    """Events ``first`` to ``end`` (exclusive) on subject ev.1 (with ``subjects``: event n on
-    ev.<1 + n % subjects>), deduplicated by number."""
+async def publish(url: str, first: int, end: int, subjects: int = 1, first_subject: int = 1) -> None:
+    """Events ``first`` to ``end`` (exclusive) on subject ev.<first_subject> (with ``subjects``:
+    event n on ev.<first_subject + n % subjects>), deduplicated by number."""
     nc = await nats.connect(url)
     try:
         publisher = await Publisher(nc).open()
         for n in range(first, end):
-            await publisher.publish(f"ev.{1 + n % subjects}", json.dumps({"n": n, "user": f"u{n % USERS}"}).encode(),
+            await publisher.publish(f"ev.{first_subject + n % subjects}", json.dumps({"n": n, "user": f"u{n % USERS}"}).encode(),
                                     f"ev-{n}")
         await publisher.drain()
     finally:
