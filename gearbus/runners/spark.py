@@ -59,6 +59,7 @@ from gearbus.api.steps import (
     for_step,
 )
 from gearbus.api.graph import GraphError
+from gearbus.control.config import AppConfig
 from gearbus.api.task import now_ms
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.artifact import pack
@@ -82,7 +83,6 @@ from gearbus.runtime.windows import WindowOperator, window_limits
 from shared.bus import NATS_URL_ENV
 from shared.messages import AppError, AppState
 
-DEFAULT_BATCH_RECORDS = 4096
 MASTER_CONNECT_TIMEOUT_S = 5.0
 
 
@@ -161,7 +161,7 @@ class SparkPlan:
         self.sc = spark.sparkContext
         self.nats_servers = list(nats_servers)
         self.warn = warn
-        self.batch = int(pipeline.config.get("batch_records", DEFAULT_BATCH_RECORDS))
+        self.batch = AppConfig.parse(pipeline.config).batch_records
         self.rdds: dict[Step, object] = {}
         self.watermarks: dict[Step, object] = {}  # step -> its source's max delay, CARRIED or None
         self.outputs: list = []  # what run() does, in order: functions that each write one output
