@@ -124,12 +124,17 @@ def call_application(module, args: list[str], origin: str) -> BasePipeline | App
 
 
 def build_application(module, args: list[str], origin: str, runner: str = "cluster") -> Application:
-    """Call the module's ``application(args)``; plan a Pipeline for ``runner``."""
+    """Call the module's ``application(args)``; plan a Pipeline for ``runner`` (an
+    Application's config is checked as a plan checks a Pipeline's)."""
     from gearbus.api.dsl import BasePipeline
+    from gearbus.control.config import AppConfig
     from gearbus.planner import plan
 
     app = call_application(module, args, origin)
-    return plan(app, runner) if isinstance(app, BasePipeline) else app
+    if isinstance(app, BasePipeline):
+        return plan(app, runner)
+    AppConfig.parse(app.config)
+    return app
 
 
 def import_file(path: str):

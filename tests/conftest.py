@@ -60,7 +60,7 @@ SPARK_FILES = {
 
 #: Files whose tests share one cluster (a module-scoped fixture): one worker runs each such file whole.
 SHARED_CLUSTER_FILES = {"integration/test_raw_protocol.py", "integration/test_security.py", "integration/test_shell.py",
-                        "integration/test_stages.py"}
+                        "integration/test_stages.py", "integration/test_config_at_submit.py"}
 
 
 class SparkOnOneWorker(LoadGroupScheduling):

@@ -156,12 +156,12 @@ class SparkPlan:
     """The translation of one pipeline; :meth:`run` executes its sinks."""
 
     def __init__(self, pipeline: BasePipeline, spark, nats_servers: Sequence[str] = (), warn=print):
+        self.batch = AppConfig.parse(pipeline.config).batch_records  # a bad config fails before Spark is asked
         self.pipeline = pipeline
         self.spark = spark
         self.sc = spark.sparkContext
         self.nats_servers = list(nats_servers)
         self.warn = warn
-        self.batch = AppConfig.parse(pipeline.config).batch_records
         self.rdds: dict[Step, object] = {}
         self.watermarks: dict[Step, object] = {}  # step -> its source's max delay, CARRIED or None
         self.outputs: list = []  # what run() does, in order: functions that each write one output
