@@ -130,8 +130,8 @@ class Layout:
 
 def plan(pipeline: BasePipeline, runner: str = "cluster") -> Application:
     """Plan ``pipeline`` for ``runner``; every error names the step it is about."""
+    layout = Layout(pipeline)  # the config first: a key the user mistyped, whatever the steps
     check(pipeline, runner)
-    layout = Layout(pipeline)
     chain(layout)
     connect(layout)
     place_operators(layout)
