@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from gearbus.api.partitioners import MAX_PARALLELISM
+from gearbus.control.config import SAVEPOINT_NAME, SAVEPOINT_NAME_RULE
 
 
 def _integer(text: str, low: int, high: int | None = None) -> int:
@@ -58,3 +59,10 @@ def step_parallelism(text: str) -> tuple[str, int]:
     if not 1 <= int(n) <= MAX_PARALLELISM:
         raise argparse.ArgumentTypeError(f"{text!r}: a parallelism is from 1 to {MAX_PARALLELISM} (the key groups)")
     return step, int(n)
+
+
+def savepoint_name(text: str) -> str:
+    """A savepoint's name, as the AppMaster takes one ("": the default, made for it)."""
+    if text and not SAVEPOINT_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a savepoint name is {SAVEPOINT_NAME_RULE}")
+    return text

@@ -606,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help="submit an app to a cluster and print its id")
     cluster_args(submit)
     submit.add_argument("--name", default="", help="application name (default: the app's own)")
-    submit.add_argument("--from-savepoint", default="", metavar="NAME",
+    submit.add_argument("--from-savepoint", default="", metavar="NAME", type=arguments.savepoint_name,
                         help="start from a savepoint, matching its state to this pipeline's steps by name")
     submit.add_argument("--allow-unclaimed-state", action="store_true",
                         help="with --from-savepoint: drop saved state no step claims, start unmatched steps empty")
@@ -653,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint = sub.add_parser("savepoint", help="write a named checkpoint of a running app (--stop: then end it)")
     cluster_args(savepoint)
     savepoint.add_argument("app_id", type=arguments.app_id)
-    savepoint.add_argument("--name", default="", help="letters, digits, - and _ (default app<id>-<checkpoint>)")
+    savepoint.add_argument("--name", default="", type=arguments.savepoint_name, help="letters, digits, - and _ (default app<id>-<checkpoint>)")
     savepoint.add_argument("--stop", action="store_true", help="end the app once the savepoint is written")
     savepoint.set_defaults(handler=_savepoint)
 

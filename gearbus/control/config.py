@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,9 @@ from shared.messages import Placement
 BACKENDS = ("memory", "rocksdb")
 #: The cluster's default when an app names none (set it on the workers' processes).
 BACKEND_ENV = "GEARBUS_STATE_BACKEND"
+#: What a savepoint may be named (`gearbus savepoint --name`, config from_savepoint).
+SAVEPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+SAVEPOINT_NAME_RULE = "1-64 letters, digits, '-' or '_'"
 
 #: The debloat target by state backend, when the app sets none. State on disk makes a task
 #: slow, and a fixed window then queues seconds of records before each barrier: at
@@ -122,8 +126,9 @@ class AppConfig:
     worker_id: str = key("", TEXT, "the worker of placement: worker")
     timeout_s: float = key(0.0, number(), "a shell app's command is stopped after this long (0: never)")
     stage: int | None = key(None, integer(0), "the stage of a multi-stage app this app runs", internal=True)
-    from_savepoint: str = key("", TEXT, "the savepoint the app starts from (gearbus submit --from-savepoint)",
-                              internal=True)
+    from_savepoint: str = key("", Rule(lambda v: v == "" or isinstance(v, str) and bool(SAVEPOINT_NAME.fullmatch(v)),
+                                       f"a savepoint name ({SAVEPOINT_NAME_RULE})"),
+                              "the savepoint the app starts from (gearbus submit --from-savepoint)", internal=True)
     allow_unclaimed_state: bool = key(False, BOOLEAN, "start although the savepoint holds state no step takes",
                                       internal=True)
 

@@ -10,7 +10,6 @@ import dataclasses
 import itertools
 import os
 import pickle
-import re
 import threading
 import time
 import traceback
@@ -18,7 +17,7 @@ import traceback
 import structlog
 
 from gearbus.api.graph import Application, GraphError
-from gearbus.control.config import AppConfig, ConfigError
+from gearbus.control.config import SAVEPOINT_NAME, SAVEPOINT_NAME_RULE, AppConfig, ConfigError
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
@@ -103,7 +102,6 @@ RESOURCE_TIMEOUT_S = 65.0  # a slot request waits at most this (the master's own
 #: request, was less than a restore of 5,000,000 keys, and each deployment failed). An
 #: executor that hangs meanwhile is found by its heartbeats, which a restore never stops.
 RESTORE_TIMEOUT_S = 600.0
-SAVEPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SAVEPOINT_CHECKPOINT_ID = 1  # an app started from a savepoint restores it as its checkpoint 1
 STATE_QUERY_TIMEOUT_S = 10.0  # how long the executor may take to read a key's state
 FENCE_TIMEOUT_S = 5.0  # how long to wait for a worker to kill an executor declared lost
@@ -737,8 +735,7 @@ class AppMaster(common.AppMasterProcess):
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is not running: no savepoint now",
                                retryable=True)
         if msg.name and not SAVEPOINT_NAME.fullmatch(msg.name):
-            raise RequestError(ErrorCode.BAD_REQUEST, f"savepoint name {msg.name!r}: use 1-64 letters, digits, "
-                                                      "'-' or '_'")
+            raise RequestError(ErrorCode.BAD_REQUEST, f"savepoint name {msg.name!r}: use {SAVEPOINT_NAME_RULE}")
         if msg.name and await self.store.savepoint(msg.name) is not None:
             raise RequestError(ErrorCode.CONFLICT, f"a savepoint named {msg.name!r} already exists")
         request_id = next(self._savepoint_requests)

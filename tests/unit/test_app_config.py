@@ -50,7 +50,7 @@ CHECKS = {
     "worker_id": (["worker-0", ""], [0], "a string"),
     "timeout_s": ([0, 2.5], [-1], "a non-negative number"),
     "stage": ([0, 3, None], [-1, "1"], "an integer >= 0"),
-    "from_savepoint": (["sp-1", ""], [1], "a string"),
+    "from_savepoint": (["sp-1", ""], [1, "a b", "x" * 65], "a savepoint name (1-64 letters, digits, '-' or '_')"),
     "allow_unclaimed_state": ([True, False], ["yes"], "true or false"),
 }
 

@@ -27,6 +27,8 @@ CLOSED = ["--nats", "nats://127.0.0.1:1"]
     (["list", *CLOSED, "--request-timeout", "0"], "argument --request-timeout: must be a positive number of seconds"),
     (["shell", *CLOSED, "--timeout", "0", "--", "true"], "argument --timeout: must be a positive number of seconds"),
     (["security", "init", "dir", "--days", "0"], "argument --days: must be an integer >= 1, got '0'"),
+    (["savepoint", *CLOSED, "3", "--name", "my savepoint"], "argument --name: 'my savepoint': a savepoint name is"),
+    (["submit", *CLOSED, "--from-savepoint", "../x", "app.py"], "argument --from-savepoint: '../x': a savepoint name"),
 ])
 def test_an_argument_that_cannot_work_is_refused_by_the_parser(capsys, argv, message):
     with pytest.raises(SystemExit) as exited:
