@@ -672,6 +672,7 @@ class SparkRunner:
         from gearbus.runners import RunResult, load_pipeline
 
         pipeline = load_pipeline(app, args)
+        AppConfig.parse(pipeline.config)  # a bad config is refused before a Spark session starts
         spark = self.spark or spark_session(self.master, pipeline.name)
         if isinstance(app, str):
             ship_module(spark.sparkContext, app)

@@ -17,7 +17,7 @@ from gearbus.control.config import (BACKEND_ENV, DEBLOAT_TARGET_MS, AppConfig, C
                                     internal_keys, user_keys)
 from gearbus.planner import plan
 from gearbus.runners import TestRunner
-from gearbus.runners.spark import SparkPlan
+from gearbus.runners.spark import SparkRunner
 from tests.support.paths import APPS, REPO
 
 #: key: (values it takes, values it refuses, what the refusal says is allowed)
@@ -148,7 +148,7 @@ def test_the_test_runner_and_the_spark_runner_refuse_it_before_running_anything(
     with pytest.raises(ConfigError, match=MESSAGE):
         TestRunner().run(pipeline(BAD))
     with pytest.raises(ConfigError, match=MESSAGE):
-        SparkPlan(pipeline(BAD), spark=None)  # before Spark is asked for anything
+        SparkRunner().run(pipeline(BAD))  # before a Spark session starts (which needs Java)
 
 
 def test_an_application_file_with_a_bad_config_fails_when_it_is_built_here():
