@@ -653,7 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint = sub.add_parser("savepoint", help="write a named checkpoint of a running app (--stop: then end it)")
     cluster_args(savepoint)
     savepoint.add_argument("app_id", type=arguments.app_id)
-    savepoint.add_argument("--name", default="", type=arguments.savepoint_name, help="letters, digits, - and _ (default app<id>-<checkpoint>)")
+    savepoint.add_argument("--name", default="", type=arguments.savepoint_name,
+                           help="letters, digits, - and _ (default app<id>-<checkpoint>)")
     savepoint.add_argument("--stop", action="store_true", help="end the app once the savepoint is written")
     savepoint.set_defaults(handler=_savepoint)
 

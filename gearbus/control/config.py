@@ -107,7 +107,7 @@ class AppConfig:
     task_metrics: bool = key(True, BOOLEAN, "time every batch a task processes (latency histogram, busy share)")
     combine_keys: int = key(100_000, integer(1), "keys a map-side combine holds before sending partial aggregates")
     checkpoint_interval_ms: int = key(1000, integer(0), "how often to checkpoint; 0: only a bounded app's last")
-    incremental_checkpoints: bool = key(True, BOOLEAN, "keyed state snapshots hold only the keys changed since the last")
+    incremental_checkpoints: bool = key(True, BOOLEAN, "keyed state snapshots hold the keys changed since the last")
     local_copies: bool = key(True, BOOLEAN, "state on disk keeps a local copy of each checkpoint to restore from")
     checkpoint_timeout_ms: int = key(60_000, integer(1), "a checkpoint not complete by then is abandoned")
     checkpoints_kept: int = key(3, integer(1), "completed checkpoints kept in the object store")
