@@ -338,9 +338,9 @@ class AppMaster(common.AppMasterProcess):
         keys = [(t.processor, t.index) for t in self._plan_tasks()]
         sources = [(p.id, i) for p in self.plan.graph.processors if p.is_source for i in range(p.parallelism)]
         return cp.CheckpointCoordinator(
-            keys, sources, interval_s=config.checkpoint_interval_ms / 1000, timeout_s=config.checkpoint_timeout_ms / 1000,
-            keep=config.checkpoints_kept, max_consecutive_failures=config.checkpoint_failures_tolerated,
-            epoch=epoch, restored_from=latest, compact_depth=COMPACT_DEPTH)
+            keys, sources, interval_s=config.checkpoint_interval_ms / 1000,
+            timeout_s=config.checkpoint_timeout_ms / 1000, keep=config.checkpoints_kept,
+            max_consecutive_failures=config.checkpoint_failures_tolerated, epoch=epoch, restored_from=latest, compact_depth=COMPACT_DEPTH)
 
     # --- carrying out what the state machine decides ---------------------------------
 

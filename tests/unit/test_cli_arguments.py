@@ -19,7 +19,7 @@ CLOSED = ["--nats", "nats://127.0.0.1:1"]
     (["run", "--slots", "-2", "app.py"], "argument --slots: must be an integer >= 1, got '-2'"),
     (["run", "--timeout", "-1", "app.py"], "argument --timeout: must be a positive number of seconds, got '-1'"),
     (["run", "--dashboard", "70000", "app.py"], "argument --dashboard: must be an integer from 0 to 65535"),
-    (["replace", *CLOSED, "--at", "soon", "3", "count", "app.py"], "argument --at: must be an integer >= 0, got 'soon'"),
+    (["replace", *CLOSED, "--at", "soon", "3", "count", "app.py"], "argument --at: must be an integer >= 0"),
     (["replace", *CLOSED, "--at", "-5", "3", "count", "app.py"], "argument --at: must be an integer >= 0, got '-5'"),
     (["status", *CLOSED, "0"], "argument app_id: must be an integer >= 1, got '0'"),
     (["kill", *CLOSED, "x"], "argument app_id: must be an integer >= 1, got 'x'"),

@@ -125,7 +125,8 @@ def test_a_receivers_window_is_taken_up_to_credit_frames_and_never_shrinks_a_lim
 
 def test_the_debloat_target_follows_the_state_backend_unless_the_app_sets_one():
     assert AppConfig.parse({}).resolved().debloat_target_ms == DEBLOAT_TARGET_MS["memory"] == 0
-    assert AppConfig.parse({"state_backend": "rocksdb"}).resolved().debloat_target_ms == DEBLOAT_TARGET_MS["rocksdb"] > 0
+    on_disk = AppConfig.parse({"state_backend": "rocksdb"}).resolved()
+    assert on_disk.debloat_target_ms == DEBLOAT_TARGET_MS["rocksdb"] > 0
     assert AppConfig.parse({"state_backend": "rocksdb", "debloat_target_ms": 0}).resolved().debloat_target_ms == 0
     assert AppConfig.parse({"debloat_target_ms": 250}).resolved().debloat_target_ms == 250
     for bad in (-1, float("nan"), float("inf")):
