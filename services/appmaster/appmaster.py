@@ -340,7 +340,8 @@ class AppMaster(common.AppMasterProcess):
         return cp.CheckpointCoordinator(
             keys, sources, interval_s=config.checkpoint_interval_ms / 1000,
             timeout_s=config.checkpoint_timeout_ms / 1000, keep=config.checkpoints_kept,
-            max_consecutive_failures=config.checkpoint_failures_tolerated, epoch=epoch, restored_from=latest, compact_depth=COMPACT_DEPTH)
+            max_consecutive_failures=config.checkpoint_failures_tolerated, epoch=epoch, restored_from=latest,
+            compact_depth=COMPACT_DEPTH)
 
     # --- carrying out what the state machine decides ---------------------------------
 
