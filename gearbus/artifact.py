@@ -128,12 +128,17 @@ def call_application(module, args: list[str], origin: str, submitter_dir: str = 
 def build_application(module, args: list[str], origin: str, runner: str = "cluster", note: bool = True,
                       submitter_dir: str = "") -> Application:
     """Call the module's ``application(args)`` (paths as :func:`call_application`); plan a
-    Pipeline for ``runner`` (``note``: see plan)."""
+    Pipeline for ``runner`` (``note``: see plan; an Application's config is checked as a plan
+    checks a Pipeline's)."""
     from gearbus.api.dsl import BasePipeline
+    from gearbus.control.config import AppConfig
     from gearbus.planner import plan
 
     app = call_application(module, args, origin, submitter_dir)
-    return plan(app, runner, note) if isinstance(app, BasePipeline) else app
+    if isinstance(app, BasePipeline):
+        return plan(app, runner, note)
+    AppConfig.parse(app.config)
+    return app
 
 
 def import_file(path: str):

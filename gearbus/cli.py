@@ -17,6 +17,7 @@ import sys
 import time
 
 from gearbus.api.graph import GraphError
+from gearbus import arguments
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.artifact import ArtifactError, load_local
 from gearbus.client import Client
@@ -277,9 +278,6 @@ async def _run(args) -> int:
 
 
 def _security_init(args) -> int:
-    if args.days < 1:
-        print("gearbus security init: --days must be at least 1", file=sys.stderr)
-        return 2
     made = init_security(args.dir, tls=args.tls, listen=args.listen, hostnames=tuple(args.hostname),
                          cert_days=args.days, store_dir=args.store_dir, if_missing=args.if_missing)
     print(security_summary(made))
@@ -338,10 +336,10 @@ async def _with_client(args, action) -> int:
 async def _submit(args) -> int:
     from gearbus.runners import prepare
 
-    artifact, name = prepare(args.app, args.app_args, "cluster", args.nats)
     config = {}
     if args.from_savepoint:
         config = {"from_savepoint": args.from_savepoint, "allow_unclaimed_state": args.allow_unclaimed_state}
+    artifact, name = prepare(args.app, args.app_args, "cluster", args.nats, config)
 
     async def go(client: Client) -> int:
         app_id = await client.submit(artifact, args.app_args, name=args.name or name, config=config)
@@ -369,24 +367,8 @@ async def _savepoint(args) -> int:
                                          f"{taken.size_bytes} bytes, steps: {', '.join(taken.steps) or '-'}){stopped}")
 
 
-def _step_parallelisms(pairs: list[str]) -> dict[str, int]:
-    """``STEP=N`` arguments as ``{step: N}`` (argparse reports what is wrong)."""
-    parallelism = {}
-    for pair in pairs:
-        step, sep, n = pair.rpartition("=")
-        if not sep or not step or not n.strip().lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"{pair!r}: write STEP=N, e.g. count=4")
-        parallelism[step] = int(n)
-    return parallelism
-
-
 async def _rescale(args) -> int:
-    try:
-        parallelism = _step_parallelisms(args.parallelism)
-    except argparse.ArgumentTypeError as exc:
-        print(f"gearbus rescale: {exc}", file=sys.stderr)
-        return 2
-
+    parallelism = dict(args.parallelism)
     return await _answered(args, lambda client: client.rescale(args.app_id, parallelism),
                            lambda done: f"app {done.app_id} rescaled (epoch {done.epoch}): "
                                         + ", ".join(f"{name} ×{n}" for name, n in done.processors.items()))
@@ -407,6 +389,8 @@ async def _replace(args) -> int:
 
 async def _state(args) -> int:
     from gearbus.runtime import state_query
+
+    state_query.parse_key(args.key)  # a key that is not JSON is refused here (exit 2), not by the AppMaster
 
     async def go(client: Client) -> int:
         reply = await client.state(args.app_id, args.step, args.key)
@@ -565,8 +549,6 @@ async def _shell(args) -> int:
     from gearbus.runtime.shell import WorkerChoiceError, choose_workers
 
     argv = _shell_argv(args.argv)
-    if args.timeout is not None and not args.timeout > 0:
-        raise UsageError("--timeout must be a positive number of seconds")
 
     async def go(client: Client) -> int:
         info = await client.info()
@@ -641,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--nats", default=os.environ.get(NATS_URL_ENV, DEFAULT_NATS_URL),
                        help=f"NATS URL of the cluster (default ${NATS_URL_ENV} or {DEFAULT_NATS_URL})")
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.add_argument("--request-timeout", type=float, default=10.0, help="seconds to wait for the master")
+        p.add_argument("--request-timeout", type=arguments.seconds, default=10.0, help="seconds to wait for the master")
         add_security_arguments(p)
 
     run = sub.add_parser("run", help="run an app (default: on an embedded cluster) and wait for it")
@@ -652,13 +634,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Spark master URL for --runner spark (default local[*]; e.g. spark://host:7077)")
     run.add_argument("--nats", default=os.environ.get(NATS_URL_ENV, DEFAULT_NATS_URL),
                      help="NATS URL of the cluster for --runner cluster, and of JetStream steps for --runner spark")
-    run.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
-    run.add_argument("--slots", type=int, default=4, help="slots per worker (default 4)")
-    run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    run.add_argument("--workers", type=arguments.count, default=2, help="workers to start (default 2)")
+    run.add_argument("--slots", type=arguments.count, default=4, help="slots per worker (default 4)")
+    run.add_argument("--timeout", type=arguments.seconds, default=None, help="give up after this many seconds")
     run.add_argument("--log-dir", default=None, help="where process logs go (default: a temp dir)")
     run.add_argument("--json", action="store_true", help="print a JSON summary with phase timings")
     run.add_argument("-v", "--verbose", action="store_true", help="print the traceback of a failure")
-    run.add_argument("--dashboard", type=int, nargs="?", const=DASHBOARD_PORT, default=None, metavar="PORT",
+    run.add_argument("--dashboard", type=arguments.port, nargs="?", const=DASHBOARD_PORT, default=None, metavar="PORT",
                      help=f"serve the web dashboard of the cluster while the app runs (default port {DASHBOARD_PORT})")
     run.add_argument("--secure", action="store_true",
                      help="the embedded cluster with generated credentials per role and TLS (gearbus security init)")
@@ -680,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help="submit an app to a cluster and print its id")
     cluster_args(submit)
     submit.add_argument("--name", default="", help="application name (default: the app's own)")
-    submit.add_argument("--from-savepoint", default="", metavar="NAME",
+    submit.add_argument("--from-savepoint", default="", metavar="NAME", type=arguments.savepoint_name,
                         help="start from a savepoint, matching its state to this pipeline's steps by name")
     submit.add_argument("--allow-unclaimed-state", action="store_true",
                         help="with --from-savepoint: drop saved state no step claims, start unmatched steps empty")
@@ -693,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("restart", _restart, "submit an app again (a running one: from a savepoint)")):
         p = sub.add_parser(name, help=text)
         cluster_args(p)
-        p.add_argument("app_id", type=int)
+        p.add_argument("app_id", type=arguments.app_id)
         if name == "status":
             p.add_argument("--debug", action="store_true",
                            help="also the AppMaster's last events, and what its state machine decided on each")
@@ -704,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_args(shell)
     shell.add_argument("--workers", default="all", metavar="all|N|ID,...",
                        help="every live worker (default), the first N by id, or these ids (gearbus info lists them)")
-    shell.add_argument("--timeout", type=float, default=None, metavar="S",
+    shell.add_argument("--timeout", type=arguments.seconds, default=None, metavar="S",
                        help="stop each command S seconds after it started (SIGTERM, then SIGKILL)")
     shell.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS...",
                        help="the command, run as given (no shell reads it)")
@@ -719,7 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     logs = sub.add_parser("logs", help="print what an app's processes wrote (from every worker)")
     cluster_args(logs)
-    logs.add_argument("app_id", type=int)
+    logs.add_argument("app_id", type=arguments.app_id)
     logs.add_argument("--task", default="", metavar="NAME[I]",
                       help="only the log of the executor running this task: NAME[I] as status shows it "
                            "(e.g. count[1]), or P.I (processor id or name, task index)")
@@ -728,15 +710,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     savepoint = sub.add_parser("savepoint", help="write a named checkpoint of a running app (--stop: then end it)")
     cluster_args(savepoint)
-    savepoint.add_argument("app_id", type=int)
-    savepoint.add_argument("--name", default="", help="letters, digits, - and _ (default app<id>-<checkpoint>)")
+    savepoint.add_argument("app_id", type=arguments.app_id)
+    savepoint.add_argument("--name", default="", type=arguments.savepoint_name,
+                           help="letters, digits, - and _ (default app<id>-<checkpoint>)")
     savepoint.add_argument("--stop", action="store_true", help="end the app once the savepoint is written")
     savepoint.set_defaults(handler=_savepoint)
 
     rescale = sub.add_parser("rescale", help="run steps of a running app at another parallelism, state and all")
     cluster_args(rescale)
-    rescale.add_argument("app_id", type=int)
-    rescale.add_argument("parallelism", nargs="+", metavar="STEP=N",
+    rescale.add_argument("app_id", type=arguments.app_id)
+    rescale.add_argument("parallelism", nargs="+", metavar="STEP=N", type=arguments.step_parallelism,
                          help="a step and its processor's new parallelism (chained steps rescale together: "
                               "gearbus plan shows them)")
     rescale.set_defaults(handler=_rescale)
@@ -747,10 +730,10 @@ def build_parser() -> argparse.ArgumentParser:
     replace.add_argument("--drop-state", action="store_true",
                          help="start empty the steps whose state the new code would not take over "
                               "(renamed, gone, or of another kind)")
-    replace.add_argument("--at", type=int, default=0, metavar="EVENT_TIME_MS",
+    replace.add_argument("--at", type=arguments.event_time_ms, default=0, metavar="EVENT_TIME_MS",
                          help="records of event time before this (epoch ms) go to the old code, the rest to the new "
                               "(default: the new code takes over at the next checkpoint)")
-    replace.add_argument("app_id", type=int)
+    replace.add_argument("app_id", type=arguments.app_id)
     replace.add_argument("step", help="a step of the processor to replace (in both versions: gearbus plan shows them)")
     replace.add_argument("app", help="the new version of the app (a .py file or package directory)")
     replace.add_argument("app_args", nargs=argparse.REMAINDER, help="its application(args) arguments")
@@ -758,15 +741,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     state = sub.add_parser("state", help="what a keyed step of a running app holds for a key (read live)")
     cluster_args(state)
-    state.add_argument("app_id", type=int)
+    state.add_argument("app_id", type=arguments.app_id)
     state.add_argument("step", help="the step's name (gearbus plan shows them)")
     state.add_argument("key", help='the key as JSON: a string is quoted (\'"word"\'), an array is a tuple')
     state.set_defaults(handler=_state)
 
     wait = sub.add_parser("wait", help="wait for an app to end; exit 0 only if it SUCCEEDED")
     cluster_args(wait)
-    wait.add_argument("app_id", type=int)
-    wait.add_argument("--timeout", type=float, default=None)
+    wait.add_argument("app_id", type=arguments.app_id)
+    wait.add_argument("--timeout", type=arguments.seconds, default=None)
     wait.set_defaults(handler=_wait)
 
     for name, handler, text in (("list", _list, "list applications"), ("info", _info, "masters, workers, slots")):
@@ -785,7 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
         "init", help="write a nats-server.conf and one credential per role (master, worker, client, dashboard)")
     security_init.add_argument("dir", help="a new directory for the files (secrets: keep it private)")
     security_init.add_argument("--tls", action="store_true", help="also a CA and server and client certificates")
-    security_init.add_argument("--days", type=int, default=CERT_DAYS,
+    security_init.add_argument("--days", type=arguments.count, default=CERT_DAYS,
                                help="how long the certificates are valid (default %(default)s days)")
     security_init.add_argument("--listen", default="127.0.0.1:4222",
                                help="the address nats-server.conf listens on (default %(default)s)")

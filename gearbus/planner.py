@@ -32,7 +32,6 @@ from typing import Any
 from gearbus.api.dsl import BasePipeline
 from gearbus.api.graph import Application, Edge, Graph, GraphError, Processor
 from gearbus.api.partitioners import (
-    MAX_PARALLELISM,
     CoLocationPartitioner,
     HashPartitioner,
     IntermediateStream,
@@ -63,6 +62,7 @@ from gearbus.api.steps import (
 )
 from gearbus.api.task import DataSink
 from gearbus.api.windows import GlobalWindows
+from gearbus.control.config import AppConfig
 from gearbus.runtime.async_map import AsyncMapOp
 from gearbus.runtime.chain import (
     ChainedEdge,
@@ -83,7 +83,6 @@ from gearbus.runtime.keyed import KeyedProcessOp, StatefulMapOp
 from gearbus.runtime.savepoints import stateful_steps
 from gearbus.runtime.windows import WindowOperator
 
-DEFAULT_COMBINE_KEYS = 100_000
 RUNNERS = ("test", "local", "cluster")
 HASH_BY_KEY = functools.partial(HashPartitioner, by_key=True)
 JOIN_SIDES = ("left", "right")
@@ -117,11 +116,13 @@ class Layout:
     so far, in order (a processor's id is its position)."""
 
     pipeline: BasePipeline
+    config: AppConfig = field(init=False)  # the pipeline's, checked: a bad key or value fails the plan
     consumers: dict[Step, list[Step]] = field(init=False)
     segments: list[Segment] = field(default_factory=list)
     segment_of: dict[Step, Segment] = field(default_factory=dict)
 
     def __post_init__(self):
+        self.config = AppConfig.parse(self.pipeline.config)
         self.consumers = {s: [] for s in self.pipeline.steps}
         for s in self.pipeline.steps:
             for i in s.inputs:
@@ -131,13 +132,13 @@ class Layout:
 def plan(pipeline: BasePipeline, runner: str = "cluster", note: bool = True) -> Application:
     """Plan ``pipeline`` for ``runner``; every error names the step it is about. ``note``:
     say which stateful steps have fragile derived names (where the user builds it)."""
+    layout = Layout(pipeline)  # the config first: a key the user mistyped, whatever the steps
     check(pipeline, runner)
-    layout = Layout(pipeline)
     chain(layout)
     connect(layout)
     place_operators(layout)
     key_join_inputs(layout)
-    combine_map_side(layout, int(pipeline.config.get("combine_keys", DEFAULT_COMBINE_KEYS)))
+    combine_map_side(layout, layout.config.combine_keys)
     size_streams(layout)
     run_at_senders(layout.segments)
     app = _application(pipeline, layout.segments)
@@ -157,15 +158,6 @@ def check(pipeline: BasePipeline, runner: str) -> None:
         raise GraphError(f"pipeline {pipeline.name!r} has no source")
     if not any(isinstance(s, (Sink, Process)) for s in steps):
         raise GraphError(f"pipeline {pipeline.name!r} has no sink: its results would go nowhere")
-    config = pipeline.config
-    if config.get("intermediate_streams", "none") not in ("all", "none"):
-        raise GraphError(f"pipeline {pipeline.name!r}: config intermediate_streams must be 'all' or 'none', "
-                         f"got {config['intermediate_streams']!r}")
-    partitions = config.get("intermediate_stream_partitions")
-    if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)
-                                   or not 1 <= partitions <= MAX_PARALLELISM):
-        raise GraphError(f"pipeline {pipeline.name!r}: config intermediate_stream_partitions must be an integer "
-                         f"from 1 to {MAX_PARALLELISM}, got {partitions!r}")
     for step in steps:
         _check_runner(step, runner)
         if isinstance(step, Aggregate):
@@ -240,7 +232,7 @@ def connect(layout: Layout) -> None:
     intermediate stream for a ``repartition`` via jetstream, or for every such edge when
     the config says ``intermediate_streams: all``); anything else forward: each record
     stays in its task when the parallelisms match, round-robin otherwise."""
-    every_shuffle = layout.pipeline.config.get("intermediate_streams", "none") == "all"
+    every_shuffle = layout.config.intermediate_streams == "all"
     for segment in layout.segments:
         for side, input_step in enumerate(segment.head.inputs):
             upstream = layout.segment_of[input_step]
@@ -320,7 +312,7 @@ def size_streams(layout: Layout) -> None:
     config's ``intermediate_stream_partitions``), else the larger of the parallelisms on
     its two sides; the streams into one join share the largest of their counts, so both
     sides of a key land in partitions of the same number."""
-    default = layout.pipeline.config.get("intermediate_stream_partitions")
+    default = layout.config.intermediate_stream_partitions
     for segment in layout.segments:
         streams = [p for _, p in segment.inputs if isinstance(p, IntermediateStream)]
         for upstream, partitioner in segment.inputs:

@@ -18,6 +18,7 @@ import copy
 from gearbus.api.graph import Application, Edge, Graph, GraphError, Processor
 from gearbus.api.partitioners import CoLocationPartitioner, HashPartitioner, IntermediateStream
 from gearbus.connectors.intermediate import StreamReader, StreamWriter
+from gearbus.control.config import AppConfig
 from gearbus.planner import chained_edge, edge_branches, intermediate_streams, stages
 from gearbus.runtime.chain import ChainSourceTask, ChainTask, StreamWriteOp
 from shared.messages import IntermediateStreamSpec
@@ -56,7 +57,7 @@ def stage_app(app: Application, stage: int) -> Application:
         for ops, stream in ((ops, p) for ops, p in edge_branches(edge.partitioner) if isinstance(p, IntermediateStream)):
             if up_in:
                 _write(new_graph, copies[edge.upstream.id], graph, edge, ops,
-                       StreamWriter(stream, int(app.config.get("intermediate_stream_max_bytes", -1))))
+                       StreamWriter(stream, AppConfig.parse(app.config).intermediate_stream_max_bytes))
             elif copies[edge.downstream.id].data_source is None:
                 reader = new_graph.add(Processor(ChainSourceTask, stream.partitions, f"{stream.stream} reader",
                                                  {"ops": [], "steps": [f"{stream.stream} reader"]},

@@ -8,6 +8,7 @@ import os
 
 from gearbus.api.graph import Application
 from gearbus.artifact import ArtifactError, load_artifact
+from gearbus.control.config import AppConfig
 from gearbus.stages import stage_app
 from services.launch import WORKDIR_ENV
 from shared import digests, subjects
@@ -48,5 +49,5 @@ async def _fetch(bus, launch: LaunchExecutor | AppVersion, module_name: str = ""
                             f"recorded {launch.artifact_digest}): refusing to run it")
     app = load_artifact(data, launch.artifact_kind, launch.entry, launch.args, os.environ.get(WORKDIR_ENV),
                         module_name, launch.submitter_dir)
-    stage = launch.config.get("stage") if isinstance(launch, LaunchExecutor) else None
-    return app if stage is None else stage_app(app, int(stage))
+    stage = AppConfig.parse(launch.config).stage if isinstance(launch, LaunchExecutor) else None
+    return app if stage is None else stage_app(app, stage)

@@ -59,9 +59,10 @@ SPARK_FILES = {
 
 
 #: Files whose tests share one cluster (a module-scoped fixture): one worker runs each such file whole.
-SHARED_CLUSTER_FILES = {"integration/test_dsl_cluster.py", "integration/test_jetstream_before_data.py",
-                        "integration/test_paths.py", "integration/test_raw_protocol.py", "integration/test_security.py",
-                        "integration/test_shell.py", "integration/test_stages.py"}
+SHARED_CLUSTER_FILES = {"integration/test_config_at_submit.py", "integration/test_dsl_cluster.py",
+                        "integration/test_jetstream_before_data.py", "integration/test_paths.py",
+                        "integration/test_raw_protocol.py", "integration/test_security.py", "integration/test_shell.py",
+                        "integration/test_stages.py"}
 
 
 class SparkOnOneWorker(LoadGroupScheduling):

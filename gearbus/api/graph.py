@@ -179,12 +179,9 @@ class Graph:
 
 @dataclass
 class Application:
-    """A named graph plus application config.
-
-    Config keys the runtime reads: ``executors`` (processes to request, default 2),
-    ``batch_records``, ``batch_bytes``, ``linger_ms`` and ``credit_frames`` (data plane),
-    ``state_backend`` (``memory`` or ``rocksdb``: where keyed state lives).
-    """
+    """A named graph plus application config: the keys of
+    :class:`gearbus.control.config.AppConfig` (docs/operations.md lists them), checked
+    when the app is built to run and when it is submitted."""
 
     name: str
     graph: Graph

@@ -23,6 +23,7 @@ from gearbus.api.task import TaskContext
 from gearbus.artifact import Artifact, load_local, load_pipeline as load_pipeline_file, pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
+from gearbus.control.config import AppConfig
 from gearbus.connectors import intermediate
 from gearbus.connectors.jetstream import JetStreamError, on_connection
 from gearbus.planner import plan
@@ -96,7 +97,7 @@ class ClusterRunner:
 
     async def start(self, app_path: str, args: Sequence[str] = (), config: dict | None = None) -> int:
         """Check the app locally, submit it and return its id without waiting."""
-        artifact, name = prepare(app_path, args, "cluster", self.nats_url)
+        artifact, name = prepare(app_path, args, "cluster", self.nats_url, config)
         self.client = Client(self.nats_url, timeout=self.request_timeout, security=self.security)
         await self.client.__aenter__()
         self.app_id = await self.client.submit(artifact, args, name=name, config=config)
@@ -149,7 +150,7 @@ class LocalRunner(ClusterRunner):
         return self.security_dir.security(role) if self.security_dir else Security()
 
     async def start(self, app_path: str, args: Sequence[str] = (), config: dict | None = None) -> int:
-        prepare(app_path, args, "local")  # fail on a bad app before starting any process
+        prepare(app_path, args, "local", config=config)  # fail on a bad app before starting any process
         self.cluster.start()
         self.nats_url = self.cluster.url
         try:
@@ -167,12 +168,15 @@ class LocalRunner(ClusterRunner):
                 shutil.rmtree(self.security_dir.path, ignore_errors=True)
 
 
-def prepare(app_path: str, args: Sequence[str], runner: str,
-            servers: str | Sequence[str] | None = None) -> tuple[Artifact, str]:
+def prepare(app_path: str, args: Sequence[str], runner: str, servers: str | Sequence[str] | None = None,
+            config: dict | None = None) -> tuple[Artifact, str]:
     """Build and plan the app here first, so a bad file, bad arguments, a step the runner
-    cannot run, or (with the cluster's ``servers``) a stream that does not exist are
-    reported before anything is submitted."""
+    cannot run, a bad config (the app's with the submission's ``config`` over it), or
+    (with the cluster's ``servers``) a stream that does not exist are reported before
+    anything is submitted."""
     app = load_local(app_path, list(args), runner)
+    if config:
+        AppConfig.parse({**app.config, **config})
     if servers:
         servers = [servers] if isinstance(servers, str) else list(servers)
         check_sources(app, servers)

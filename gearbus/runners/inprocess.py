@@ -54,13 +54,14 @@ from gearbus.api.graph import Application
 from gearbus.api.io_tasks import DataSourceTask
 from gearbus.api.task import Task, TaskContext, now_ms
 from gearbus.api.watermarks import WATERMARK_MAX
+from gearbus.control.config import AppConfig
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import executor_tasks as lifecycle
 from gearbus.runtime.failures import failure_report
 from gearbus.runtime.core import End, Grant, Snapshot, TaskCore
 from gearbus.runtime.frames import FrameReader
-from gearbus.runtime.sender import DataPlaneConfig, Outgoing, Sender, edges_of, senders_of
+from gearbus.runtime.sender import Outgoing, Sender, edges_of, senders_of
 from gearbus.runtime.replace import carried_over, check_replacement, compose
 from gearbus.runtime.rescale import processors_of
 from gearbus.runtime.savepoints import SavepointMismatch, compacted, rescaled_snapshot, restored_from, whole_snapshot
@@ -118,9 +119,9 @@ class InProcessEngine:
         self.first_epoch = epoch
         self.checkpoint_every = checkpoint_every
         self.random = random.Random(seed)
-        config = DataPlaneConfig.from_config(app.config)
+        config = AppConfig.parse(app.config).resolved()
         self.config = config if batch_records is None else replace(config, batch_records=batch_records)
-        self.settings = st.Settings.from_config(app.config)
+        self.settings = st.Settings.of(self.config)
         processors = app.graph.processors
         self.tasks = [(p.id, i) for p in processors for i in range(p.parallelism)]
         self.sources = [(p.id, i) for p in processors if p.is_source for i in range(p.parallelism)]

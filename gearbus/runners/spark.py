@@ -59,6 +59,7 @@ from gearbus.api.steps import (
     for_step,
 )
 from gearbus.api.graph import GraphError
+from gearbus.control.config import AppConfig
 from gearbus.api.task import now_ms
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.artifact import pack
@@ -82,7 +83,6 @@ from gearbus.runtime.windows import WindowOperator, window_limits
 from shared.bus import NATS_URL_ENV
 from shared.messages import AppError, AppState
 
-DEFAULT_BATCH_RECORDS = 4096
 MASTER_CONNECT_TIMEOUT_S = 5.0
 
 
@@ -156,12 +156,12 @@ class SparkPlan:
     """The translation of one pipeline; :meth:`run` executes its sinks."""
 
     def __init__(self, pipeline: BasePipeline, spark, nats_servers: Sequence[str] = (), warn=print):
+        self.batch = AppConfig.parse(pipeline.config).batch_records  # a bad config fails before Spark is asked
         self.pipeline = pipeline
         self.spark = spark
         self.sc = spark.sparkContext
         self.nats_servers = list(nats_servers)
         self.warn = warn
-        self.batch = int(pipeline.config.get("batch_records", DEFAULT_BATCH_RECORDS))
         self.rdds: dict[Step, object] = {}
         self.watermarks: dict[Step, object] = {}  # step -> its source's max delay, CARRIED or None
         self.outputs: list = []  # what run() does, in order: functions that each write one output
@@ -672,6 +672,7 @@ class SparkRunner:
         from gearbus.runners import RunResult, load_pipeline
 
         pipeline = load_pipeline(app, args)
+        AppConfig.parse(pipeline.config)  # a bad config is refused before a Spark session starts
         spark = self.spark or spark_session(self.master, pipeline.name)
         if isinstance(app, str):
             ship_module(spark.sparkContext, app)

@@ -58,14 +58,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gearbus.api.partitioners import MAX_PARALLELISM, owned_groups
+from gearbus.control.config import AppConfig
 from gearbus.runtime import checkpoints as cp
-from gearbus.runtime.state_backend import backend_name
 from gearbus.runtime.stimuli import StimulusLog, stimulus
 from gearbus.runtime.task_key import TaskKey
 from shared.messages import AppError, AppState, ErrorCode, FailureKind, TaskId
 
-DEFAULT_MAX_RESTARTS = 10  # app config "max_restarts": executor losses the app survives
-DEFAULT_BLACKLIST_AFTER = 3  # app config "blacklist_after": executor failures on one worker before avoiding it
 EXECUTOR_TIMEOUT_HEARTBEATS = 5  # an executor silent this many heartbeat intervals is lost (hung or host lost)
 MISSED_HEARTBEATS_LOGGED = 3  # after this many intervals of silence the shell warns once
 ADOPTION_WINDOW_HEARTBEATS = 2  # a relaunched AppMaster waits this long for the running executors
@@ -296,28 +294,22 @@ class ExecutorRecord:
 @dataclass(frozen=True)
 class Settings:
     """What the app's config says about its life."""
-    executors: int = 2
-    placement: str = "by_index"  # by_index: task i of every processor together; round_robin spreads them
-    max_restarts: int = DEFAULT_MAX_RESTARTS
-    blacklist_after: int = DEFAULT_BLACKLIST_AFTER
+    executors: int = AppConfig.executors
+    placement: str = AppConfig.task_placement  # by_index: task i of every processor together; round_robin spreads them
+    max_restarts: int = AppConfig.max_restarts
+    blacklist_after: int = AppConfig.blacklist_after
     heartbeat_interval_s: float = 1.0
     #: the app's state backend, or the cluster default where the AppMaster runs: every
     #: executor is told it, whatever its own worker's default
     state_backend: str = "memory"
 
     @classmethod
-    def from_config(cls, config: dict, heartbeat_interval_s: float = 1.0) -> Settings:
-        """From the app's config ("executors", "task_placement", "max_restarts",
-        "blacklist_after"), so every shell reads it alike; ValueError or TypeError says
-        what is wrong."""
-        placement = config.get("task_placement", "by_index")
-        if placement not in ("by_index", "round_robin"):
-            raise ValueError(f"task_placement must be 'by_index' or 'round_robin', got {placement!r}")
-        return cls(executors=int(config.get("executors", cls.executors)), placement=placement,
-                   max_restarts=int(config.get("max_restarts", DEFAULT_MAX_RESTARTS)),
-                   blacklist_after=int(config.get("blacklist_after", DEFAULT_BLACKLIST_AFTER)),
-                   heartbeat_interval_s=heartbeat_interval_s,
-                   state_backend=backend_name(config))  # an unknown one is refused here, not by every executor
+    def of(cls, config: AppConfig, heartbeat_interval_s: float = 1.0) -> Settings:
+        """From the app's config as it applies where the AppMaster runs (its state backend
+        resolved: every executor is told that one)."""
+        return cls(executors=config.executors, placement=config.task_placement, max_restarts=config.max_restarts,
+                   blacklist_after=config.blacklist_after, heartbeat_interval_s=heartbeat_interval_s,
+                   state_backend=config.resolved().state_backend)
 
 
 def _most_groups_of(index: int, parallelism: int, old_parallelism: int) -> int:

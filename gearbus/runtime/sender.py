@@ -15,65 +15,18 @@ in the same process) and waits for credit, the TestRunner queues them in memory.
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from gearbus.api.partitioners import Partitioner
 from gearbus.api.task import Record
 from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.core import NO_BARRIER, End, Flush, Frame, Snapshot
 from gearbus.runtime.frames import encode_frame
-from gearbus.runtime.state_backend import backend_name
 from gearbus.runtime.task_key import TaskKey
 from shared.values import ValueTypeError
 
-
-
-#: The debloat target by state backend, when the app sets none. State on disk makes a task
-#: slow, and a fixed window then queues seconds of records before each barrier: at
-#: 10,000,000 keys, checkpoint p50 / p99 1.53 / 2.53 s with a fixed window, 0.52 / 0.78 s
-#: debloated to 100 ms, at the same events/s. In memory a fixed window queues about half
-#: a second, and debloating cost throughput (a tenth at 10,000,000 keys, 7 % on Nexmark
-#: q5): off. Measured with bench/state.py.
-DEBLOAT_TARGET_MS = {"memory": 0, "rocksdb": 100}
-
-
-@dataclass(frozen=True)
-class DataPlaneConfig:
-    """Knobs of the data plane, read from the application config."""
-
-    batch_records: int = 4096  # records per frame at most
-    batch_bytes: int = 512 * 1024  # encoded bytes per frame at most (a lone larger record still goes)
-    linger_ms: float = 0.0  # how long a task whose inbox ran dry holds a small batch before sending it
-    credit_frames: int = 16  # frames a sender may have in flight to one receiver, at most
-    #: what a receiver lets be in flight to it, in its own processing time (0: off, the window
-    #: stays ``credit_frames``); by default DEBLOAT_TARGET_MS of the app's state backend
-    debloat_target_ms: float = 0
-    task_metrics: bool = True  # time each batch (the latency histogram); off saves its updates
-    incremental_checkpoints: bool = True  # keyed state snapshots hold what changed; off: every one whole
-    state_backend: str = "memory"  # where keyed state lives (gearbus/runtime/state_backend.py)
-    #: state on disk kept as a local copy at each checkpoint, and restored from one where it
-    #: can (gearbus/runtime/local_copies.py); off: every restore reads the checkpoint store
-    local_copies: bool = True
-
-    @classmethod
-    def from_config(cls, config: dict) -> DataPlaneConfig:
-        values = {k: config[k] for k in cls.__dataclass_fields__ if k in config}
-        values["state_backend"] = backend_name(config)
-        for key, value in values.items():
-            if key == "state_backend":
-                continue
-            if key in ("task_metrics", "incremental_checkpoints", "local_copies"):
-                if not isinstance(value, bool):
-                    raise ValueError(f"application config {key} must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ValueError(f"application config {key} must be a non-negative number, got {value!r}")
-        values.setdefault("debloat_target_ms", DEBLOAT_TARGET_MS.get(values["state_backend"], 0))
-        made = cls(**values)
-        if made.batch_records < 1 or made.credit_frames < 2:
-            raise ValueError("application config needs batch_records >= 1 and credit_frames >= 2")
-        return made
+if TYPE_CHECKING:
+    from gearbus.control.config import AppConfig
 
 
 def senders_of(graph, processor) -> list[TaskKey]:
@@ -126,7 +79,7 @@ class Sender:
     in, frames out."""
 
     def __init__(self, processor: int, index: int, epoch: int,
-                 edges: list[tuple[Partitioner, int, int]], config: DataPlaneConfig):
+                 edges: list[tuple[Partitioner, int, int]], config: AppConfig):
         """``edges``: (partitioner, downstream processor id, downstream parallelism) each."""
         self.processor = processor
         self.index = index

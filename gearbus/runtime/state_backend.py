@@ -37,13 +37,10 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gearbus.api.partitioners import MAX_PARALLELISM, stable_hash
+from gearbus.control.config import BACKENDS
 from gearbus.runtime import local_copies
 from gearbus.runtime.keygroups import IMMUTABLE_TYPES, UnserialisableState, estimated_bytes
 
-#: The backends an app may name in ``config={"state_backend": ...}``.
-BACKENDS = ("memory", "rocksdb")
-#: The cluster's default when an app names none (set it on the workers' processes).
-BACKEND_ENV = "GEARBUS_STATE_BACKEND"
 #: Entries a table holds in memory before :meth:`RocksDBTable.settle` writes them out.
 FLUSH_ENTRIES = 16384
 #: Entries waiting past which reading a scope to change it writes them out first.
@@ -69,17 +66,6 @@ _END_OF_GROUPS = _GROUP_PREFIXES[MAX_PARALLELISM]
 class StateBackendError(OSError):
     """The backend cannot read or write its files (disk full, directory unwritable): an
     OSError, so the app rolls back to its last checkpoint, with this as the reason."""
-
-
-def backend_name(config: dict) -> str:
-    """The backend ``config`` names, else the cluster default (:data:`BACKEND_ENV`), else
-    ``memory``; ValueError naming the choices for any other."""
-    named = "state_backend" in config
-    name = config["state_backend"] if named else os.environ.get(BACKEND_ENV) or "memory"
-    if name not in BACKENDS:
-        source = "application config state_backend" if named else BACKEND_ENV
-        raise ValueError(f"{source} must be one of {', '.join(BACKENDS)}, got {name!r}")
-    return name
 
 
 class MemoryBackend:

@@ -10,7 +10,6 @@ import dataclasses
 import itertools
 import os
 import pickle
-import re
 import threading
 import time
 import traceback
@@ -18,6 +17,7 @@ import traceback
 import structlog
 
 from gearbus.api.graph import Application, GraphError
+from gearbus.control.config import SAVEPOINT_NAME, SAVEPOINT_NAME_RULE, AppConfig, ConfigError
 from gearbus.runtime import appmaster_state as st
 from gearbus.runtime import checkpoints as cp
 from gearbus.runtime import state_query
@@ -64,7 +64,6 @@ from shared.messages import (
     LaunchTasks,
     MasterElected,
     MetricsHistory,
-    Placement,
     PlanStages,
     ProcessorInfo,
     QueryMetricsHistory,
@@ -107,12 +106,6 @@ RESOURCE_TIMEOUT_S = 65.0  # a slot request waits at most this (the master's own
 #: request, was less than a restore of 5,000,000 keys, and each deployment failed). An
 #: executor that hangs meanwhile is found by its heartbeats, which a restore never stops.
 RESTORE_TIMEOUT_S = 600.0
-DEFAULT_STALL_TIMEOUT_S = 30.0  # app config "stall_timeout_s": a task whose watermark stands still this long is stalled
-DEFAULT_CHECKPOINT_INTERVAL_MS = 1000  # app config "checkpoint_interval_ms"; 0 turns periodic checkpoints off
-DEFAULT_CHECKPOINT_TIMEOUT_MS = 60_000  # app config "checkpoint_timeout_ms": then a checkpoint is abandoned
-DEFAULT_CHECKPOINTS_KEPT = 3  # app config "checkpoints_kept"
-DEFAULT_CHECKPOINT_FAILURES = 10  # app config "checkpoint_failures_tolerated": consecutive, then the app fails
-SAVEPOINT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SAVEPOINT_CHECKPOINT_ID = 1  # an app started from a savepoint restores it as its checkpoint 1
 STATE_QUERY_TIMEOUT_S = 10.0  # how long the executor may take to read a key's state
 FENCE_TIMEOUT_S = 5.0  # how long to wait for a worker to kill an executor declared lost
@@ -140,7 +133,7 @@ class AppMaster(common.AppMasterProcess):
         self.stopped: set[int] = set()  # executors that exited once the app was ending
         self.clock: ClockService | None = None
         self._stalled_logged: set[str] = set()
-        self.config: dict = {}
+        self.config = AppConfig()  # the app's, as it applies here (from its code and its launch)
         self.start_ms = 0
         self.dag: AppDag | None = None
         self.metrics: ProcessorMetricsAggregator | None = None
@@ -148,7 +141,6 @@ class AppMaster(common.AppMasterProcess):
         self._restarts_recorded = 0
         self._events_stored = 0  # the timeline's events recorded when it was last stored
         self.store: CheckpointStore | None = None
-        self.checkpoint_interval_ms = DEFAULT_CHECKPOINT_INTERVAL_MS
         self._checkpoint_failure = ""
         self._last_completed_ms = 0
         self.guarantee = ("", "")
@@ -241,9 +233,8 @@ class AppMaster(common.AppMasterProcess):
             else:
                 tasks = await self._prepare()
                 restore = None
-                if self.config.get("from_savepoint"):
-                    restore = await self._from_savepoint(str(self.config["from_savepoint"]),
-                                                         bool(self.config.get("allow_unclaimed_state")))
+                if self.config.from_savepoint:
+                    restore = await self._from_savepoint(self.config.from_savepoint, self.config.allow_unclaimed_state)
                 self._machine(tasks, restore, 0, 0)
                 actions = self.state.start(time.monotonic(), restore)
         except AppFailure as failure:
@@ -310,7 +301,10 @@ class AppMaster(common.AppMasterProcess):
         ``versions`` (processor id -> version, where a replacement changed it; ``trial``:
         the one on trial, see StoreEpoch)."""
         submitted = await self._load()
-        self.config = {**submitted.config, **self.launch.config}
+        try:
+            self.config = AppConfig.parse({**submitted.config, **self.launch.config}).resolved()
+        except ConfigError as exc:
+            raise AppFailure(AppError("ConfigError", str(exc), "planning tasks")) from None
         self.start_ms = self.launch.start_ms or int(time.time() * 1000)
         self.versions = AppVersions(self.launch, submitted, self.start_ms)
         if self.launch.attempt:
@@ -340,17 +334,14 @@ class AppMaster(common.AppMasterProcess):
         if self.metrics is None:
             self.metrics = ProcessorMetricsAggregator(self.dag.processors)
         self.clock = ClockService([self._task_name(t) for t in self._plan_tasks()],
-                                  float(self.config.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)), time.monotonic())
+                                  self.config.stall_timeout_s, time.monotonic())
 
     def _machine(self, tasks: list[TaskId], latest: cp.CheckpointMeta | None, epoch: int, restarts: int,
                  drop_state: dict[int, tuple[str, ...]] | None = None, trial: tuple = ()) -> None:
         """The app's state machine, from its config, in ``epoch``, continuing after ``latest``."""
-        try:
-            settings = st.Settings.from_config(self.config, self.heartbeat_interval)
-        except (TypeError, ValueError) as exc:
-            raise AppFailure(AppError("ConfigError", str(exc), "planning tasks")) from None
+        settings = st.Settings.of(self.config, self.heartbeat_interval)
         coordinator = self._new_coordinator(latest, epoch)
-        self.guarantee = delivery_guarantee(self.app, self.checkpoint_interval_ms > 0)
+        self.guarantee = delivery_guarantee(self.app, self.config.checkpoint_interval_ms > 0)
         self.state = st.AppMasterState([(t.processor, t.index) for t in tasks], coordinator, settings, epoch, restarts,
                                        {p.id: p.parallelism for p in self.app.graph.processors},
                                        {p.id: p.name for p in self.app.graph.processors},
@@ -361,16 +352,11 @@ class AppMaster(common.AppMasterProcess):
         config = self.config
         keys = [(t.processor, t.index) for t in self._plan_tasks()]
         sources = [(p.id, i) for p in self.plan.graph.processors if p.is_source for i in range(p.parallelism)]
-        try:
-            self.checkpoint_interval_ms = int(config.get("checkpoint_interval_ms", DEFAULT_CHECKPOINT_INTERVAL_MS))
-            return cp.CheckpointCoordinator(
-                keys, sources, interval_s=self.checkpoint_interval_ms / 1000,
-                timeout_s=int(config.get("checkpoint_timeout_ms", DEFAULT_CHECKPOINT_TIMEOUT_MS)) / 1000,
-                keep=int(config.get("checkpoints_kept", DEFAULT_CHECKPOINTS_KEPT)),
-                max_consecutive_failures=int(config.get("checkpoint_failures_tolerated", DEFAULT_CHECKPOINT_FAILURES)),
-                epoch=epoch, restored_from=latest, compact_depth=COMPACT_DEPTH)
-        except (TypeError, ValueError) as exc:
-            raise AppFailure(AppError("ConfigError", f"checkpoint configuration: {exc}", "planning tasks")) from None
+        return cp.CheckpointCoordinator(
+            keys, sources, interval_s=config.checkpoint_interval_ms / 1000,
+            timeout_s=config.checkpoint_timeout_ms / 1000, keep=config.checkpoints_kept,
+            max_consecutive_failures=config.checkpoint_failures_tolerated, epoch=epoch, restored_from=latest,
+            compact_depth=COMPACT_DEPTH)
 
     # --- carrying out what the state machine decides ---------------------------------
 
@@ -418,8 +404,8 @@ class AppMaster(common.AppMasterProcess):
         try:
             allocated = await self.bus.request(
                 subjects.resource_request(self.app_id),
-                RequestResource(self.app_id, count, min_slots=1, placement=config.get("placement", Placement.ANY),
-                                worker_id=config.get("worker_id", ""), priority=self.launch.priority),
+                RequestResource(self.app_id, count, min_slots=1, placement=config.placement,
+                                worker_id=config.worker_id, priority=self.launch.priority),
                 timeout=RESOURCE_TIMEOUT_S, expect=ResourceAllocated, retry_s=MASTER_RETRY_S)
         except RequestError as exc:
             await self.carry_out(self.state.fail(AppError("ResourcesUnavailable", exc.message, "requesting slots")))
@@ -534,7 +520,8 @@ class AppMaster(common.AppMasterProcess):
 
     async def tick_loop(self) -> None:
         """Feed the state machine the time: executor deadlines and the checkpoint clock."""
-        period = max(min(self.checkpoint_interval_ms / 4000, 0.25), 0.01) if self.checkpoint_interval_ms > 0 else 0.25
+        interval_ms = self.config.checkpoint_interval_ms
+        period = max(min(interval_ms / 4000, 0.25), 0.01) if interval_ms > 0 else 0.25
         while not self.state.ending:
             now = time.monotonic()
             await self.carry_out(self.state.tick(now))
@@ -808,8 +795,7 @@ class AppMaster(common.AppMasterProcess):
             raise RequestError(ErrorCode.UNAVAILABLE, f"app {self.app_id} is not running: no savepoint now",
                                retryable=True)
         if msg.name and not SAVEPOINT_NAME.fullmatch(msg.name):
-            raise RequestError(ErrorCode.BAD_REQUEST, f"savepoint name {msg.name!r}: use 1-64 letters, digits, "
-                                                      "'-' or '_'")
+            raise RequestError(ErrorCode.BAD_REQUEST, f"savepoint name {msg.name!r}: use {SAVEPOINT_NAME_RULE}")
         if msg.name and await self.store.savepoint(msg.name) is not None:
             raise RequestError(ErrorCode.CONFLICT, f"a savepoint named {msg.name!r} already exists")
         request_id = next(self._savepoint_requests)
@@ -994,7 +980,7 @@ class AppMaster(common.AppMasterProcess):
             return None
         stats, latest = self.coordinator.stats(), self.coordinator.latest()
         return CheckpointStats(
-            interval_ms=self.checkpoint_interval_ms,
+            interval_ms=self.config.checkpoint_interval_ms,
             last_id=latest.checkpoint_id if latest else 0,
             last_completed_ms=self._last_completed_ms if latest and stats.latest_completed_at is not None else 0,
             last_duration_ms=int(latest.duration_s * 1000) if latest else 0,

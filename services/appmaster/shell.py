@@ -15,6 +15,7 @@ import time
 import msgpack
 import structlog
 
+from gearbus.control.config import AppConfig
 from gearbus.runtime import shell as sh
 from services.appmaster import common
 from services.launch import WORKER_ENV, launch_from_env, launch_security, parse_launched_args
@@ -79,8 +80,8 @@ class ShellAppMaster(common.AppMasterProcess):
                                       "relaunching the AppMaster"))
             return
         try:
-            self.state = sh.ShellAppState(list(self.launch.workers), float(self.launch.config.get("timeout_s", 0)))
-        except (TypeError, ValueError) as exc:
+            self.state = sh.ShellAppState(list(self.launch.workers), AppConfig.parse(self.launch.config).timeout_s)
+        except ValueError as exc:
             await self._fail(AppError("ConfigError", str(exc), "starting the shell app"))
             return
         log.info("shell_app_starting", workers=self.launch.workers, argv=self.launch.args,

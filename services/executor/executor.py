@@ -22,7 +22,7 @@ from services.checkpoint_store import CheckpointStore
 from gearbus.runtime import executor_tasks as lifecycle
 from services.executor.heartbeat import Heartbeat
 from gearbus.runtime.executor_tasks import EXIT_FENCED, EXIT_WORKER_GONE, ExecutorTasks, LaunchRefused
-from services.executor.outputs import DataPlaneConfig
+from gearbus.control.config import AppConfig
 from services.executor.task_runner import TaskRunner
 from services.app_code import fetch_application
 from services.launch import WORKER_ENV, WORKER_GONE_SIGNAL, launch_from_env, launch_security, parse_launched_args
@@ -61,7 +61,6 @@ from shared.service import Service, run_service
 
 log = structlog.get_logger()
 
-DEFAULT_APPMASTER_TIMEOUT_S = 30.0  # app config "appmaster_timeout_s": then an orphaned executor stops
 REPORT_REPEAT_S = 1.0  # a task's end (finished or failed) is reported again this often until its attempt is replaced
 REGISTER_PATIENCE_S = 15.0  # an AppMaster unreachable this long at registration (reconnecting, relaunched) is final
 
@@ -82,7 +81,7 @@ class Executor(Service):
         self.app: Application | None = None  # as planned, with the code versions its processors run
         self.submitted: Application | None = None  # version 1 of the app's code, as submitted
         self.plan: Application | None = None  # at the parallelism of the epoch it runs (a rescale changes it)
-        self.config: DataPlaneConfig | None = None
+        self.config: AppConfig | None = None  # the app's, as it applies here
         self.tasks = ExecutorTasks()  # the tasks' lives: this shell carries out what it decides
         self.runners: dict[TaskId, TaskRunner] = {}  # the current epoch's
         self._running: dict[TaskId, asyncio.Task] = {}
@@ -103,7 +102,7 @@ class Executor(Service):
 
     async def setup(self) -> None:
         self.app = self.plan = self.submitted = await fetch_application(self.bus, self.launch)
-        self.config = DataPlaneConfig.from_config({**self.app.config, **self.launch.config})
+        self.config = AppConfig.parse({**self.app.config, **self.launch.config}).resolved()
         self.store = CheckpointStore(self.bus.js, self.app_id, chunk_bytes=object_chunk_bytes(self.bus.nc))
         await self.bus.serve(
             subjects.executor_control(self.app_id, self.executor_id),
@@ -432,8 +431,7 @@ class Executor(Service):
 
     def _start_heartbeat(self) -> None:
         """Heartbeats go from a thread of their own (see services/executor/heartbeat.py)."""
-        deadline = float({**self.app.config, **self.launch.config}.get("appmaster_timeout_s",
-                                                                        DEFAULT_APPMASTER_TIMEOUT_S))
+        deadline = self.config.appmaster_timeout_s
         self.heartbeat = Heartbeat(
             self.servers, f"gearbus-executor-app{self.app_id}-{self.executor_id}-heartbeat",
             subjects.appmaster_executor_heartbeat(self.app_id),

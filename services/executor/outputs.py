@@ -9,16 +9,17 @@ import time
 from collections.abc import Callable
 
 from gearbus.runtime.frames import Frame, split_message
-from gearbus.runtime.sender import Channel, DataPlaneConfig, Outgoing, Sender
+from gearbus.control.config import AppConfig
+from gearbus.runtime.sender import Channel, Outgoing, Sender
 from shared import subjects
 
-__all__ = ["DataPlaneConfig", "Outputs"]
+__all__ = ["Outputs"]
 
 
 class Outputs:
     """All out edges of one task, on the bus."""
 
-    def __init__(self, nc, app_id: int, processor: int, index: int, epoch: int, edges, config: DataPlaneConfig):
+    def __init__(self, nc, app_id: int, processor: int, index: int, epoch: int, edges, config: AppConfig):
         """``edges`` is a list of (partitioner, downstream processor id, downstream parallelism)."""
         self.nc = nc
         self.app_id = app_id

@@ -29,7 +29,8 @@ from gearbus.runtime.keygroups import collector_paused
 from gearbus.runtime.sender import edges_of, senders_of
 from gearbus.runtime.snapshots import MAX_DEPTH, TaskSnapshot
 from gearbus.runtime.source import SourceLoop
-from services.executor.outputs import DataPlaneConfig, Outputs
+from gearbus.control.config import AppConfig
+from services.executor.outputs import Outputs
 from services.histogram import Histogram
 from services.launch import state_directory, worker_place
 from shared import subjects
@@ -63,7 +64,7 @@ class TaskRunner:
         app_id: int,
         task_id: TaskId,
         executor_id: int,
-        config: DataPlaneConfig,
+        config: AppConfig,
         on_done: Callable[[TaskRunner, AppError | None, bool], Awaitable[None]],
         on_snapshot: Callable[[TaskRunner, Snapshot, float], Awaitable[None]],
         on_ended: Callable[[TaskRunner], Awaitable[None]],

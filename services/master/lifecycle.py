@@ -58,8 +58,6 @@ from dataclasses import dataclass
 
 from shared.messages import AppError, AppState
 
-DEFAULT_APPMASTER_RESTARTS = 3  # app config "appmaster_restarts": relaunches before the app fails
-
 
 class Phase(enum.Enum):
     ACCEPTED = "accepted"        # recorded PENDING and visible; its stores are being made, no launch yet

@@ -20,8 +20,8 @@ import structlog
 from gearbus.api.partitioners import MAX_PARALLELISM
 from gearbus.connectors import intermediate
 from gearbus.connectors.jetstream import JetStreamError
+from gearbus.control.config import AppConfig, ConfigError
 from gearbus.runtime.shell import read as read_shell_output
-from gearbus.runtime.state_backend import backend_name
 from services import apptypes
 from services.master import lifecycle as lc
 from services.master import stages as family
@@ -124,6 +124,11 @@ RECONFIRM_HEARTBEATS = 5  # a new leader gives running apps' AppMasters this man
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def config_of(record: ApplicationRecord) -> AppConfig:
+    """A recorded app's config (checked when it was submitted; a plug-in type's own keys left out)."""
+    return AppConfig.parse(record.config, strict=apptypes.built_in(record.app_type) is not None)
 
 
 @dataclass
@@ -361,6 +366,10 @@ class Master(Service):
             raise bad_request("SubmitApplication.config: 'stage' is the master's to set, on the apps it starts for "
                               "the stages of a multi-stage app")
         declared = self._check_type(msg, subject)
+        try:
+            AppConfig.parse(msg.config, strict=declared is not None)
+        except ConfigError as exc:
+            raise bad_request(f"SubmitApplication.config: {exc}") from None
         self._check_workers(msg, declared)
         digest = await self._check_artifact(msg) if msg.artifact or (declared and declared.needs_artifact) else ""
         app_id = await self.store.next_app_id()
@@ -470,11 +479,6 @@ class Master(Service):
         if msg.entry in FRAMEWORK_PACKAGES:
             raise bad_request(f"SubmitApplication.entry {msg.entry!r} clashes with gearbus's own package {msg.entry!r} "
                               f"({', '.join(FRAMEWORK_PACKAGES)} are the framework's): rename the application")
-        if "state_backend" in msg.config:  # the app's own config is checked by its AppMaster
-            try:
-                backend_name(msg.config)
-            except ValueError as exc:
-                raise bad_request(f"SubmitApplication.config: {exc}") from None
         store = await self.bus.js.object_store(subjects.ARTIFACT_BUCKET)
         try:
             info = await store.get_info(msg.artifact)
@@ -490,7 +494,7 @@ class Master(Service):
 
     @staticmethod
     def _relaunches_allowed(record: ApplicationRecord) -> int:
-        return int(record.config.get("appmaster_restarts", lc.DEFAULT_APPMASTER_RESTARTS))
+        return config_of(record).appmaster_restarts
 
     async def _act(self, instructions: list[lc.Instruction]) -> None:
         """Carry out what the app lifecycle machine decided, in order; an instruction
@@ -842,12 +846,12 @@ class Master(Service):
     async def _savepoint_source(self, record: ApplicationRecord) -> int | None:
         """The app whose savepoint this one starts from (its credential may read that app's
         snapshot store), or None."""
-        name = record.config.get("from_savepoint")
+        name = config_of(record).from_savepoint
         if not name or not self.app_credentials.signer:
             return None
         try:
             kv = await self.bus.js.key_value(subjects.CHECKPOINT_BUCKET)
-            source = msgpack.unpackb((await kv.get(subjects.savepoint_key(str(name)))).value)
+            source = msgpack.unpackb((await kv.get(subjects.savepoint_key(name))).value)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.BucketNotFoundError):
             return None
         return source.get("app_id") if isinstance(source, dict) and type(source.get("app_id")) is int else None

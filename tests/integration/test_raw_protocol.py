@@ -272,6 +272,23 @@ async def test_submit_rejects_invalid_values(shared_nc):
     assert await list_apps(shared_nc) == []
 
 
+async def test_submit_with_a_config_that_cannot_run_is_refused(shared_nc):
+    """Checked against the application config of docs/operations.md, before an app exists."""
+    artifact = await upload(shared_nc, ENDLESS_APP.encode(), "endless")
+    for config, expected in [
+        ({"chekpoint_interval_ms": 500}, "unknown application config key 'chekpoint_interval_ms': did you mean "
+                                         "'checkpoint_interval_ms'?"),
+        ({"state_backend": "no-such-backend"}, "state_backend must be one of memory, rocksdb, got 'no-such-backend'"),
+        ({"checkpoint_interval_ms": -1}, "checkpoint_interval_ms must be an integer >= 0, got -1"),
+        ({"executors": "2"}, "executors must be an integer >= 1, got '2'"),
+        ({"stall_timeout_s": 0}, "stall_timeout_s must be a positive number, got 0"),
+    ]:
+        payload = pack("SubmitApplication", name="endless", artifact=artifact, entry="endless", config=config)
+        message = await refused(shared_nc, "app.submit", payload, "bad_request")
+        assert expected in message, (config, message)
+    assert await list_apps(shared_nc) == []
+
+
 async def test_app_that_cannot_load_fails_after_submit(cluster, nc):
     """The submit succeeds (the AppMaster registers first); loading fails the app."""
     artifact = await upload(nc, b"VALUE = 1  # defines no application()\n", "not_an_app")

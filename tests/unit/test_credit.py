@@ -8,7 +8,8 @@ import pytest
 from gearbus.api.partitioners import HashPartitioner
 from gearbus.api.task import Record
 from gearbus.runtime.frames import Frame
-from gearbus.runtime.sender import Channel, DataPlaneConfig
+from gearbus.control.config import AppConfig
+from gearbus.runtime.sender import Channel
 from services.executor.outputs import Outputs
 
 WINDOW = 4
@@ -54,7 +55,7 @@ def test_a_grant_counting_frames_never_sent_does_not_open_the_window_further():
 @pytest.mark.timeout(5)
 async def test_a_sender_waits_for_the_window_and_resumes_on_a_grant():
     delivered: list[Frame] = []
-    outputs = Outputs(None, 1, 1, 0, 0, [(HashPartitioner(), 2, 1)], DataPlaneConfig(credit_frames=WINDOW))
+    outputs = Outputs(None, 1, 1, 0, 0, [(HashPartitioner(), 2, 1)], AppConfig(credit_frames=WINDOW))
     outputs.link_local({(2, 0): lambda frame, size: delivered.append(frame)})
     frames = [outgoing for n in range(WINDOW + 1)
               for outgoing in outputs.sender.send([Record(n, 0, None)], 0)]

@@ -8,12 +8,13 @@ from gearbus.api.watermarks import WATERMARK_MAX, WATERMARK_MIN
 from gearbus.runtime.chain import ChainedEdge, FilterOp, MapOp, StepError
 from gearbus.runtime.core import End, Flush, Snapshot
 from gearbus.runtime.frames import FrameReader
-from gearbus.runtime.sender import DEBLOAT_TARGET_MS, DataPlaneConfig, Sender
+from gearbus.control.config import DEBLOAT_TARGET_MS, AppConfig
+from gearbus.runtime.sender import Sender
 from gearbus.runtime.snapshots import TaskSnapshot
 
 
 def sender(parallelism: int = 2, partitioner=None, **config) -> Sender:
-    return Sender(1, 0, 3, [(partitioner or HashPartitioner(), 2, parallelism)], DataPlaneConfig(**config))
+    return Sender(1, 0, 3, [(partitioner or HashPartitioner(), 2, parallelism)], AppConfig(**config))
 
 
 def frames(outgoing) -> list[tuple]:
@@ -39,7 +40,7 @@ def test_the_watermark_rides_the_last_frame_to_each_receiver_and_goes_alone_to_t
 def test_a_chained_edge_runs_each_branchs_steps_and_sends_only_what_they_let_through():
     odd, small = FilterOp("odd", lambda v: v % 2), FilterOp("small", lambda v: v < 7)
     edge = ChainedEdge([([odd, small], CoLocationPartitioner())])
-    s = Sender(1, 0, 3, [(edge, 2, 2), (CoLocationPartitioner(), 5, 2)], DataPlaneConfig())
+    s = Sender(1, 0, 3, [(edge, 2, 2), (CoLocationPartitioner(), 5, 2)], AppConfig())
     out = frames(s.send([Record(v, 0, None) for v in range(10)], 4))
     assert out == [((2, 0), 1, 4, False, 0, [1, 3, 5]), ((2, 1), 1, 4, False, 0, []),  # the watermark alone
                    ((5, 0), 1, 4, False, 0, list(range(10))), ((5, 1), 1, 4, False, 0, [])]
@@ -51,7 +52,7 @@ def test_a_chained_edge_runs_each_branchs_steps_and_sends_only_what_they_let_thr
 def test_a_chained_edge_with_two_branches_sends_each_receiver_both_branches_records():
     split = ChainedEdge([([FilterOp("even", lambda v: v % 2 == 0)], CoLocationPartitioner()),
                          ([FilterOp("odd", lambda v: v % 2), MapOp("neg", lambda v: -v)], CoLocationPartitioner())])
-    s = Sender(1, 1, 3, [(split, 2, 2)], DataPlaneConfig())
+    s = Sender(1, 1, 3, [(split, 2, 2)], AppConfig())
     records = [Record(v, 0, None) for v in range(6)]
     assert frames(s.send(records, 4)) == [((2, 0), 1, 4, False, 0, []), ((2, 1), 1, 4, False, 0, [0, 2, 4, -1, -3, -5])]
     assert [r.value for r in records] == list(range(6))  # the task's own output is left as it was
@@ -70,7 +71,7 @@ class EveryOther:
 
 def test_each_sender_routes_with_a_partitioner_and_edge_steps_of_its_own():
     edge = ChainedEdge([([FilterOp("every_other", EveryOther())], CoLocationPartitioner())])
-    first, second = (Sender(1, 0, 3, [(edge, 2, 1)], DataPlaneConfig()) for _ in range(2))
+    first, second = (Sender(1, 0, 3, [(edge, 2, 1)], AppConfig()) for _ in range(2))
     records = [Record(v, 0, None) for v in range(5)]
     assert frames(first.send(records, 1)) == frames(second.send(records, 1)) == [((2, 0), 1, 1, False, 0, [0, 2, 4])]
 
@@ -123,13 +124,14 @@ def test_a_receivers_window_is_taken_up_to_credit_frames_and_never_shrinks_a_lim
 
 
 def test_the_debloat_target_follows_the_state_backend_unless_the_app_sets_one():
-    assert DataPlaneConfig.from_config({}).debloat_target_ms == DEBLOAT_TARGET_MS["memory"] == 0
-    assert DataPlaneConfig.from_config({"state_backend": "rocksdb"}).debloat_target_ms == DEBLOAT_TARGET_MS["rocksdb"] > 0
-    assert DataPlaneConfig.from_config({"state_backend": "rocksdb", "debloat_target_ms": 0}).debloat_target_ms == 0
-    assert DataPlaneConfig.from_config({"debloat_target_ms": 250}).debloat_target_ms == 250
+    assert AppConfig.parse({}).resolved().debloat_target_ms == DEBLOAT_TARGET_MS["memory"] == 0
+    on_disk = AppConfig.parse({"state_backend": "rocksdb"}).resolved()
+    assert on_disk.debloat_target_ms == DEBLOAT_TARGET_MS["rocksdb"] > 0
+    assert AppConfig.parse({"state_backend": "rocksdb", "debloat_target_ms": 0}).resolved().debloat_target_ms == 0
+    assert AppConfig.parse({"debloat_target_ms": 250}).resolved().debloat_target_ms == 250
     for bad in (-1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="debloat_target_ms must be a non-negative number"):
-            DataPlaneConfig.from_config({"debloat_target_ms": bad})
+            AppConfig.parse({"debloat_target_ms": bad})
 
 
 def test_a_channel_whose_last_frames_are_unconfirmed_and_quiet_is_probed_with_an_empty_frame():
@@ -174,7 +176,7 @@ def test_a_rewired_sender_starts_every_channel_anew_in_the_new_epoch_at_the_new_
 
 def test_a_rewired_sender_keeps_what_its_edge_steps_hold():
     edge = ChainedEdge([([FilterOp("every_other", EveryOther())], CoLocationPartitioner())])
-    s = Sender(1, 0, 3, [(edge, 2, 1)], DataPlaneConfig())
+    s = Sender(1, 0, 3, [(edge, 2, 1)], AppConfig())
     assert frames(s.send([Record("a", 0, None)], 1)) == [((2, 0), 1, 1, False, 0, ["a"])]
     fresh = ChainedEdge([([FilterOp("every_other", EveryOther())], CoLocationPartitioner())])
     s.rewire(4, [(fresh, 2, 1)])

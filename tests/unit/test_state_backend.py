@@ -23,8 +23,8 @@ from gearbus.runtime.chain import WindowAggregateOp
 from gearbus.runtime.joins import IntervalJoinOp, TableJoinOp
 from gearbus.runtime.keyed import StatefulMapOp
 from gearbus.runtime.windows import WindowOperator
-from gearbus.runtime.sender import DataPlaneConfig
-from gearbus.runtime.state_backend import (BACKEND_ENV, RocksDBBackend, StateBackendError, backend_name, decode_key,
+from gearbus.control.config import BACKEND_ENV, AppConfig
+from gearbus.runtime.state_backend import (RocksDBBackend, StateBackendError, decode_key,
                                            encode_key, open_backend)
 
 pytestmark = pytest.mark.unit
@@ -178,15 +178,18 @@ def test_a_value_it_cannot_serialise_names_the_step_the_key_and_the_type(tmp_pat
 
 def test_the_backend_is_the_apps_else_the_clusters_default_and_unknown_names_are_refused(monkeypatch):
     monkeypatch.delenv(BACKEND_ENV, raising=False)
-    assert backend_name({}) == "memory"
-    assert DataPlaneConfig.from_config({"state_backend": "rocksdb"}).state_backend == "rocksdb"
+    def backend(config: dict) -> str:
+        return AppConfig.parse(config).resolved().state_backend
+
+    assert backend({}) == "memory"
+    assert backend({"state_backend": "rocksdb"}) == "rocksdb"
     monkeypatch.setenv(BACKEND_ENV, "rocksdb")
-    assert backend_name({}) == "rocksdb" and backend_name({"state_backend": "memory"}) == "memory"
+    assert backend({}) == "rocksdb" and backend({"state_backend": "memory"}) == "memory"
     with pytest.raises(ValueError, match="application config state_backend must be one of memory, rocksdb, got 'lmdb'"):
-        backend_name({"state_backend": "lmdb"})
+        backend({"state_backend": "lmdb"})
     monkeypatch.setenv(BACKEND_ENV, "disk")
     with pytest.raises(ValueError, match=f"{BACKEND_ENV} must be one of memory, rocksdb, got 'disk'"):
-        backend_name({})
+        backend({})
 
 
 def test_its_size_is_measured_without_writing_out_what_waits(tmp_path):
@@ -288,7 +291,7 @@ def test_a_whole_snapshot_does_not_keep_what_it_read(tmp_path):
 
 def test_the_appmaster_decides_the_backend_for_all_its_executors(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "rocksdb")
-    assert Settings.from_config({}).state_backend == "rocksdb"
-    assert Settings.from_config({"state_backend": "memory"}).state_backend == "memory"
+    assert Settings.of(AppConfig.parse({})).state_backend == "rocksdb"
+    assert Settings.of(AppConfig.parse({"state_backend": "memory"})).state_backend == "memory"
     with pytest.raises(ValueError, match="state_backend must be one of memory, rocksdb, got ''"):
-        Settings.from_config({"state_backend": ""})
+        Settings.of(AppConfig.parse({"state_backend": ""}))

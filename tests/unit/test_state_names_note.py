@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gearbus import Pipeline, TumblingWindows
+from gearbus import Pipeline
 from gearbus.api.task import DataSink
 from gearbus.artifact import load_artifact, load_local, pack
 from gearbus.planner import fragile_state_steps, plan
