@@ -30,6 +30,35 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def role_of(pid: int) -> str | None:
+    """"appmaster", "executor" or "forkserver" for a process a worker started, else None: a
+    forked role is named in ``ps`` (/proc/PID/comm), a fresh one by its command line."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            name = f.read().strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+    except OSError:
+        return None
+    for kind in ("appmaster", "executor"):
+        if name == f"gb-{kind}".encode() or f"services.{kind}".encode() in command:
+            return kind
+    return "forkserver" if b"services.worker.forkserver" in command else None
+
+
+def launched_by(worker_pid: int) -> list[tuple[int, str]]:
+    """(pid, "appmaster" | "executor") of every live process a worker launched: its own
+    children, and its fork server's."""
+    found = []
+    for pid in children_of(worker_pid):
+        kind = role_of(pid)
+        if kind == "forkserver":
+            found += [(child, role) for child in children_of(pid) if (role := role_of(child)) in ("appmaster", "executor")]
+        elif kind is not None:
+            found.append((pid, kind))
+    return found
+
+
 class LocalCluster:
     def __init__(self, workers: int = 2, slots: int = 4, log_dir: str | None = None,
                  nats: NatsServer | NatsCluster | None = None,
@@ -79,16 +108,7 @@ class LocalCluster:
         for worker_id, worker in self.workers.items():
             if worker.poll() is not None:
                 continue
-            for pid in children_of(worker.pid):
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        command = f.read()
-                except OSError:
-                    continue
-                if b"services.appmaster" in command:
-                    found.append((pid, worker_id, "appmaster"))
-                elif b"services.executor" in command:
-                    found.append((pid, worker_id, "executor"))
+            found += [(pid, worker_id, kind) for pid, kind in launched_by(worker.pid)]
         return found
 
     def start_worker(self, worker_id: str, slots: int | None = None) -> subprocess.Popen:
