@@ -3,6 +3,7 @@ processes. ``gearbus run`` uses it by default; the tests use it as a fixture."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -109,6 +110,23 @@ class LocalCluster:
             if worker.poll() is not None:
                 continue
             found += [(pid, worker_id, kind) for pid, kind in launched_by(worker.pid)]
+        return found
+
+    def launches(self) -> dict[tuple[int, int], int]:
+        """(app id, executor id; -1 for an AppMaster) -> pid of every live process the live
+        workers run, from the ``process_launched`` lines of their logs (a forked process's
+        /proc/PID/environ is its fork server's, so the launch is not read there)."""
+        live = {pid for pid, _, _ in self.processes()}
+        found = {}
+        for worker_id in self.workers:
+            try:
+                with open(os.path.join(self.log_dir, f"{worker_id}.log"), encoding="utf-8", errors="replace") as f:
+                    lines = [json.loads(line) for line in f if '"process_launched"' in line]
+            except (OSError, ValueError):
+                continue
+            for line in lines:
+                if line.get("event") == "process_launched" and line.get("pid") in live:
+                    found[(line["app_id"], line["executor_id"])] = line["pid"]
         return found
 
     def start_worker(self, worker_id: str, slots: int | None = None) -> subprocess.Popen:
