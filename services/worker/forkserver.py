@@ -24,7 +24,7 @@ import runpy
 import selectors
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from services.launch import die_with_parent
 
@@ -52,7 +52,7 @@ class Launch:
     name: str
 
     def encode(self) -> bytes:
-        return encode_line({"launch": self.__dict__})
+        return encode_line({"launch": asdict(self)})
 
 
 def encode_line(message: dict) -> bytes:
