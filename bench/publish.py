@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return run.returncode
     with open(DOCS, encoding="utf-8") as f:
         page = f.read()
+    text = section(name, command, run.stdout, when)  # first: the page opened for writing marks the commit changed
     with open(DOCS, "w", encoding="utf-8") as f:
-        f.write(replace_section(page, name, section(name, command, run.stdout, when)))
+        f.write(replace_section(page, name, text))
     print(f"publish: docs/benchmarks.md section {name} written", file=sys.stderr)
     return 0
 

@@ -3,6 +3,7 @@ processes. ``gearbus run`` uses it by default; the tests use it as a fixture."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,6 +28,35 @@ def children_of(pid: int) -> list[int]:
             continue
         if int(parent) == pid and state != "Z":
             found.append(int(entry))
+    return found
+
+
+def role_of(pid: int) -> str | None:
+    """"appmaster", "executor" or "forkserver" for a process a worker started, else None: a
+    forked role is named in ``ps`` (/proc/PID/comm), a fresh one by its command line."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            name = f.read().strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+    except OSError:
+        return None
+    for kind in ("appmaster", "executor"):
+        if name == f"gb-{kind}".encode() or f"services.{kind}".encode() in command:
+            return kind
+    return "forkserver" if b"services.worker.forkserver" in command else None
+
+
+def launched_by(worker_pid: int) -> list[tuple[int, str]]:
+    """(pid, "appmaster" | "executor") of every live process a worker launched: its own
+    children, and its fork server's."""
+    found = []
+    for pid in children_of(worker_pid):
+        kind = role_of(pid)
+        if kind == "forkserver":
+            found += [(child, role) for child in children_of(pid) if (role := role_of(child)) in ("appmaster", "executor")]
+        elif kind is not None:
+            found.append((pid, kind))
     return found
 
 
@@ -79,16 +109,24 @@ class LocalCluster:
         for worker_id, worker in self.workers.items():
             if worker.poll() is not None:
                 continue
-            for pid in children_of(worker.pid):
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        command = f.read()
-                except OSError:
-                    continue
-                if b"services.appmaster" in command:
-                    found.append((pid, worker_id, "appmaster"))
-                elif b"services.executor" in command:
-                    found.append((pid, worker_id, "executor"))
+            found += [(pid, worker_id, kind) for pid, kind in launched_by(worker.pid)]
+        return found
+
+    def launches(self) -> dict[tuple[int, int], int]:
+        """(app id, executor id; -1 for an AppMaster) -> pid of every live process the live
+        workers run, from the ``process_launched`` lines of their logs (a forked process's
+        /proc/PID/environ is its fork server's, so the launch is not read there)."""
+        live = {pid for pid, _, _ in self.processes()}
+        found = {}
+        for worker_id in self.workers:
+            try:
+                with open(os.path.join(self.log_dir, f"{worker_id}.log"), encoding="utf-8", errors="replace") as f:
+                    lines = [json.loads(line) for line in f if '"process_launched"' in line]
+            except (OSError, ValueError):
+                continue
+            for line in lines:
+                if line.get("event") == "process_launched" and line.get("pid") in live:
+                    found[(line["app_id"], line["executor_id"])] = line["pid"]
         return found
 
     def start_worker(self, worker_id: str, slots: int | None = None) -> subprocess.Popen:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, WORKER_GONE_SIGNAL, die_with_parent, encode_launch
+from services.launch import LAUNCH_ENV, WORKDIR_ENV, WORKER_ENV, WORKER_GONE_SIGNAL, encode_launch
+from services.worker.launcher import INTERPRETER_ENV, NO_FORK_SERVER_ENV, ForkedProcess, Launcher
 from services.worker.last_error import last_error_line
 from shared import subjects
 from shared.bus import (RequestError, RequestTimeout, add_connect_timeout_argument, add_nats_argument, bad_request,
@@ -39,7 +40,7 @@ from shared.messages import (
 )
 from shared.nats_jwt import CredentialsError
 from shared.security import SECURITY_ENV, Security, add_arguments
-from shared.service import Service, role_command, run_service
+from shared.service import Service, run_service
 
 log = structlog.get_logger()
 
@@ -71,7 +72,7 @@ class Child:
     app_id: int
     executor_id: int
     kind: str
-    process: asyncio.subprocess.Process
+    process: asyncio.subprocess.Process | ForkedProcess
     workdir: str
     log_path: str
     attempt: int = 0  # an AppMaster's LaunchExecutor.attempt
@@ -84,8 +85,10 @@ class Child:
 class Worker(Service):
     role = "worker"
 
-    def __init__(self, servers, worker_id: str, slots: int, log_dir: str, security: Security = Security()):
-        """``log_dir``: where each launched process's output is kept (and served on ``logs.query``)."""
+    def __init__(self, servers, worker_id: str, slots: int, log_dir: str, security: Security = Security(),
+                 fork_server: bool = True):
+        """``log_dir``: where each launched process's output is kept (and served on ``logs.query``);
+        ``fork_server``: launch through a pre-imported fork server (services/worker/forkserver.py)."""
         super().__init__(servers, worker_id, security)
         self.worker_id = worker_id
         self.slots = slots
@@ -94,10 +97,12 @@ class Worker(Service):
         self.children: dict[tuple[int, int], Child] = {}
         self.heartbeat_interval = 1.0
         self._registering = asyncio.Lock()
+        self.launcher = Launcher(self.spawn, fork_server)
 
     # --- lifecycle -------------------------------------------------------------
 
     async def setup(self) -> None:
+        await self.launcher.start()
         await self.bus.serve(subjects.worker_launch(self.worker_id), {LaunchExecutor: self.on_launch})
         await self.bus.serve(subjects.worker_shutdown(self.worker_id, "*"), {ShutdownExecutor: self.on_shutdown},
                              app_token=subjects.APP_TOKEN_IN_SHUTDOWN)
@@ -135,6 +140,7 @@ class Worker(Service):
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(self._stop_child(c) for c in list(self.children.values())))
+        await self.launcher.close()
 
     # --- handlers --------------------------------------------------------------
 
@@ -147,17 +153,14 @@ class Worker(Service):
         if len(self.children) >= self.slots:
             raise RequestError("unavailable", f"worker {self.worker_id} has no free slot", retryable=True)
         module = "services.appmaster" if msg.kind == ExecutorKind.APPMASTER else "services.executor"
-        argv = role_command(module)
-        for url in self.bus.servers:
-            argv += ["--nats", url]
+        args = [option for url in self.bus.servers for option in ("--nats", url)]
         env = {k: v for k, v in os.environ.items() if k not in SECURITY_ENV}
         env.update(self.bus.security.tls_env())
         # The app's own credential; a master without an app signer (hand-written server users)
         # issues none, and the process then connects as this worker.
         env[LAUNCH_ENV] = encode_launch(replace(msg, credentials=msg.credentials or self.bus.security.credential))
         env[WORKER_ENV] = self.worker_id
-        env["PYTHONHASHSEED"] = "0"  # one string hash on every executor: hash partitioning agrees
-        env["PYTHONUNBUFFERED"] = "1"  # what a task prints reaches its log (and `gearbus logs`) at once
+        env.update(INTERPRETER_ENV)
         workdir = tempfile.mkdtemp(prefix=f"gearbus-app{msg.app_id}-{msg.kind}{max(msg.executor_id, 0)}-")
         env[WORKDIR_ENV] = workdir
         log_name = f"app{msg.app_id}-{msg.kind}{max(msg.executor_id, 0)}"
@@ -166,10 +169,7 @@ class Worker(Service):
             # An AppMaster dies with its worker; an executor gets WORKER_GONE_SIGNAL, which
             # kills it too unless it is far enough along to report its own end first.
             death = WORKER_GONE_SIGNAL if msg.kind == ExecutorKind.EXECUTOR else signal.SIGKILL
-            with open(log_path, "ab") as output:  # the child writes it directly: it outlives this worker
-                process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=die_with_parent(death),
-                                                               stdin=asyncio.subprocess.DEVNULL, stdout=output,
-                                                               stderr=asyncio.subprocess.STDOUT)
+            process = await self.launcher.launch(module, args, env, log_path, death)
         except OSError:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-id", default="", help="this worker's id (default: generated)")
     parser.add_argument("--log-dir", default="",
                         help="where the output of the processes it launches is kept (default: a new temp dir)")
+    parser.add_argument("--no-fork-server", action="store_true", default=os.environ.get(NO_FORK_SERVER_ENV, "") not in ("", "0"),
+                        help="start each AppMaster and executor as a fresh interpreter, not forked from a "
+                             f"pre-imported fork server (for measuring and debugging; also ${NO_FORK_SERVER_ENV}=1)")
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.slots < 1:
@@ -275,4 +278,5 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = args.log_dir or tempfile.mkdtemp(prefix=f"gearbus-{worker_id}-logs-")
     os.makedirs(log_dir, exist_ok=True)
     configure("worker", worker_id)
-    return run_service(Worker(nats_servers(args.nats), worker_id, args.slots, log_dir, security), args.connect_timeout)
+    return run_service(Worker(nats_servers(args.nats), worker_id, args.slots, log_dir, security,
+                              fork_server=not args.no_fork_server), args.connect_timeout)

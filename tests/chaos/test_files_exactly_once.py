@@ -6,7 +6,6 @@ checkpointed byte offset and the sink's file holds each committed result once.""
 
 from __future__ import annotations
 
-import base64
 import collections
 import json
 import os
@@ -18,9 +17,8 @@ import pytest
 from gearbus.artifact import pack
 from gearbus.client import Client
 from gearbus.cluster import LocalCluster
-from services.launch import LAUNCH_ENV
 from shared import subjects
-from shared.messages import AppState, LaunchExecutor, decode
+from shared.messages import AppState
 from tests.support.cluster import wait_for_workers, wait_until
 from tests.support.paths import WORDCOUNT
 
@@ -43,16 +41,8 @@ def write_input(path) -> collections.Counter:
 
 
 def executor_ids(cluster) -> dict[int, int]:
-    """executor id -> pid, from the launch message each executor process was given."""
-    found = {}
-    for pid, _, kind in cluster.processes():
-        if kind != "executor":
-            continue
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-        launch = decode(base64.b64decode(env[LAUNCH_ENV.encode()]), (LaunchExecutor,))
-        found[launch.executor_id] = pid
-    return found
+    """executor id -> pid, as the workers launched them."""
+    return {executor_id: pid for (_, executor_id), pid in cluster.launches().items() if executor_id >= 0}
 
 
 @pytest.mark.parametrize("victim", ["source", "sink"])

@@ -11,7 +11,7 @@ import pytest
 
 from gearbus.artifact import pack
 from gearbus.client import Client
-from gearbus.cluster import LocalCluster, children_of
+from gearbus.cluster import LocalCluster, children_of, launched_by
 from gearbus.natsserver import NatsServer
 from shared import subjects
 from shared.bus import RemoteError
@@ -80,12 +80,12 @@ async def test_killed_app_releases_its_processes_and_slots(cluster, client):
     app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
     await wait_state(client, app_id, AppState.ACTIVE)
     workers = [p.pid for p in cluster.workers.values()]
-    app_processes = [pid for w in workers for pid in children_of(w)]
+    app_processes = [pid for w in workers for pid, _ in launched_by(w)]
     assert len(app_processes) == 3  # the AppMaster and two executors
     await client.kill(app_id)
     for pid in app_processes:
         await wait_exited(pid, timeout=15)
-    assert all(not children_of(w) for w in workers)
+    assert all(not launched_by(w) for w in workers)
 
 
 async def test_a_raising_task_fails_the_app_with_its_error_visible(client):
@@ -157,10 +157,10 @@ async def test_unknown_app_and_worker_ids_get_clear_errors(client):
 async def test_stopping_a_worker_leaves_no_child_processes(cluster, client, stop_signal):
     app_id = await client.submit(pack(os.path.join(APPS, "endless.py")))
     await wait_state(client, app_id, AppState.ACTIVE)
-    workers = [p for p in cluster.workers.values() if children_of(p.pid)]
+    workers = [p for p in cluster.workers.values() if launched_by(p.pid)]
     assert workers, "the app's processes run under some worker"
     victim = workers[0]
-    children = children_of(victim.pid)
+    children = children_of(victim.pid) + [pid for pid, _ in launched_by(victim.pid)]  # its fork server's too
     victim.send_signal(stop_signal)
     await wait_exited(victim.pid, timeout=15)
     for pid in children:

@@ -97,17 +97,8 @@ def stored_messages(url: str, stream: str) -> list[bytes]:
 
 
 def executors_of(cluster, app_id: int) -> list[int]:
-    """The pids of an app's executors (their work directories name the app)."""
-    found = []
-    for pid, _, kind in cluster.processes():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if kind == "executor" and f"gearbus-app{app_id}-executor".encode() in environ:
-            found.append(pid)
-    return found
+    """The pids of an app's executors, as the workers launched them."""
+    return [pid for (app, executor_id), pid in cluster.launches().items() if app == app_id and executor_id >= 0]
 
 
 async def test_a_two_stage_app_is_exact_and_its_streams_go_with_it(cluster, client, tmp_path):
