@@ -95,3 +95,16 @@ def test_a_sink_that_cannot_open_on_a_failing_disk_is_a_fault(tmp_path):
     missing = unusable(FileNotFoundError(errno.ENOENT, "No such file or directory"), "read", "/x", "in",
                        type("Context", (), {"worker": ""})())
     assert isinstance(missing, FileNotFoundError) and failure_kind(missing) == FailureKind.USER
+
+
+def test_a_jetstream_request_that_timed_out_is_a_fault():
+    from gearbus.connectors.jetstream import JetStreamError, api
+
+    class Silent:
+        async def request(self, subject, payload, timeout):
+            raise nats.errors.TimeoutError
+
+    with pytest.raises(JetStreamError) as timed_out:
+        asyncio.run(api(Silent(), "$JS.API.STREAM.INFO.EV", timeout=0.01))
+    assert failure_kind(timed_out.value) == FailureKind.FAULT
+    assert failure_kind(JetStreamError("$JS.API.STREAM.INFO.EV: stream not found (code 10059)")) == FailureKind.USER
