@@ -7,6 +7,7 @@ import argparse
 
 from gearbus.api.partitioners import MAX_PARALLELISM
 from gearbus.control.config import SAVEPOINT_NAME, SAVEPOINT_NAME_RULE
+from shared.bus import positive_seconds
 
 
 def _integer(text: str, low: int, high: int | None = None) -> int:
@@ -40,15 +41,8 @@ def port(text: str) -> int:
     return _integer(text, 0, 65535)
 
 
-def seconds(text: str) -> float:
-    """A duration: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+#: A duration: a positive, finite number of seconds (the roles' --connect-timeout is checked alike).
+seconds = positive_seconds
 
 
 def step_parallelism(text: str) -> tuple[str, int]:

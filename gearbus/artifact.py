@@ -242,20 +242,24 @@ def load_artifact(data: bytes, kind: str, entry: str, args: list[str], workdir: 
     (where it was submitted from). ``module_name``: import a module artifact under
     this name instead of its own (a later version of a running app's code, beside the
     first: pickles of each version's objects name their own module); a package keeps its
-    name, so one already imported is refused."""
+    name, so one already imported is refused. A file step the module makes as it is
+    imported (at its top level) takes its relative path in ``submitter_dir`` too."""
+    from gearbus.api.paths import submitted_from
+
     workdir = workdir or tempfile.mkdtemp(prefix="gearbus-artifact-")
     if module_name and kind == "module":
         workdir = os.path.join(workdir, module_name)
         os.makedirs(workdir, exist_ok=True)
     path = unpack_artifact(data, kind, entry, workdir)
-    if kind == "zip":
-        if module_name and entry in sys.modules:
-            raise ArtifactError(f"package {entry!r} is loaded already (the version running): a new version of a "
-                                "package app needs a package name of its own")
-        module = _import(entry, zipimport.zipimporter(path).find_spec(entry), f"package {entry}")
-    elif module_name:
-        module = _import(module_name, importlib.util.spec_from_file_location(module_name, path), path)
-    else:
-        module = import_file(path)
+    if kind == "zip" and module_name and entry in sys.modules:
+        raise ArtifactError(f"package {entry!r} is loaded already (the version running): a new version of a "
+                            "package app needs a package name of its own")
+    with submitted_from(submitter_dir):
+        if kind == "zip":
+            module = _import(entry, zipimport.zipimporter(path).find_spec(entry), f"package {entry}")
+        elif module_name:
+            module = _import(module_name, importlib.util.spec_from_file_location(module_name, path), path)
+        else:
+            module = import_file(path)
     return build_application(module, args, f"application {entry}", note=False,  # the submitter was told
                              submitter_dir=submitter_dir)

@@ -38,6 +38,7 @@ def stage_app(app: Application, stage: int) -> Application:
     members = set(cut[stage])
     graph = app.graph
     streams = intermediate_streams(app)
+    max_bytes = AppConfig.parse(app.config).intermediate_stream_max_bytes
     copies: dict[int, Processor] = {}
     for p in graph.processors:
         if p.id in members:
@@ -57,7 +58,7 @@ def stage_app(app: Application, stage: int) -> Application:
         for ops, stream in ((ops, p) for ops, p in edge_branches(edge.partitioner) if isinstance(p, IntermediateStream)):
             if up_in:
                 _write(new_graph, copies[edge.upstream.id], graph, edge, ops,
-                       StreamWriter(stream, AppConfig.parse(app.config).intermediate_stream_max_bytes))
+                       StreamWriter(stream, max_bytes))
             elif copies[edge.downstream.id].data_source is None:
                 reader = new_graph.add(Processor(ChainSourceTask, stream.partitions, f"{stream.stream} reader",
                                                  {"ops": [], "steps": [f"{stream.stream} reader"]},

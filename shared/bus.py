@@ -50,19 +50,21 @@ def add_nats_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_connect_timeout_argument(parser: argparse.ArgumentParser) -> None:
     """``--connect-timeout S``, as every long-running role takes it (``$GEARBUS_CONNECT_TIMEOUT``)."""
-    parser.add_argument("--connect-timeout", type=_positive_seconds, metavar="S",
+    parser.add_argument("--connect-timeout", type=positive_seconds, metavar="S",
                         default=os.environ.get(CONNECT_TIMEOUT_ENV, str(DEFAULT_CONNECT_TIMEOUT_S)),
                         help="how long to wait for NATS at start, retrying with backoff, before exiting non-zero "
                              f"(default ${CONNECT_TIMEOUT_ENV} or {DEFAULT_CONNECT_TIMEOUT_S:g})")
 
 
-def _positive_seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
+    """A duration argument: a positive, finite number of seconds (argparse says which
+    argument is wrong otherwise)."""
     try:
         seconds = float(text)
     except ValueError:
         seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return seconds
 
 

@@ -1065,7 +1065,7 @@ class TaskFailed(Message):
     task: TaskId
     error: AppError
     epoch: int = 0
-    recoverable: bool = False  # lost frames, a broken connection: roll back rather than fail the app
+    recoverable: bool = False  # error.kind == "fault", for peers that predate AppError.kind
 
 
 class TaskEnded(Message):

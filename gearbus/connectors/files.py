@@ -26,9 +26,12 @@ log = logging.getLogger(__name__)
 
 def unusable(exc: OSError, doing: str, path: str, step: str, context: TaskContext) -> OSError:
     """``exc``, met opening ``path``, as an error of its own kind that names the step, the
-    path and the worker: the user sees what to fix, and where."""
+    path and the worker: the user sees what to fix, and where. Its ``errno`` stays, so a
+    failing disk (gearbus/runtime/failures.py) is still told from a missing file."""
     where = f" on {context.worker}" if context.worker else ""
-    return type(exc)(f"step {step!r} cannot {doing} {path}{where}: {exc.strerror or exc}")
+    error = type(exc)(f"step {step!r} cannot {doing} {path}{where}: {exc.strerror or exc}")
+    error.errno = exc.errno  # (not strerror: str() stays the message above)
+    return error
 
 
 class TextFileSource(DataSource):

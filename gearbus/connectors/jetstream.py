@@ -95,8 +95,8 @@ async def api(nc, subject: str, payload: dict | None = None, timeout: float = AP
         msg = await nc.request(subject, json.dumps(payload).encode() if payload is not None else b"", timeout=timeout)
     except nats.errors.NoRespondersError:
         raise JetStreamError(f"no JetStream responded to {subject} (is JetStream enabled on the server?)") from None
-    except nats.errors.TimeoutError:
-        raise JetStreamError(f"JetStream API request {subject} timed out after {timeout:g} s") from None
+    except nats.errors.TimeoutError as exc:  # (from it: a fault, gearbus/runtime/failures.py)
+        raise JetStreamError(f"JetStream API request {subject} timed out after {timeout:g} s") from exc
     reply = json.loads(msg.data)
     if "error" in reply:
         err = reply["error"]

@@ -91,7 +91,7 @@ class AppConfig:
     task_placement: str = key("by_index", choice("by_index", "round_robin"),
                               "by_index: task i of every processor in one executor; round_robin spreads them")
     max_restarts: int = key(10, integer(0), "rollbacks the app survives; then it fails with the last error")
-    blacklist_after: int = key(3, integer(1), "executor failures on one worker before the app stops using it")
+    blacklist_after: int = key(3, integer(1), "faults on one worker (never user errors) before the app stops using it")
     appmaster_restarts: int = key(3, integer(0), "AppMaster relaunches before the app fails")
     appmaster_timeout_s: float = key(30.0, number(positive=True),
                                      "an executor whose AppMaster stays silent this long stops")

@@ -547,7 +547,8 @@ class AppMasterState:
         """A task raised: the app rolls back to its last checkpoint. Only a fault counts
         against the executor's worker; a user error (``error.kind``; from an executor that
         predates it, ``recoverable`` false) that repeats the previous user error after a
-        restore (the same step, type, message and record) ends the app: it would again."""
+        restore (the same step, type, record and place in the user's code; not the message,
+        which may name the worker or the time) ends the app: it would again."""
         if not self._deployed_epoch(epoch):
             return []
         # new code on trial failing: rolled back to the old, and not the worker's fault
@@ -558,7 +559,7 @@ class AppMasterState:
         error = dataclasses.replace(error, kind=kind, step=error.step or self._named(task[0]))
         named = TaskId(*task).named(self.names)
         if kind == FailureKind.USER and not new_code:
-            repeated = (error.step, error.error_type, error.message, error.record)
+            repeated = (error.step, error.error_type, error.record, error.location)
             if repeated == self._last_user_error:
                 return [Logged("user_error_repeated", "error", (("task", named), ("step", error.step),
                                                                ("error", f"{error.error_type}: {error.message}"),

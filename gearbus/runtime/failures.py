@@ -48,17 +48,29 @@ def failure_kind(exc: BaseException) -> str:
     step (a StepError) only the data plane breaking or a NATS connection failing is a
     fault: a time-out, a lost connection or no responder to the user's own calls is the
     app's. A JetStream API error is the request's (a fault if the server failed); the
-    state backend or the worker's disk failing is a fault."""
+    state backend or the worker's disk failing is a fault, and so is an error raised from
+    a NATS fault."""
     original = exc.original if isinstance(exc, StepError) else exc
     if isinstance(original, nats.js.errors.APIError):
         return FailureKind.FAULT if (original.code or 0) >= _SERVER_ERRORS else FailureKind.USER
     if isinstance(original, (DataPlaneError, StateBackendError, *_NATS_FAULTS)) \
-            or isinstance(original, OSError) and original.errno in _DISK_ERRNOS:
+            or isinstance(original, OSError) and original.errno in _DISK_ERRNOS or _raised_from_nats_fault(original):
         return FailureKind.FAULT
     if isinstance(exc, StepError):
         return FailureKind.USER
     return FailureKind.FAULT if isinstance(exc, (ConnectionError, TimeoutError, nats.errors.Error)) \
         else FailureKind.USER
+
+
+def _raised_from_nats_fault(exc: BaseException) -> bool:
+    """A connector's own error raised ``from`` a NATS time-out or lost connection (e.g. a
+    JetStream API request that timed out, gearbus/connectors/jetstream.py) is that fault."""
+    cause = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, _NATS_FAULTS):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def user_location(exc: BaseException) -> str:

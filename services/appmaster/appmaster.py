@@ -1022,7 +1022,12 @@ class AppMaster(common.AppMasterProcess):
                                                   list(self.timeline.events)))
 
     def _task_name(self, task: TaskId) -> str:
-        return task.named({p.id: p.name for p in self.plan.graph.processors})
+        """``count[1]``: called per task on every heartbeat, so no table of names is built
+        (a processor's id is its position in the plan); ``task 3.1`` for an unknown one."""
+        processors = self.plan.graph.processors
+        if 0 <= task.processor < len(processors):
+            return f"{processors[task.processor].name}[{task.index}]"
+        return task.named({})
 
     async def heartbeat_loop(self) -> None:
         while True:

@@ -46,19 +46,24 @@ class ProcessorMetricsAggregator:
         for c in counters:
             self._tasks[(c.task.processor, c.task.index)] = c
             reported.setdefault(c.task.processor, []).append(c)
+        live: dict[int, list[TaskCounters]] = {}  # each processor's tasks of this attempt, grouped once
+        for (processor, _), c in self._tasks.items():
+            live.setdefault(processor, []).append(c)
         metrics = []
         for info in self.processors:
             tasks = reported.get(info.id)
             if tasks:
-                self._last[info.id] = self._processor(info, tasks, now_s, now_ms)
+                totals = self._totals(info.id, live[info.id])
+                self._last[info.id] = self._processor(info, tasks, totals, now_s, now_ms)
             last = self._last.get(info.id)
             metrics.append(dataclasses.replace(last, name=info.name, parallelism=info.parallelism) if last
                            else ProcessorMetrics(info.id, info.name, info.parallelism))
         return metrics
 
-    def _total(self, processor: int, name: str) -> int:
-        live = sum(getattr(c, name) for key, c in self._tasks.items() if key[0] == processor)
-        return self._carried.get(processor, {}).get(name, 0) + live
+    def _totals(self, processor: int, live: list[TaskCounters]) -> dict[str, int]:
+        """The processor's _TOTALS: what its ended attempts counted and its ``live`` tasks'."""
+        carried = self._carried.get(processor, {})
+        return {name: carried.get(name, 0) + sum(getattr(c, name) for c in live) for name in _TOTALS}
 
     def _share(self, c: TaskCounters, now_s: float) -> tuple[float, ...]:
         """The task's share of the time since its previous report spent on each of _SHARED."""
@@ -70,9 +75,8 @@ class ProcessorMetricsAggregator:
             return (0.0,) * len(_SHARED)
         return tuple(min(max(v - b, 0.0) / ((now_s - before[0]) * 1000), 1.0) for v, b in zip(values, before[1:]))
 
-    def _processor(self, info: ProcessorInfo, counters: list[TaskCounters], now_s: float,
+    def _processor(self, info: ProcessorInfo, counters: list[TaskCounters], totals: dict[str, int], now_s: float,
                    now_ms: int) -> ProcessorMetrics:
-        totals = {name: self._total(info.id, name) for name in _TOTALS}
         before = self._rated.get(info.id)
         self._rated[info.id] = (now_s, totals["records_in"], totals["records_out"])
         elapsed = now_s - before[0] if before else 0.0

@@ -127,8 +127,10 @@ def now_ms() -> int:
 
 
 def config_of(record: ApplicationRecord) -> AppConfig:
-    """A recorded app's config (checked when it was submitted; a plug-in type's own keys left out)."""
-    return AppConfig.parse(record.config, strict=apptypes.built_in(record.app_type) is not None)
+    """A recorded app's config, checked when it was submitted: keys unknown now (a plug-in
+    type's own, or one an older master took) are left out, so a recorded app never fails to
+    relaunch for its config."""
+    return AppConfig.parse(record.config, strict=False)
 
 
 @dataclass

@@ -213,9 +213,9 @@ def test_a_user_error_repeated_after_a_restore_fails_the_app_on_its_second_occur
 def test_a_fault_is_retried_and_counts_against_its_worker_a_user_error_never_does():
     m = machine(blacklist_after=2)
     running(m)
-    m.task_failed(SRC0, 0, user_error("first"), False, 0, 1)
+    m.task_failed(SRC0, 0, user_error(record="1"), False, 0, 1)
     m.deployed(1, 1)
-    m.task_failed(SRC0, 1, user_error("second"), False, 0, 2)
+    m.task_failed(SRC0, 1, user_error(record="2"), False, 0, 2)
     m.deployed(2, 2)
     assert m.blacklist == set() and m.restarts == 2
     fault = AppError("TimeoutError", "nats: timeout", kind=FailureKind.FAULT)
@@ -240,6 +240,17 @@ def test_user_errors_that_differ_are_retried_within_the_budget_and_the_last_one_
     assert (end.error.kind, end.error.step, end.error.record, end.error.location) == \
         (FailureKind.USER, "parse", "3", "counts.py:12")
     assert m.blacklist == set()
+
+
+def test_the_same_user_error_with_another_message_is_a_repeat():
+    """A message may name the worker or the time: a missing input read on another worker
+    after the restore is the same error."""
+    m = machine(blacklist_after=1)
+    running(m)
+    m.task_failed(SINK0, 0, user_error("cannot read in.jsonl on worker w1"), False, 0, 1)
+    m.deployed(1, 2)
+    [end] = of(EndApp, m.task_failed(SINK0, 1, user_error("cannot read in.jsonl on worker w2"), False, 1, 3))
+    assert end.error.message.endswith("w2") and m.restarts == 1 and m.blacklist == set()
 
 
 def test_a_failure_from_an_executor_predating_kinds_is_a_user_error_unless_recoverable():

@@ -83,3 +83,28 @@ def test_a_missing_input_file_is_a_user_error_of_the_source_step(tmp_path):
     error = failed.value.error
     assert (error.kind, error.step, error.error_type) == (FailureKind.USER, "events", "FileNotFoundError")
     assert str(missing) in error.message and error.record == "" and error.location == ""
+
+
+def test_a_sink_that_cannot_open_on_a_failing_disk_is_a_fault(tmp_path):
+    from gearbus.connectors.files import unusable
+
+    error = unusable(OSError(errno.EROFS, "Read-only file system"), "write", str(tmp_path / "out.jsonl"), "out",
+                     type("Context", (), {"worker": "worker w1 (host h)"})())
+    assert error.errno == errno.EROFS and failure_kind(error) == FailureKind.FAULT
+    assert str(error) == f"step 'out' cannot write {tmp_path / 'out.jsonl'} on worker w1 (host h): Read-only file system"
+    missing = unusable(FileNotFoundError(errno.ENOENT, "No such file or directory"), "read", "/x", "in",
+                       type("Context", (), {"worker": ""})())
+    assert isinstance(missing, FileNotFoundError) and failure_kind(missing) == FailureKind.USER
+
+
+def test_a_jetstream_request_that_timed_out_is_a_fault():
+    from gearbus.connectors.jetstream import JetStreamError, api
+
+    class Silent:
+        async def request(self, subject, payload, timeout):
+            raise nats.errors.TimeoutError
+
+    with pytest.raises(JetStreamError) as timed_out:
+        asyncio.run(api(Silent(), "$JS.API.STREAM.INFO.EV", timeout=0.01))
+    assert failure_kind(timed_out.value) == FailureKind.FAULT
+    assert failure_kind(JetStreamError("$JS.API.STREAM.INFO.EV: stream not found (code 10059)")) == FailureKind.USER

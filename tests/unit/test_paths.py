@@ -72,6 +72,22 @@ def test_an_app_rebuilt_from_its_artifact_elsewhere_reads_and_writes_in_the_subm
     assert os.listdir(os.getcwd()) == []  # nothing where the rebuilding process runs
 
 
+def test_a_file_step_made_at_the_top_of_the_module_is_in_the_submitters_directory_too(user, tmp_path):
+    (user / "top.py").write_text(
+        "from gearbus import JsonLinesSink, Pipeline\n"
+        "SINK = JsonLinesSink('out.jsonl')\n"
+        "def application(args):\n"
+        "    p = Pipeline('top')\n"
+        "    p.from_collection([1], name='one').sink(SINK, name='out')\n"
+        "    return p\n")
+    artifact = pack(str(user / "top.py"))
+    workdir = tmp_path / "artifact-top"
+    workdir.mkdir()
+    app = load_artifact(artifact.data, artifact.kind, artifact.entry, [], str(workdir), submitter_dir=str(user))
+    files = {step: path for p in describe(app)["processors"] for step, path in p.get("files", {}).items()}
+    assert files == {"out": str(user / "out.jsonl")}
+
+
 def test_the_test_runner_takes_relative_paths_in_the_directory_it_runs_in(user, monkeypatch):
     monkeypatch.chdir(user)
     assert TestRunner().run("doubling.py", ["in.jsonl", "doubled.jsonl"]).succeeded
