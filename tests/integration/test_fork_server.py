@@ -19,17 +19,21 @@ from services.worker.launcher import INTERPRETER_ENV, ForkedProcess, Launcher
 from shared import subjects
 from shared.messages import AppState, ExecutorStopped, decode
 from tests.support.cluster import wait_exited, wait_for_workers, wait_state
-from tests.support.paths import APPS
+from tests.support.paths import APPS, REPO
 
 pytestmark = pytest.mark.timeout(90)
 
 ROLE = "tests.support.launched_role"
-ENV = {**os.environ, "GEARBUS_LAUNCH": "from-the-launch", **INTERPRETER_ENV}  # as a worker makes it
+#: The stand-in role is found on the repository's path (roles run with -P: the working directory is not on it)
+IMPORTABLE = os.pathsep.join(filter(None, (REPO, os.environ.get("PYTHONPATH"))))
+#: as a worker makes it
+ENV = {**os.environ, "GEARBUS_LAUNCH": "from-the-launch", "PYTHONPATH": IMPORTABLE, **INTERPRETER_ENV}
 
 
 @pytest_asyncio.fixture
-async def launchers():
+async def launchers(monkeypatch):
     """Make launchers as a worker has one; their background work and fork servers end with the test."""
+    monkeypatch.setenv("PYTHONPATH", IMPORTABLE)  # the fork server's, which its children import with
     made: list[Launcher] = []
     tasks: set[asyncio.Task] = set()
 
